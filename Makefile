@@ -1,0 +1,42 @@
+# lifelong-controller: every target works from a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test lint typecheck schemas serve demo bench bench-full clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+lint: install
+	$(BIN)/ruff check service tests bench
+	$(BIN)/mypy
+
+typecheck: lint
+
+schemas: install
+	$(BIN)/lifelong schemas
+
+test: install lint
+	$(BIN)/pytest -q -p no:cacheprovider
+
+serve: install
+	$(BIN)/lifelong serve --embedded
+
+demo: install
+	$(BIN)/lifelong demo
+
+bench: install
+	$(BIN)/python -m bench
+
+bench-full: install
+	$(BIN)/python -m bench --full
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
