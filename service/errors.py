@@ -1,0 +1,55 @@
+"""One error hierarchy for the whole service.
+
+Not retried: the input or the request is wrong (`InvalidMessage`, `ConfigError`,
+`PermanentError`). An event that does not fit a job's state is not an error at all: the
+pure core leaves the state unchanged and says why (a `Note` effect). Retried: the world
+is briefly unavailable (`TransientError` and kin).
+Adapters translate their library's exceptions into these at the boundary
+(``raise StoreUnavailable(...) from e``) so nothing above them sees redis, paho or botocore.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Root of every error the service raises on purpose."""
+
+
+class InvalidMessage(ServiceError):
+    """A message could not be decoded or failed validation.
+
+    ``path`` names the offending field (``$.spec.dataset.trainProb``); ``reason`` says why.
+    """
+
+    def __init__(self, reason: str, path: str = "$") -> None:
+        super().__init__(f"{path}: {reason}" if path else reason)
+        self.path = path
+        self.reason = reason
+
+
+class ConfigError(ServiceError):
+    """A configuration value is invalid; the message names the variable."""
+
+
+class PermanentError(ServiceError):
+    """An operation failed in a way retrying will not fix (missing file, access denied)."""
+
+
+class TransientError(ServiceError):
+    """An operation failed in a way that may succeed if retried."""
+
+
+class StoreUnavailable(TransientError):
+    """Redis could not be reached or answered with a connection-level error."""
+
+
+class BrokerUnavailable(TransientError):
+    """The MQTT broker could not be reached or did not acknowledge in time."""
+
+
+class BlobUnavailable(TransientError):
+    """The file system or S3 endpoint failed transiently (timeout, 5xx, throttling)."""
+
+
+class LeaseLost(ServiceError):
+    """A commit was refused because this replica no longer holds the shard's lease (fenced)."""

@@ -1,0 +1,165 @@
+"""A pure, in-memory driver of the core for unit tests: no servers, no I/O.
+
+It applies events through `transition`, records every effect, and can play the part of the
+effect executor (answering WriteRound / CopyModel with their result events).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.state import (
+    Context,
+    CopyModel,
+    DatasetChanged,
+    DatasetInfo,
+    Effect,
+    Event,
+    JobApplied,
+    JobSpec,
+    JobState,
+    ModelCopied,
+    ModelRef,
+    Note,
+    Publish,
+    RoundWritten,
+    State,
+    Tick,
+    WorkerReported,
+    WriteRound,
+)
+from service.transition import transition
+from service.triggers import TriggerSpec
+
+NS = "default"
+JOB = "job-a"
+DATASET = "ds"
+
+
+def spec(
+    *,
+    train_prob: float = 0.8,
+    trigger: TriggerSpec | None = None,
+    output_dir: str = "/output",
+    dataset: str = DATASET,
+) -> JobSpec:
+    return JobSpec(
+        dataset=dataset,
+        train_prob=train_prob,
+        trigger=trigger or TriggerSpec(),
+        output_dir=output_dir,
+    )
+
+
+def info(url: str = "/data/train.txt", fmt: str = "txt", present: bool = True) -> DatasetInfo:
+    return DatasetInfo(url=url, format=fmt, present=present)
+
+
+def report(
+    kind: str,
+    status: str,
+    *urls: str,
+    results: list[dict[str, Any]] | None = None,
+    unusable: str | None = None,
+) -> WorkerReported:
+    models = tuple(ModelRef(format="pkl", url=url) for url in urls)
+    raw = results if results is not None else [{"format": "pkl", "url": url} for url in urls]
+    return WorkerReported(
+        namespace=NS,
+        name=JOB,
+        worker=f"{JOB}-{kind}",
+        kind=kind,  # type: ignore[arg-type]
+        status=status,
+        models=models,
+        results=tuple(raw),  # type: ignore[arg-type]
+        unusable=unusable,
+    )
+
+
+@dataclass
+class Driver:
+    state: State | None = None
+    now_ms: int = 1_000_000
+    minute: int = 12 * 60
+    prefix: str = ""
+    effects: list[Effect] = field(default_factory=list)
+    seq: int = 0
+
+    def ctx(self) -> Context:
+        self.seq += 1
+        return Context(
+            now_ms=self.now_ms,
+            minute_of_day=self.minute,
+            event_id=f"e{self.seq}",
+            volume_prefix=self.prefix,
+        )
+
+    def apply(self, event: Event) -> tuple[Effect, ...]:
+        outcome = transition(self.state, event, self.ctx())
+        self.state = outcome.state
+        self.effects.extend(outcome.effects)
+        return outcome.effects
+
+    @property
+    def job(self) -> JobState:
+        assert isinstance(self.state, JobState)
+        return self.state
+
+    # ------------------------------------------------------------ scenario steps
+    def create(self, job_spec: JobSpec | None = None, digest: str = "d1") -> None:
+        self.apply(JobApplied(namespace=NS, name=JOB, spec=job_spec or spec(), digest=digest))
+
+    def dataset(self, n: int | None, ds: DatasetInfo | None = None) -> tuple[Effect, ...]:
+        return self.apply(
+            DatasetChanged(
+                namespace=NS, name=JOB, dataset=DATASET, info=ds or info(), num_samples=n
+            )
+        )
+
+    def tick(self) -> tuple[Effect, ...]:
+        return self.apply(Tick(kind="job", namespace=NS, name=JOB, due_ms=self.now_ms))
+
+    def written(self, phase: str, error: str | None = None) -> tuple[Effect, ...]:
+        return self.apply(
+            RoundWritten(
+                namespace=NS,
+                name=JOB,
+                phase=phase,  # type: ignore[arg-type]
+                version=self.job.version,
+                error=error,
+            )
+        )
+
+    def copied(self, error: str | None = None) -> tuple[Effect, ...]:
+        return self.apply(
+            ModelCopied(namespace=NS, name=JOB, version=self.job.version, error=error)
+        )
+
+    def complete_round(self, model: str = "/output/train/m.pkl") -> None:
+        """From train/preparing through to train/waiting with successful workers."""
+        self.written("train")
+        self.apply(report("train", "completed", model))
+        self.written("eval")
+        self.apply(report("eval", "completed", model))
+        self.copied()
+
+    # ------------------------------------------------------------ effect views
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [e for e in self.effects if isinstance(e, kind)]
+
+    def published(self) -> list[dict[str, Any]]:
+        return [e.content for e in self.of(Publish)]
+
+    def notes(self) -> list[str]:
+        return [e.reason for e in self.of(Note)]
+
+    def last_write(self) -> WriteRound:
+        writes = self.of(WriteRound)
+        assert writes, "no WriteRound effect"
+        return writes[-1]  # type: ignore[no-any-return]
+
+    def last_copy(self) -> CopyModel:
+        copies = self.of(CopyModel)
+        assert copies, "no CopyModel effect"
+        return copies[-1]  # type: ignore[no-any-return]

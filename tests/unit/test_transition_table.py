@@ -1,0 +1,176 @@
+"""Every (phase, step, event) pair: the resulting state and effects.
+
+A pair outside the lifecycle table leaves the state unchanged and yields a reason (a Note),
+except progress reports (forwarded only) and timer ticks (quietly dropped outside
+train/waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from service.state import (
+    CopyModel,
+    Event,
+    JobApplied,
+    JobState,
+    ModelCopied,
+    Note,
+    Publish,
+    RoundWritten,
+    ScheduleCheck,
+    Tick,
+    WriteRound,
+)
+from service.transition import JOB_TABLE
+from service.triggers import TriggerSpec
+from tests.unit.driver import JOB, NS, Driver, report, spec
+
+SUBSTATES = [
+    ("train", "waiting"),
+    ("train", "preparing"),
+    ("train", "running"),
+    ("eval", "preparing"),
+    ("eval", "running"),
+    ("deploy", "copying"),
+]
+
+
+def reach(phase: str, step: str) -> Driver:
+    """A job in the given sub-state at round 1, with 8 pending samples not yet enough to fire."""
+    d = Driver()
+    d.create(spec(trigger=TriggerSpec(operator="ge", threshold=10, metric="num_of_samples")))
+    d.dataset(10)  # 8 train samples pending, condition (>= 10) not met
+    if (phase, step) == ("train", "waiting"):
+        return d
+    d.apply(_update_threshold(d, 1))  # applies from the next evaluation: the next check
+    d.tick()
+    assert d.job.step == "preparing"
+    d.apply(_update_threshold(d, 10))  # so a failure below lands in train/waiting
+    walk = [
+        lambda: d.written("train"),
+        lambda: d.apply(report("train", "completed", "/output/train/1/m.pkl")),
+        lambda: d.written("eval"),
+        lambda: d.apply(report("eval", "completed", "/output/eval/1/m.pkl")),
+    ]
+    for step_fn in walk:
+        if (d.job.phase, d.job.step) == (phase, step):
+            break
+        step_fn()
+    assert (d.job.phase, d.job.step) == (phase, step)
+    d.effects.clear()
+    return d
+
+
+def _update_threshold(d: Driver, threshold: float) -> Event:
+    trigger = TriggerSpec(operator="ge", threshold=threshold, metric="num_of_samples")
+    return JobApplied(namespace=NS, name=JOB, spec=spec(trigger=trigger), digest=f"t{threshold}")
+
+
+def _version(d: Driver) -> int:
+    return d.job.version
+
+
+EVENTS: dict[str, Callable[[Driver], Event]] = {
+    "tick": lambda d: Tick(kind="job", namespace=NS, name=JOB, due_ms=d.now_ms),
+    "train-written": lambda d: RoundWritten(
+        namespace=NS, name=JOB, phase="train", version=_version(d)
+    ),
+    "train-write-failed": lambda d: RoundWritten(
+        namespace=NS, name=JOB, phase="train", version=_version(d), error="disk full"
+    ),
+    "eval-written": lambda d: RoundWritten(
+        namespace=NS, name=JOB, phase="eval", version=_version(d)
+    ),
+    "eval-write-failed": lambda d: RoundWritten(
+        namespace=NS, name=JOB, phase="eval", version=_version(d), error="disk full"
+    ),
+    "model-copied": lambda d: ModelCopied(namespace=NS, name=JOB, version=_version(d)),
+    "copy-failed": lambda d: ModelCopied(
+        namespace=NS, name=JOB, version=_version(d), error="no such file"
+    ),
+    "train/completed": lambda d: report("train", "completed", "/output/train/1/m.pkl"),
+    "train/completed-no-model": lambda d: report(
+        "train", "completed", results=[{"x": 1}], unusable="results[0] has no url"
+    ),
+    "train/failed": lambda d: report("train", "failed"),
+    "train/running": lambda d: report("train", "running"),
+    "eval/completed": lambda d: report("eval", "completed", "/output/eval/1/m.pkl"),
+    "eval/completed-no-model": lambda d: report("eval", "completed"),
+    "eval/failed": lambda d: report("eval", "failed"),
+    "eval/ready": lambda d: report("eval", "ready"),
+    "deploy/completed": lambda d: report("deploy", "completed", "/m.pkl"),
+    "inference/running": lambda d: report("inference", "running"),
+}
+
+W, TP, TR = ("train", "waiting"), ("train", "preparing"), ("train", "running")
+EP, ER, DC = ("eval", "preparing"), ("eval", "running"), ("deploy", "copying")
+
+#: (sub-state, event) -> sub-state after. Pairs not listed leave the state unchanged.
+EXPECTED: dict[tuple[tuple[str, str], str], tuple[str, str]] = {
+    (W, "tick"): W,
+    (TP, "train-written"): TR,
+    (TP, "train-write-failed"): W,
+    (TR, "train/completed"): EP,
+    (TR, "train/completed-no-model"): W,
+    (TR, "train/failed"): W,
+    (EP, "eval-written"): ER,
+    (EP, "eval-write-failed"): W,
+    (ER, "eval/completed"): DC,
+    (ER, "eval/completed-no-model"): W,
+    (ER, "eval/failed"): W,
+    (DC, "model-copied"): W,
+    (DC, "copy-failed"): W,
+}
+
+#: the effect types each moving pair must produce (besides worker forwards and notes)
+EXPECTED_EFFECTS: dict[tuple[tuple[str, str], str], set[type]] = {
+    (W, "tick"): {ScheduleCheck},
+    (TP, "train-written"): {Publish},
+    (TP, "train-write-failed"): {Publish, ScheduleCheck},
+    (TR, "train/completed"): {WriteRound},
+    (EP, "eval-written"): {Publish},
+    (EP, "eval-write-failed"): {Publish, ScheduleCheck},
+    (ER, "eval/completed"): {CopyModel},
+    (DC, "model-copied"): {Publish},
+    (DC, "copy-failed"): {Publish},
+}
+
+
+def test_table_matches_the_lifecycle_handlers() -> None:
+    moving = {(phase, step) for (phase, step, _event) in JOB_TABLE}
+    assert moving == set(SUBSTATES)
+
+
+@pytest.mark.parametrize("substate", SUBSTATES, ids="/".join)
+@pytest.mark.parametrize("event_name", list(EVENTS))
+def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str) -> None:
+    d = reach(*substate)
+    before = d.job
+    event = EVENTS[event_name](d)
+    effects = d.apply(event)
+    after = d.state
+    assert isinstance(after, JobState)
+    expected = EXPECTED.get((substate, event_name))
+    is_report = event_name.count("/") == 1
+    forwards = [e for e in effects if isinstance(e, Publish) and "output" in e.content]
+    if is_report:
+        assert len(forwards) == 1, "every worker message for a known job is forwarded"
+        assert forwards[0].content["phase"] == event_name.split("/", maxsplit=1)[0]
+    if expected is None:
+        # illegal or informational: state unchanged (a tick only forgets its timer)
+        assert msgspec.structs.replace(after, next_check_ms=before.next_check_ms) == before
+        if event_name.endswith(("/running", "/ready")) or event_name.startswith(
+            ("deploy/", "inference/")
+        ):
+            assert [e for e in effects if not isinstance(e, Publish)] == []
+        elif event_name != "tick":
+            assert any(isinstance(e, Note) for e in effects), "an ignored event yields a reason"
+        return
+    assert (after.phase, after.step) == expected
+    wanted = EXPECTED_EFFECTS.get((substate, event_name), set())
+    got = {type(e) for e in effects if e not in forwards}
+    assert wanted <= got, f"missing {wanted - got}"
