@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import Server, moto_server, mosquitto_server, redis_server, running
+from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
 
 
 @pytest.fixture

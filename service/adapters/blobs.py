@@ -1,0 +1,283 @@
+"""Round sample files and the deploy copy: the controller's writes, local or S3.
+
+Every write lands whole or not at all: local targets are written to a temporary file in
+the target's own directory, fsynced and ``os.replace``d onto the target (so a smaller new
+model never leaves old bytes behind, the seed's bug 10); S3 targets are uploaded from a
+temporary file. Temporary files are removed on every path (the seed's bug 11). Each call is
+idempotent, so the whole call is what we retry on transient errors, with jittered
+exponential backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import BinaryIO, TypeVar
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from service.adapters import s3
+from service.adapters.datasets import (
+    BLOCK_BYTES,
+    BOTO_ERRORS,
+    SampleBatch,
+    SampleScanner,
+    SourceMissing,
+    io_errors,
+    iter_batches,
+    open_source,
+    sample_lines,
+    translate_io,
+)
+from service.adapters.s3 import S3Clients, S3CredentialLike
+from service.errors import PermanentError, TransientError
+
+T = TypeVar("T")
+SampleRange = tuple[int, int]
+"""Half-open sample indices ``[start, end)``."""
+
+
+def _ascending_runs(ranges: Sequence[SampleRange]) -> list[list[SampleRange]]:
+    """Split the requested order into maximal runs that one forward scan can serve."""
+    runs: list[list[SampleRange]] = []
+    for start, end in ranges:
+        if start < 0 or end < start:
+            raise ValueError(f"bad sample range [{start}, {end})")
+        if start == end:
+            continue
+        if runs and start >= runs[-1][-1][1]:
+            runs[-1].append((start, end))
+        else:
+            runs.append([(start, end)])
+    return runs
+
+
+class _RoundWriter:
+    """Writes the csv header once, then sample lines (and their index entries)."""
+
+    def __init__(self, data: BinaryIO, index: BinaryIO | None, needs_header: bool) -> None:
+        self.needs_header = needs_header
+        self.written = 0
+        self._data = data
+        self._index = index
+
+    def header(self, line: bytes) -> None:
+        self._data.write(line + b"\n")
+        self.needs_header = False
+
+    def samples(self, lines: list[bytes]) -> None:
+        self._data.write(b"\n".join(lines) + b"\n")
+        if self._index is not None:
+            self._index.write(b"\n".join(line.split(b" ", 1)[0] for line in lines) + b"\n")
+        self.written += len(lines)
+
+
+def _take(batch: SampleBatch, run: list[SampleRange], i: int, writer: _RoundWriter) -> int:
+    """Write the part of ``run`` (from range ``i``) that ``batch`` holds; return the new i."""
+    low, high = batch.first, batch.first + batch.count
+    if i >= len(run) or run[i][0] >= high:
+        return i
+    lines = sample_lines(batch.body)
+    while i < len(run) and run[i][0] < high:
+        start, end = run[i]
+        a, b = max(start, low), min(end, high)
+        if a < b:
+            writer.samples(lines[a - low : b - low])
+        if end > high:
+            break
+        i += 1
+    return i
+
+
+class BlobStore:
+    """Writes round files and copies models, local or S3, retrying transient failures."""
+
+    def __init__(
+        self,
+        s3: S3Clients,
+        *,
+        attempts: int = 5,
+        max_backoff_s: float = 8.0,
+        tmp_dir: str | None = None,
+    ) -> None:
+        self._s3 = s3
+        self._tmp_dir = tmp_dir
+        self._retrying = Retrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_random_exponential(multiplier=min(0.25, max_backoff_s), max=max_backoff_s),
+            retry=retry_if_exception_type(TransientError),
+            reraise=True,
+        )
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        return self._retrying.copy()(fn)
+
+    def write_round(
+        self,
+        *,
+        source_url: str,
+        fmt: str,
+        ranges: Sequence[SampleRange],
+        data_url: str,
+        index_url: str | None,
+        index_prefix: str | None,
+        source_cred: S3CredentialLike | None,
+        dest_cred: S3CredentialLike | None,
+    ) -> int:
+        """Write the samples of ``ranges`` (in that order) to ``data_url``; return their count.
+
+        csv: the header line first. ``index_url`` (remote txt datasets): ``index_prefix`` then
+        the first space-separated field of each sample. Samples the source no longer has are
+        not written, so the count can fall short of the ranges; a missing source raises
+        PermanentError.
+        """
+
+        def once() -> int:
+            with ExitStack() as stack:
+                data = stack.enter_context(self._staged(data_url, dest_cred))
+                index = None
+                if index_url is not None:
+                    index = stack.enter_context(self._staged(index_url, dest_cred))
+                    index.write((index_prefix or "").encode() + b"\n")
+                writer = _RoundWriter(data, index, needs_header=fmt == "csv")
+                for run in _ascending_runs(ranges) or [[]]:
+                    self._copy_run(source_url, fmt, source_cred, run, writer)
+                return writer.written
+
+        return self._retry(once)
+
+    def _copy_run(
+        self,
+        url: str,
+        fmt: str,
+        cred: S3CredentialLike | None,
+        run: list[SampleRange],
+        writer: _RoundWriter,
+    ) -> None:
+        """One forward scan of the source serving an ascending run of ranges."""
+        scanner = SampleScanner(fmt)
+        i = 0
+        with open_source(self._s3, url, cred) as source, source.range(0) as read:
+            for batch in iter_batches(read, scanner):
+                if writer.needs_header and scanner.header is not None:
+                    writer.header(scanner.header)
+                i = _take(batch, run, i, writer)
+                if i >= len(run) and not writer.needs_header:
+                    return
+
+    def copy_model(
+        self,
+        *,
+        src_url: str,
+        dst_url: str,
+        src_cred: S3CredentialLike | None,
+        dst_cred: S3CredentialLike | None,
+    ) -> None:
+        """Replace ``dst_url`` whole with the bytes of ``src_url``.
+
+        A missing source raises PermanentError naming it.
+        """
+        if src_url == dst_url:
+            return
+        try:
+            self._retry(lambda: self._copy_once(src_url, dst_url, src_cred, dst_cred))
+        except SourceMissing as e:
+            raise PermanentError(f"model {src_url} does not exist") from e
+
+    def _copy_once(
+        self,
+        src_url: str,
+        dst_url: str,
+        src_cred: S3CredentialLike | None,
+        dst_cred: S3CredentialLike | None,
+    ) -> None:
+        both_s3 = s3.is_s3_url(src_url) and s3.is_s3_url(dst_url)
+        if both_s3 and self._s3.client(src_cred) is self._s3.client(dst_cred):
+            self._copy_in_s3(src_url, dst_url, dst_cred)
+            return
+        if s3.is_s3_url(dst_url) and not s3.is_s3_url(src_url):
+            self._upload_local(src_url, dst_url, dst_cred)
+            return
+        with self._staged(dst_url, dst_cred) as out:
+            self._download(src_url, src_cred, out)
+
+    def _copy_in_s3(self, src_url: str, dst_url: str, cred: S3CredentialLike | None) -> None:
+        src, dst = s3.parse_s3_url(src_url), s3.parse_s3_url(dst_url)
+        client = self._s3.client(cred)
+        try:
+            client.copy_object(
+                Bucket=dst.bucket, Key=dst.key,
+                CopySource={"Bucket": src.bucket, "Key": src.key},
+            )
+        except BOTO_ERRORS as e:
+            if s3.is_not_found(e):
+                raise SourceMissing(f"{src_url} does not exist") from e
+            raise s3.translate(e, f"copying {src_url} to {dst_url}") from e
+
+    def _upload_local(self, src_url: str, dst_url: str, cred: S3CredentialLike | None) -> None:
+        try:
+            file = open(src_url, "rb")  # noqa: SIM115 - closed by the with below
+        except FileNotFoundError as e:
+            raise SourceMissing(f"{src_url} does not exist") from e
+        except OSError as e:
+            raise translate_io(e, f"reading {src_url}") from e
+        location = s3.parse_s3_url(dst_url)
+        with file, io_errors(f"uploading {src_url} to {dst_url}"):
+            self._s3.client(cred).upload_fileobj(file, location.bucket, location.key)
+
+    def _download(self, url: str, cred: S3CredentialLike | None, out: BinaryIO) -> None:
+        """Stream the whole of ``url`` into ``out`` in large blocks."""
+        with (
+            open_source(self._s3, url, cred) as source,
+            source.range(0) as read,
+            io_errors(f"writing a copy of {url}"),
+        ):
+            while block := read(BLOCK_BYTES):
+                out.write(block)
+
+    @contextmanager
+    def _staged(self, url: str, cred: S3CredentialLike | None) -> Iterator[BinaryIO]:
+        """A temporary file that becomes ``url`` if the block succeeds; always cleaned up."""
+        context = f"writing {url}"
+        remote = s3.is_s3_url(url)
+        with io_errors(context):
+            if remote:
+                fd, tmp_path = tempfile.mkstemp(prefix="lifelong-", suffix=".tmp",
+                                                dir=self._tmp_dir)
+            else:
+                directory, name = os.path.split(url)
+                os.makedirs(directory or ".", exist_ok=True)
+                fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp",
+                                                dir=directory or ".")
+        try:
+            with os.fdopen(fd, "wb") as out, io_errors(context):
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+            with io_errors(context):
+                if remote:
+                    self._upload(tmp_path, url, cred)
+                else:
+                    _replace(tmp_path, url)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_path)
+
+    def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
+        location = s3.parse_s3_url(url)
+        self._s3.client(cred).upload_file(path, location.bucket, location.key)
+
+
+def _replace(tmp_path: str, url: str) -> None:
+    """Atomically move ``tmp_path`` onto ``url`` and make the rename itself durable."""
+    os.replace(tmp_path, url)
+    directory = os.path.dirname(url) or "."
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

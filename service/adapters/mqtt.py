@@ -1,0 +1,614 @@
+"""MQTT adapter: paho-mqtt 2.x held by composition, speaking MQTT 5 with a 3.1.1 fallback.
+
+Why it looks the way it does (see DESIGN.md, "Durability and replicas" and "Speed"):
+
+- paho's callbacks run on its network thread, so ``on_message`` only enqueues an `Inbound`;
+  the runtime does the real work elsewhere and, with ``manual_ack=True``, calls `ack` only
+  once the message is durable in Redis.
+- Subscriptions are re-issued on every CONNACK: a broker restart or an expired session may
+  have lost them, and re-subscribing to an existing subscription is harmless.
+- A fixed client id may be held by one process only; the next holder displaces the first.
+  `MqttClient.stop` therefore makes paho stop reconnecting for good, so a displaced holder
+  never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2).
+- TCP_NODELAY is set on every socket paho opens: without it each request/response hop pays
+  ~44 ms of Nagle + delayed-ACK.
+- Publishing while disconnected is allowed: paho keeps QoS 1 messages in its (unbounded)
+  queue and sends them after the next CONNACK; `PublishTicket.wait` simply times out until
+  the PUBACK arrives.
+- MQTT 5 is tried first. A broker that only speaks 3.1.1 answers a v5 CONNECT with the
+  3.1.1 return code 1 ("unacceptable protocol version"), which paho reports as reason code
+  0x84; `fallback_protocol` turns that into a switch to 3.1.1 for this and every later
+  connect. paho fixes the protocol per client object, so the switch builds a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from service.errors import BrokerUnavailable, ConfigError, PermanentError
+
+log = logging.getLogger("service.mqtt")
+
+DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883
+_QOS_SUBSCRIBE = 1
+_QOS_WILL = 1
+# MQTT 5 reason codes used here (MQTT 5.0 spec, 2.4).
+UNSUPPORTED_PROTOCOL_VERSION = 0x84
+DISCONNECT_WITH_WILL = 0x04
+SESSION_TAKEN_OVER = 0x8E
+# MQTT 3.1.1 CONNACK return code 1: "unacceptable protocol version".
+_V311_REFUSED_PROTOCOL_VERSION = 1
+_TLS_QUERY_KEYS = frozenset({"ca", "cert", "key", "insecure"})
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+_USERINFO_PASSWORD = re.compile(r"(//[^/@:]*:)[^@]*@")
+
+
+@dataclass(frozen=True)
+class MqttSettings:
+    """How to reach the broker and which session to hold there."""
+
+    url: str
+    client_id: str
+    clean_start: bool = True
+    session_expiry_s: int = 0
+    keepalive_s: int = 30
+    will: tuple[str, bytes, bool] | None = None
+    manual_ack: bool = False
+    reconnect_min_s: float = 0.2
+    reconnect_max_s: float = 10.0
+    connect_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS files from the URL query (``ca=``, ``cert=``, ``key=``, ``insecure=1``).
+
+    ``insecure`` follows mosquitto_sub's ``--insecure``: the certificate chain is still
+    verified, only the host name check is skipped.
+    """
+
+    ca_path: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+    insecure: bool = False
+
+
+class MqttEndpoint(NamedTuple):
+    """The parsed broker URL; unpacks as ``host, port, username, password, tls, tls_options``."""
+
+    host: str
+    port: int
+    username: str | None
+    password: str | None
+    tls: bool
+    tls_options: TlsOptions
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, fit for logs and error messages."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", url)
+
+
+def _url_error(url: str, problem: str) -> ConfigError:
+    return ConfigError(f"MQTT URL {redact_url(url)!r}: {problem}")
+
+
+def _parse_flag(url: str, name: str, value: str) -> bool:
+    word = value.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise _url_error(url, f"{name}= must be 1 or 0, not {value!r}")
+
+
+def _parse_tls_query(url: str, query: str, tls: bool) -> TlsOptions:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise _url_error(url, "the query string is malformed") from None
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in _TLS_QUERY_KEYS:
+            raise _url_error(url, f"unknown query parameter {name!r} (allowed: ca, cert, key, "
+                                  "insecure)")
+        if name in options:
+            raise _url_error(url, f"query parameter {name!r} given twice")
+        options[name] = value
+    if options and not tls:
+        raise _url_error(url, "ca=, cert=, key= and insecure= need the mqtts:// scheme")
+    if ("cert" in options) != ("key" in options):
+        raise _url_error(url, "cert= and key= must be given together")
+    return TlsOptions(
+        ca_path=options.get("ca") or None,
+        cert_path=options.get("cert") or None,
+        key_path=options.get("key") or None,
+        insecure=_parse_flag(url, "insecure", options.get("insecure", "")),
+    )
+
+
+def parse_mqtt_url(url: str) -> MqttEndpoint:
+    """Split ``mqtt[s]://[user:pass@]host[:port][?ca=..&cert=..&key=..&insecure=1]``.
+
+    Raises `ConfigError` naming the problem; the message shows the URL with its password
+    masked and the exception is raised ``from None`` so no library message leaks it either.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        raise _url_error(url, "not a valid URL (port must be a number in 1..65535)") from None
+    if scheme not in ("mqtt", "mqtts"):
+        raise _url_error(url, f"unsupported scheme {scheme or '(none)'!r}; use mqtt:// or mqtts://")
+    if not host:
+        raise _url_error(url, "no host")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise _url_error(url, "an MQTT URL takes no path or fragment")
+    if port == 0:
+        raise _url_error(url, "port must be in 1..65535")
+    tls = scheme == "mqtts"
+    username = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    return MqttEndpoint(
+        host=host,
+        port=port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT),
+        username=username or None,
+        password=password,
+        tls=tls,
+        tls_options=_parse_tls_query(url, parts.query, tls),
+    )
+
+
+def fallback_protocol(
+    current: MQTTProtocolVersion, reason_code: int
+) -> MQTTProtocolVersion | None:
+    """The protocol to retry with after a refused CONNECT, or None to keep the current one.
+
+    Only MQTT 5 falls back (to 3.1.1), and only when the broker said it does not speak the
+    protocol: reason code 0x84, or the raw 3.1.1 return code 1 such a broker sends.
+    """
+    if current != MQTTProtocolVersion.MQTTv5:
+        return None
+    if reason_code in (UNSUPPORTED_PROTOCOL_VERSION, _V311_REFUSED_PROTOCOL_VERSION):
+        return MQTTProtocolVersion.MQTTv311
+    return None
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One received PUBLISH, as handed to the runtime.
+
+    ``connection_seq`` names the connection it arrived on: an ack is only meaningful on that
+    connection, because packet ids are reused across connections.
+    """
+
+    topic: str
+    payload: bytes
+    qos: int
+    dup: bool
+    mid: int
+    received_at: float
+    connection_seq: int = 0
+
+
+class PublishTicket:
+    """Completion of one publish: done once the broker's PUBACK (QoS 1) arrived."""
+
+    def __init__(self, mid: int) -> None:
+        self._mid = mid
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def mid(self) -> int:
+        return self._mid
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once acknowledged; False if ``timeout_s`` passed first."""
+        return self._done.wait(timeout_s)
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on completion (on paho's thread: keep it cheap), or now if already done."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn)
+
+    def _complete(self) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _run_callback(fn)
+
+
+def _check_settings(settings: MqttSettings) -> None:
+    if not settings.client_id and not settings.clean_start:
+        raise ConfigError("MQTT client_id is required for a persistent session (clean_start=False)")
+    if not 0 < settings.reconnect_min_s <= settings.reconnect_max_s:
+        raise ConfigError("MQTT reconnect delays need 0 < reconnect_min_s <= reconnect_max_s")
+    if settings.keepalive_s < 1 or settings.session_expiry_s < 0:
+        raise ConfigError("MQTT keepalive_s must be >= 1 and session_expiry_s >= 0")
+
+
+def _run_callback(fn: Callable[[], None]) -> None:
+    """Call a user callback; an exception must never reach (and kill) paho's thread."""
+    try:
+        fn()
+    except Exception:
+        log.exception("MQTT callback %r failed", fn)
+
+
+def _set_tcp_nodelay(_client: paho.Client, _userdata: Any, sock: Any) -> None:
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class MqttClient:
+    """One MQTT connection under one client id, reconnecting by itself until `stop`."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        subscriptions: Sequence[str] = (),
+        inbound: queue.Queue[Inbound] | None = None,
+        on_connection_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        _check_settings(settings)
+        self._settings = settings
+        self._endpoint = parse_mqtt_url(settings.url)
+        self._subscriptions = tuple(subscriptions)
+        self._inbound: queue.Queue[Inbound] = inbound if inbound is not None else queue.Queue()
+        self._on_connection_change = on_connection_change
+        # Guards which paho client is current (it changes on protocol fallback) and the
+        # start/stop flags; held around paho.publish so no publish lands on a retired client.
+        self._client_lock = threading.Lock()
+        # Guards the ticket maps; taken inside paho's own locks (on_publish), so nothing may
+        # be acquired while holding it.
+        self._tickets_lock = threading.Lock()
+        self._protocol = MQTTProtocolVersion.MQTTv5
+        self._started = False
+        self._stopped = False
+        self._connected = threading.Event()
+        self._connection_seq = 0
+        self._connect_failures = 0
+        self._tickets: dict[int, PublishTicket] = {}
+        self._early_acks: set[int] = set()
+        self._paho = self._build_paho(self._protocol)
+
+    @property
+    def inbound(self) -> queue.Queue[Inbound]:
+        """Where received messages are put (the queue passed in, or one made here)."""
+        return self._inbound
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def protocol(self) -> MQTTProtocolVersion:
+        """The protocol in use: MQTT 5 unless the broker made us fall back to 3.1.1."""
+        return self._protocol
+
+    def start(self) -> None:
+        """Begin connecting in the background; returns at once. Calling it twice is an error."""
+        with self._client_lock:
+            if self._started or self._stopped:
+                raise PermanentError("MqttClient.start() may be called once, before stop()")
+            self._started = True
+            self._launch(self._paho)
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False
+    ) -> PublishTicket:
+        """Queue a PUBLISH; while disconnected paho keeps it and sends it after reconnecting."""
+        try:
+            with self._client_lock:
+                info = self._paho.publish(topic, payload, qos=qos, retain=retain)
+        except ValueError as e:
+            raise PermanentError(f"cannot publish to {topic!r}: {e}") from e
+        if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+            raise BrokerUnavailable(f"publish to {topic!r} refused: paho's queue is full")
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            raise BrokerUnavailable(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
+        return self._register_ticket(info.mid)
+
+    def ack(self, msg: Inbound) -> None:
+        """Send the PUBACK for ``msg``; a no-op unless manual_ack and still on its connection."""
+        if not self._settings.manual_ack or msg.qos == 0:
+            return
+        client = self._paho
+        if not client.is_connected() or msg.connection_seq != self._connection_seq:
+            log.debug("not acking mid %d: its connection is gone (broker will redeliver)",
+                      msg.mid)
+            return
+        client.ack(msg.mid, msg.qos)
+
+    def stop(self, *, timeout_s: float = 5.0, send_will: bool = False) -> None:
+        """Disconnect and never reconnect again. Idempotent.
+
+        A normal DISCONNECT discards the will. ``send_will=True`` asks the broker to publish
+        it anyway: reason code 0x04 under MQTT 5; under 3.1.1 (which has no such code) the
+        socket is closed without DISCONNECT.
+        """
+        with self._client_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            client = self._paho
+            started = self._started
+        if started:
+            self._shut_down(client, timeout_s, send_will)
+        self._mark_disconnected()
+        log.info("MQTT client %s stopped", self._settings.client_id)
+
+    # -- construction ---------------------------------------------------------------------
+
+    def _build_paho(self, protocol: MQTTProtocolVersion) -> paho.Client:
+        settings = self._settings
+        clean_session = None if protocol == MQTTProtocolVersion.MQTTv5 else settings.clean_start
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=settings.client_id,
+            clean_session=clean_session,
+            protocol=protocol,
+            manual_ack=settings.manual_ack,
+        )
+        # A raising callback would otherwise end paho's network thread.
+        client.suppress_exceptions = True
+        client.max_queued_messages_set(0)
+        client.connect_timeout = settings.connect_timeout_s
+        # paho annotates the delays as int but computes with them as floats.
+        client.reconnect_delay_set(
+            cast(int, settings.reconnect_min_s), cast(int, settings.reconnect_max_s)
+        )
+        self._configure_auth(client)
+        if settings.will is not None:
+            will_topic, will_payload, will_retain = settings.will
+            try:
+                client.will_set(will_topic, will_payload, qos=_QOS_WILL, retain=will_retain)
+            except ValueError as e:
+                raise ConfigError(f"MQTT will on {will_topic!r} is invalid: {e}") from e
+        client.on_socket_open = _set_tcp_nodelay
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        return client
+
+    def _configure_auth(self, client: paho.Client) -> None:
+        endpoint = self._endpoint
+        if endpoint.username is not None:
+            client.username_pw_set(endpoint.username, endpoint.password)
+        if not endpoint.tls:
+            return
+        tls = endpoint.tls_options
+        try:
+            client.tls_set(ca_certs=tls.ca_path, certfile=tls.cert_path, keyfile=tls.key_path)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise ConfigError(f"MQTT TLS files (ca/cert/key) could not be loaded: {e}") from e
+        if tls.insecure:
+            client.tls_insecure_set(True)
+
+    def _connect_properties(self, protocol: MQTTProtocolVersion) -> Properties | None:
+        if protocol != MQTTProtocolVersion.MQTTv5 or self._settings.session_expiry_s <= 0:
+            return None
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = self._settings.session_expiry_s
+        return properties
+
+    def _launch(self, client: paho.Client) -> None:
+        """connect_async + loop_start: paho's thread connects and retries on its own."""
+        protocol = self._protocol
+        clean_start: paho.CleanStartOption = (
+            self._settings.clean_start
+            if protocol == MQTTProtocolVersion.MQTTv5
+            else paho.MQTT_CLEAN_START_FIRST_ONLY
+        )
+        client.connect_async(
+            self._endpoint.host,
+            self._endpoint.port,
+            keepalive=self._settings.keepalive_s,
+            clean_start=clean_start,
+            properties=self._connect_properties(protocol),
+        )
+        client.loop_start()
+        log.info("MQTT connecting to %s:%d as %s (%s)", self._endpoint.host, self._endpoint.port,
+                 self._settings.client_id, protocol.name)
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    def _shut_down(self, client: paho.Client, timeout_s: float, send_will: bool) -> None:
+        v5 = self._protocol == MQTTProtocolVersion.MQTTv5
+        if not send_will:
+            client.disconnect()
+        elif v5:
+            client.disconnect(reasoncode=ReasonCode(PacketTypes.DISCONNECT,
+                                                    identifier=DISCONNECT_WITH_WILL))
+        # loop_stop sets paho's terminate flag first: no reconnect after this point.
+        stopper = threading.Thread(target=client.loop_stop, name="mqtt-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout_s)
+        if stopper.is_alive():
+            log.warning("MQTT network thread did not end within %.1fs", timeout_s)
+        sock = client.socket()
+        if sock is not None:
+            # The loop ended while a (re)connect was in flight, or 3.1.1 with send_will:
+            # closing without DISCONNECT is what makes the broker publish the will.
+            if not send_will and client.is_connected():
+                client.disconnect()
+                client.loop_write()
+            _close_quietly(sock)
+
+    # -- paho callbacks (network thread: never block) -------------------------------------
+
+    def _on_connect(
+        self,
+        client: paho.Client,
+        _userdata: Any,
+        flags: paho.ConnectFlags,
+        reason_code: ReasonCode,
+        _properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            self._on_refused(client, reason_code)
+            return
+        self._connection_seq += 1
+        self._connect_failures = 0
+        for topic in self._subscriptions:
+            client.subscribe(topic, qos=_QOS_SUBSCRIBE)
+        log.info("MQTT connected to %s:%d as %s (%s, session present: %s)",
+                 self._endpoint.host, self._endpoint.port, self._settings.client_id,
+                 self._protocol.name, flags.session_present)
+        self._connected.set()
+        self._notify(True)
+
+    def _on_connect_fail(self, _client: paho.Client, _userdata: Any) -> None:
+        # Warn once per outage; paho keeps retrying every reconnect_min_s..reconnect_max_s.
+        self._connect_failures += 1
+        level = logging.WARNING if self._connect_failures == 1 else logging.DEBUG
+        log.log(level, "MQTT cannot reach %s:%d (attempt %d); retrying", self._endpoint.host,
+                self._endpoint.port, self._connect_failures)
+
+    def _on_refused(self, client: paho.Client, reason_code: ReasonCode) -> None:
+        fallback = fallback_protocol(self._protocol, reason_code.value)
+        if fallback is None:
+            log.warning("MQTT broker refused %s: %s", self._settings.client_id, reason_code)
+            return
+        log.warning("MQTT broker does not speak %s (%s); falling back to %s",
+                    self._protocol.name, reason_code, fallback.name)
+        # Our own thread must not reconnect with the old protocol; a new client takes over.
+        client.disconnect()
+        with self._client_lock:
+            if self._stopped:
+                return
+            self._protocol = fallback
+            self._paho = self._build_paho(fallback)
+            self._move_queued_publishes(client, self._paho)
+            self._launch(self._paho)
+
+    def _move_queued_publishes(self, old: paho.Client, new: paho.Client) -> None:
+        """Carry publishes queued before the fallback over to the new client, tickets too."""
+        for message in old.drop_out_messages():
+            info = new.publish(message.topic, message.payload, qos=message.qos,
+                               retain=message.retain)
+            with self._tickets_lock:
+                ticket = self._tickets.pop(message.mid, None)
+                if ticket is not None:
+                    self._tickets[info.mid] = ticket
+
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        _userdata: Any,
+        _flags: paho.DisconnectFlags,
+        reason_code: ReasonCode,
+        _properties: Properties | None,
+    ) -> None:
+        if client is not self._paho or not self._connected.is_set():
+            return
+        if reason_code.value == SESSION_TAKEN_OVER:
+            log.warning("MQTT client id %s was taken over by another connection",
+                        self._settings.client_id)
+        elif self._stopped:
+            log.info("MQTT disconnected from %s:%d", self._endpoint.host, self._endpoint.port)
+        else:
+            log.warning("MQTT disconnected from %s:%d: %s", self._endpoint.host,
+                        self._endpoint.port, reason_code)
+        self._mark_disconnected()
+
+    def _on_message(self, _client: paho.Client, _userdata: Any, msg: paho.MQTTMessage) -> None:
+        item = Inbound(
+            topic=msg.topic,
+            payload=bytes(msg.payload),
+            qos=msg.qos,
+            dup=bool(msg.dup),
+            mid=msg.mid,
+            received_at=time.time(),
+            connection_seq=self._connection_seq,
+        )
+        try:
+            self._inbound.put_nowait(item)
+        except queue.Full:
+            log.error("inbound queue full: dropped mid %d on %s (unacked: redelivered with a "
+                      "persistent session)", msg.mid, msg.topic)
+
+    def _on_publish(
+        self,
+        _client: paho.Client,
+        _userdata: Any,
+        mid: int,
+        _reason_code: ReasonCode,
+        _properties: Properties,
+    ) -> None:
+        with self._tickets_lock:
+            ticket = self._tickets.pop(mid, None)
+            if ticket is None:
+                # PUBACK overtook publish() registering its ticket.
+                self._early_acks.add(mid)
+                return
+        ticket._complete()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _register_ticket(self, mid: int) -> PublishTicket:
+        ticket = PublishTicket(mid)
+        with self._tickets_lock:
+            acked_early = mid in self._early_acks
+            if acked_early:
+                self._early_acks.discard(mid)
+            else:
+                self._tickets[mid] = ticket
+        if acked_early:
+            ticket._complete()
+        return ticket
+
+    def _mark_disconnected(self) -> None:
+        if self._connected.is_set():
+            self._connected.clear()
+            self._notify(False)
+
+    def _notify(self, connected: bool) -> None:
+        callback = self._on_connection_change
+        if callback is not None:
+            _run_callback(lambda: callback(connected))
+
+
+def _close_quietly(sock: Any) -> None:
+    try:
+        sock.close()
+    except OSError as e:
+        log.debug("closing MQTT socket: %s", e)

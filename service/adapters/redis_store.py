@@ -1,0 +1,511 @@
+"""The Redis store: the only place state lives.
+
+Durable, atomic, fenced primitives over redis-py. State and effects are opaque ``bytes``; the
+runtime decides what they mean. Every write that depends on owning a shard runs as a Lua
+script (``*.lua`` beside this module) that first compares the shard's lease with the caller's
+token, so a replica whose lease expired or was taken can never write again (fencing).
+
+The hot path per batch is exactly three round trips: ``read_ingress``, ``load`` and
+``commit``. Scripts run via EVALSHA; they are loaded on every new connection (so a restarted
+Redis is transparent) and, should they still be missing (``SCRIPT FLUSH``), loaded and the
+refused calls retried once. Library errors never leave this module: connection-level
+failures become ``StoreUnavailable``, a fenced script ``LeaseLost``, anything else
+``PermanentError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.connection import Connection
+from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry
+
+from service.errors import LeaseLost, PermanentError, StoreUnavailable
+from service.keys import INGRESS_CONSUMER, INGRESS_GROUP, NUM_SHARDS, Keys, shard_of
+
+HISTORY_MAXLEN = 100
+DLQ_MAXLEN = 10_000
+HEALTH_CHECK_INTERVAL_S = 30
+# Error replies that mean "the server cannot serve right now", not "the request is wrong".
+_TRANSIENT_REPLIES = ("LOADING", "READONLY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+_SCRIPT_NAMES = (
+    "commit", "append_ingress", "fire_timers", "complete_effect", "acquire", "renew", "release",
+)
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One upstream message, written with the state that caused it; ``id`` is stable."""
+
+    id: str
+    topic: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class IngressEntry:
+    """One ingress stream entry: an encoded event, or a fired timer for ``timer_rkey``."""
+
+    shard: int
+    entry_id: str
+    event: bytes | None
+    timer_rkey: str | None
+    timer_due_ms: int | None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Everything one transition of one resource writes, applied all-or-nothing.
+
+    ``delete`` removes state, resource, timer, history and index membership (``state`` must
+    then be None); ``keep_state`` leaves the state untouched (a rejected or ignored event);
+    otherwise ``state`` is the new state. ``timer_due_ms``: None unchanged, -1 cancel.
+    """
+
+    rkey: str
+    state: bytes | None
+    delete: bool = False
+    keep_state: bool = False
+    resource: bytes | None = None
+    timer_due_ms: int | None = None
+    ack_ids: tuple[str, ...] = ()
+    outbox: tuple[OutboxEntry, ...] = ()
+    effects: tuple[tuple[str, bytes], ...] = ()
+    history: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.delete and (self.state is not None or self.keep_state):
+            raise ValueError(f"{self.rkey}: delete takes neither state nor keep_state")
+        if not self.delete and not self.keep_state and self.state is None:
+            raise ValueError(f"{self.rkey}: state is None without delete or keep_state")
+
+
+@dataclass(frozen=True)
+class _Lua:
+    """A script from ``<name>.lua`` and its SHA1, for EVALSHA.
+
+    Not redis-py's ``Script``: calling one inside a pipeline costs an extra SCRIPT EXISTS
+    round trip per execute, which the hot path cannot afford.
+    """
+
+    name: str
+    text: str
+    sha: str
+
+    @classmethod
+    def named(cls, name: str) -> _Lua:
+        text = resources.files(__package__).joinpath(f"{name}.lua").read_text()
+        return cls(name, text, hashlib.sha1(text.encode()).hexdigest())
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One EVALSHA: a script with its keys and arguments."""
+
+    script: _Lua
+    keys: tuple[str, ...]
+    args: tuple[bytes | str | int, ...]
+
+
+@contextlib.contextmanager
+def _store_errors(what: str) -> Iterator[None]:
+    """Translate redis-py errors into the service's at the adapter boundary."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        raise StoreUnavailable(f"redis {what}: {e}") from e
+    except ResponseError as e:
+        if str(e).startswith(_TRANSIENT_REPLIES):
+            raise StoreUnavailable(f"redis {what}: {e}") from e
+        raise PermanentError(f"redis {what}: {e}") from e
+    except redis.RedisError as e:
+        raise PermanentError(f"redis {what}: {e}") from e
+
+
+def _checked(result: Any) -> Any:
+    """A pipeline reply, or its error raised (a fenced script as ``LeaseLost``)."""
+    if isinstance(result, ResponseError):
+        if str(result).startswith("FENCED"):
+            raise LeaseLost(str(result))
+        raise result
+    return result
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisStore:
+    """Durable state, ingress, outbox, timers, effects and leases in one Redis."""
+
+    def __init__(self, url: str, keys: Keys, *, socket_timeout_s: float = 5.0) -> None:
+        self.keys = keys
+        self._socket_timeout_s = socket_timeout_s
+        self._scripts = {name: _Lua.named(name) for name in _SCRIPT_NAMES}
+        self._pool = redis.ConnectionPool.from_url(
+            url,
+            protocol=2,  # pinned: reply shapes below are RESP2's
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            health_check_interval=HEALTH_CHECK_INTERVAL_S,
+            # no retries here: a retried EVALSHA after a timeout could apply twice; the
+            # runtime retries whole operations above us
+            retry=Retry(NoBackoff(), 0),
+            redis_connect_func=self._on_connect,
+        )
+        self._client: redis.Redis[bytes] = redis.Redis(connection_pool=self._pool)
+
+    def _on_connect(self, connection: Connection) -> None:
+        """Handshake, then load every script, so EVALSHA works on a fresh or restarted Redis."""
+        connection.on_connect()
+        for script in self._scripts.values():  # sent back to back: one round trip
+            connection.send_command("SCRIPT", "LOAD", script.text)
+        for _ in self._scripts:
+            connection.read_response()
+
+    def ping(self) -> bool:
+        """Whether Redis answers now (for readiness), never raising."""
+        try:
+            return bool(self._client.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        self._client.close()
+        self._pool.disconnect()
+
+    # -- scripts -----------------------------------------------------------------------
+
+    def _eval(self, calls: Sequence[_Call], *, what: str, transaction: bool = False) -> list[Any]:
+        """Run scripts in one round trip; reload and retry once the calls refused NOSCRIPT."""
+        with _store_errors(what):
+            results = self._send(calls, transaction)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:
+                self._load_scripts()
+                retried = self._send([calls[i] for i in missing], transaction)
+                for i, result in zip(missing, retried, strict=True):
+                    results[i] = result
+            return [_checked(r) for r in results]
+
+    def _load_scripts(self) -> None:
+        """Load every script (after ``SCRIPT FLUSH``: reconnects already load them)."""
+        pipe = self._client.pipeline(transaction=False)
+        for script in self._scripts.values():
+            pipe.script_load(script.text)
+        pipe.execute()
+
+    def _send(self, calls: Sequence[_Call], transaction: bool) -> list[Any]:
+        pipe = self._client.pipeline(transaction=transaction)
+        for call in calls:
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except NoScriptError as e:  # a transaction aborted at queue time: nothing ran
+            return [e] * len(calls)
+
+    # -- ingress -----------------------------------------------------------------------
+
+    def ensure_groups(self) -> None:
+        """Create every shard's ingress stream and consumer group (idempotent).
+
+        The group starts at id 0 so entries appended before it existed are still delivered.
+        """
+        with _store_errors("ensure_groups"):
+            pipe = self._client.pipeline(transaction=False)
+            for shard in range(NUM_SHARDS):
+                pipe.xgroup_create(self.keys.ingress(shard), INGRESS_GROUP, id="0", mkstream=True)
+            for result in pipe.execute(raise_on_error=False):
+                if isinstance(result, ResponseError) and not str(result).startswith("BUSYGROUP"):
+                    raise result
+
+    def _append_call(
+        self, shard: int, event: bytes, dedupe: str | None, dup: bool, dedupe_ttl_ms: int
+    ) -> _Call:
+        keys: tuple[str, ...] = (self.keys.ingress(shard),)
+        if dedupe is not None:
+            keys += (self.keys.seen(shard, dedupe),)
+        args = (event, "1" if dup else "0", dedupe_ttl_ms)
+        return _Call(self._scripts["append_ingress"], keys, args)
+
+    def append_ingress(
+        self,
+        shard: int,
+        event: bytes,
+        *,
+        dedupe: str | None = None,
+        dup: bool = False,
+        dedupe_ttl_ms: int = 60_000,
+    ) -> str | None:
+        """Append an event; None when it is a redelivery (``dup``) of one already taken in."""
+        return self.append_many([(shard, event, dedupe, dup)], dedupe_ttl_ms=dedupe_ttl_ms)[0]
+
+    def append_many(
+        self,
+        items: Sequence[tuple[int, bytes, str | None, bool]],
+        *,
+        dedupe_ttl_ms: int = 60_000,
+    ) -> list[str | None]:
+        """``append_ingress`` for (shard, event, dedupe, dup) items, in one round trip."""
+        if not items:
+            return []
+        calls = [self._append_call(s, e, d, dup, dedupe_ttl_ms) for s, e, d, dup in items]
+        return [None if r is None else _text(r) for r in self._eval(calls, what="append")]
+
+    def read_ingress(
+        self, shards: Sequence[int], *, count: int, block_ms: int, pending: bool
+    ) -> list[IngressEntry]:
+        """Read the owned shards' ingress in one round trip.
+
+        ``pending=True`` re-reads entries delivered but never acknowledged (the previous
+        owner's, since all owners share one consumer name) and never blocks; ``pending=False``
+        reads new entries, blocking up to ``block_ms`` (0: do not block).
+        """
+        if not shards:
+            return []
+        if not pending and block_ms / 1000 >= self._socket_timeout_s:
+            raise ValueError(f"block_ms {block_ms} must stay below the socket timeout")
+        streams = {self.keys.ingress(s): ("0" if pending else ">") for s in shards}
+        block = None if pending or block_ms <= 0 else block_ms
+        with _store_errors("read_ingress"):
+            try:
+                reply = self._client.xreadgroup(
+                    INGRESS_GROUP, INGRESS_CONSUMER, streams, count=count, block=block
+                )
+            except ResponseError as e:
+                if not str(e).startswith("NOGROUP"):
+                    raise
+                self.ensure_groups()  # the streams vanished (Redis restarted empty)
+                reply = self._client.xreadgroup(
+                    INGRESS_GROUP, INGRESS_CONSUMER, streams, count=count, block=block
+                )
+        shard_by_key = {self.keys.ingress(s): s for s in shards}
+        return [
+            _ingress_entry(shard_by_key[_text(name)], entry_id, fields)
+            for name, entries in reply or []
+            for entry_id, fields in entries
+        ]
+
+    # -- state -------------------------------------------------------------------------
+
+    def load(self, rkeys: Sequence[str]) -> dict[str, bytes | None]:
+        """The opaque state of each resource (None: none), in one round trip."""
+        if not rkeys:
+            return {}
+        with _store_errors("load"):
+            pipe = self._client.pipeline(transaction=False)
+            for rkey in rkeys:
+                pipe.get(self.keys.state(rkey))
+            values = pipe.execute()
+        return dict(zip(rkeys, values, strict=True))
+
+    def load_resource(self, rkey: str) -> bytes | None:
+        with _store_errors("load_resource"):
+            return self._client.get(self.keys.resource(rkey))
+
+    def list_rkeys(self, kind: str | None = None) -> list[str]:
+        """Every resource with state, sorted; ``kind`` (``job``/``dataset``) filters."""
+        with _store_errors("list_rkeys"):
+            pipe = self._client.pipeline(transaction=False)
+            for shard in range(NUM_SHARDS):
+                pipe.smembers(self.keys.index(shard))
+            members = pipe.execute()
+        prefix = f"{kind}:" if kind else ""
+        return sorted(
+            rkey for shard_members in members for rkey in map(_text, shard_members)
+            if rkey.startswith(prefix)
+        )
+
+    def history(self, rkey: str, count: int = 100) -> list[tuple[str, bytes]]:
+        """The newest ``count`` history entries of a resource, oldest first."""
+        with _store_errors("history"):
+            entries = self._client.xrevrange(self.keys.history(rkey), count=count)
+        return [(_text(entry_id), fields[b"h"]) for entry_id, fields in reversed(entries)]
+
+    def commit(self, shard: int, token: str, commits: Sequence[Commit]) -> None:
+        """Apply commits of one shard in one round trip, fenced by ``token``.
+
+        Each commit is one script run, all-or-nothing; the batch runs in MULTI/EXEC so no
+        other client's write (a new owner's) can land between them. Raises ``LeaseLost``
+        when the lease is not held by ``token``: then nothing was written.
+        """
+        if not commits:
+            return
+        for c in commits:
+            if shard_of(c.rkey) != shard:
+                raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
+        calls = [self._commit_call(shard, token, c) for c in commits]
+        self._eval(calls, what="commit", transaction=len(calls) > 1)
+
+    def _commit_call(self, shard: int, token: str, c: Commit) -> _Call:
+        k = self.keys
+        keys = (
+            k.lease(shard), k.state(c.rkey), k.resource(c.rkey), k.history(c.rkey),
+            k.timers(shard), k.effects(shard), k.index(shard), k.outbox(shard), k.ingress(shard),
+        )
+        mode = "delete" if c.delete else "keep" if c.keep_state else "set"
+        timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
+        args: list[bytes | str | int] = [
+            token, c.rkey, mode, c.state if mode == "set" and c.state is not None else b"",
+            "keep" if c.resource is None else "set", c.resource or b"", timer,
+            INGRESS_GROUP, HISTORY_MAXLEN,
+            len(c.ack_ids), len(c.outbox), len(c.effects), len(c.history),
+            *c.ack_ids,
+        ]
+        for entry in c.outbox:
+            args += [entry.id, entry.topic, entry.payload]
+        for effect_id, intent in c.effects:
+            args += [effect_id, intent]
+        args += c.history
+        return _Call(self._scripts["commit"], keys, tuple(args))
+
+    # -- outbox ------------------------------------------------------------------------
+
+    def outbox_read(self, shard: int, count: int = 1000) -> list[tuple[str, OutboxEntry]]:
+        """Unpublished upstream messages, oldest first, with their stream ids."""
+        with _store_errors("outbox_read"):
+            entries = self._client.xrange(self.keys.outbox(shard), count=count)
+        return [
+            (
+                _text(entry_id),
+                OutboxEntry(_text(f[b"id"]), _text(f[b"topic"]), f[b"payload"]),
+            )
+            for entry_id, f in entries
+        ]
+
+    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+        """Forget published messages (after the broker's PUBACK)."""
+        if not stream_ids:
+            return
+        with _store_errors("outbox_done"):
+            self._client.xdel(self.keys.outbox(shard), *stream_ids)
+
+    # -- timers ------------------------------------------------------------------------
+
+    def fire_due_timers(self, shard: int, token: str, now_ms: int, limit: int = 500) -> int:
+        """Move timers due by ``now_ms`` into the shard's ingress (fenced); how many fired."""
+        k = self.keys
+        call = _Call(
+            self._scripts["fire_timers"],
+            (k.lease(shard), k.timers(shard), k.ingress(shard)),
+            (token, now_ms, limit),
+        )
+        return int(self._eval([call], what="fire_due_timers")[0])
+
+    def next_timer_ms(self, shard: int) -> int | None:
+        """When the shard's earliest timer is due, or None without timers."""
+        with _store_errors("next_timer_ms"):
+            first = self._client.zrange(self.keys.timers(shard), 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
+    # -- effects -----------------------------------------------------------------------
+
+    def pending_effects(self, shard: int) -> dict[str, bytes]:
+        """Effect intents committed but not yet completed (a new owner redoes them)."""
+        with _store_errors("pending_effects"):
+            intents = self._client.hgetall(self.keys.effects(shard))
+        return {_text(effect_id): intent for effect_id, intent in intents.items()}
+
+    def complete_effect(
+        self, shard: int, token: str, effect_id: str, result_event: bytes | None
+    ) -> bool:
+        """Retire an intent and append its result event, once; False if already retired."""
+        k = self.keys
+        call = _Call(
+            self._scripts["complete_effect"],
+            (k.lease(shard), k.effects(shard), k.ingress(shard)),
+            (token, effect_id, "0" if result_event is None else "1", result_event or b""),
+        )
+        return bool(self._eval([call], what="complete_effect")[0])
+
+    # -- leases ------------------------------------------------------------------------
+
+    def acquire(self, lease_key: str, fence_key: str, replica: str, ttl_ms: int) -> str | None:
+        """Take a free lease: its token ``<replica>:<fence>``, or None while it is held."""
+        call = _Call(self._scripts["acquire"], (lease_key, fence_key), (replica, ttl_ms))
+        token = self._eval([call], what="acquire")[0]
+        return None if token is None else _text(token)
+
+    def renew(self, lease_key: str, token: str, ttl_ms: int) -> bool:
+        """Extend the lease if ``token`` still holds it."""
+        call = _Call(self._scripts["renew"], (lease_key,), (token, ttl_ms))
+        return bool(self._eval([call], what="renew")[0])
+
+    def release(self, lease_key: str, token: str) -> bool:
+        """Give the lease up if ``token`` still holds it."""
+        call = _Call(self._scripts["release"], (lease_key,), (token,))
+        return bool(self._eval([call], what="release")[0])
+
+    def lease_holder(self, lease_key: str) -> str | None:
+        """The current holder's token ``<replica>:<fence>``, or None when the lease is free."""
+        with _store_errors("lease_holder"):
+            token = self._client.get(lease_key)
+        return None if token is None else _text(token)
+
+    # -- replicas ----------------------------------------------------------------------
+
+    def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:
+        """Announce ``replica`` alive until now+ttl; the live replicas, sorted."""
+        key = self.keys.replicas()
+        with _store_errors("heartbeat"):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zadd(key, {replica: now_ms + ttl_ms})
+            pipe.zremrangebyscore(key, "-inf", now_ms)
+            pipe.zrange(key, 0, -1)
+            live = pipe.execute()[-1]
+        return sorted(map(_text, live))
+
+    def leave(self, replica: str) -> None:
+        with _store_errors("leave"):
+            self._client.zrem(self.keys.replicas(), replica)
+
+    # -- misc --------------------------------------------------------------------------
+
+    def dead_letter(self, rejection: bytes, maxlen: int = DLQ_MAXLEN) -> None:
+        """Keep a rejection for inspection; the stream is capped (approximately) at maxlen."""
+        with _store_errors("dead_letter"):
+            self._client.xadd(self.keys.dlq(), {"r": rejection}, maxlen=maxlen, approximate=True)
+
+    def dlq(self, count: int = 100) -> list[bytes]:
+        """The newest ``count`` rejections, oldest first."""
+        with _store_errors("dlq"):
+            entries = self._client.xrevrange(self.keys.dlq(), count=count)
+        return [fields[b"r"] for _, fields in reversed(entries)]
+
+    def dataset_jobs_add(self, dataset: str, job_rkey: str) -> None:
+        with _store_errors("dataset_jobs_add"):
+            self._client.sadd(self.keys.dataset_jobs(dataset), job_rkey)
+
+    def dataset_jobs_remove(self, dataset: str, job_rkey: str) -> None:
+        with _store_errors("dataset_jobs_remove"):
+            self._client.srem(self.keys.dataset_jobs(dataset), job_rkey)
+
+    def dataset_jobs(self, dataset: str) -> list[str]:
+        """Job rkeys using ``dataset`` (``<namespace>/<name>``), sorted."""
+        with _store_errors("dataset_jobs"):
+            members = self._client.smembers(self.keys.dataset_jobs(dataset))
+        return sorted(map(_text, members))
+
+
+def _ingress_entry(
+    shard: int, entry_id: bytes | str, fields: dict[bytes, bytes] | None
+) -> IngressEntry:
+    """Decode one stream entry; one without known fields yields neither event nor timer."""
+    fields = fields or {}
+    due = fields.get(b"due")
+    timer = fields.get(b"t")
+    return IngressEntry(
+        shard=shard,
+        entry_id=_text(entry_id),
+        event=fields.get(b"e"),
+        timer_rkey=None if timer is None else _text(timer),
+        timer_due_ms=None if due is None else int(float(due)),
+    )

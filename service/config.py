@@ -1,0 +1,384 @@
+"""Service configuration: environment variables, `lifelong serve` flags, Sedna fallbacks.
+
+Every setting has one LIFELONG_ variable and one flag; a flag beats the variable, the
+variable beats Sedna's own name (so a Sedna LC manifest works unchanged), and that beats the
+default. A bad value stops start-up with a ConfigError of one line that names where the value
+came from (variable or flag) and never echoes a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import socket
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, cast
+from urllib.parse import SplitResult, urlsplit
+
+from service.errors import ConfigError
+
+LogFormat = Literal["text", "json"]
+
+_MQTT_SCHEMES = ("mqtt", "mqtts")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
+_LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+_MAX_NODE_NAME_CHARS = 253
+# DNS-1123 subdomain, case-insensitive because hostnames (our last fallback) may be upper case.
+_NODE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", re.IGNORECASE)
+# Braces are excluded because key names carry a Redis Cluster hash tag `{ns/name}`.
+_KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]+")
+_MIN_LEASE_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Validated settings of one controller process; build it with `from_env` or `from_args`."""
+
+    mqtt_url: str = "mqtt://127.0.0.1:1883"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    node_name: str
+    topic_prefix: str = "sedna"
+    upstream_topic: str = "{prefix}/{node}/upstream"
+    volume_prefix: str = ""
+    http_addr: str = "127.0.0.1:9100"
+    key_prefix: str = "lifelong"
+    dataset_poll_s: float = 60
+    lease_s: float = 10
+    log_format: LogFormat = "text"
+
+    def __post_init__(self) -> None:
+        """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
+        for setting in _SETTINGS:
+            value = getattr(self, setting.field)
+            setting.check(value if isinstance(value, str) else repr(value), setting.env)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], overrides: Mapping[str, str | None] | None = None
+    ) -> Config:
+        """Read settings from `environ`; `overrides` (field name -> flag value) win when not None.
+
+        An empty environment variable counts as unset (Kubernetes manifests often carry
+        `value: ""`); an explicit empty flag is taken as given.
+        """
+        given = dict(overrides or {})
+        unknown = sorted(set(given) - {s.field for s in _SETTINGS})
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        values: dict[str, object] = {}
+        for setting in _SETTINGS:
+            raw, source = _lookup(setting, environ, given.get(setting.field))
+            if raw is not None:
+                values[setting.field] = setting.parse(raw, source)
+        if "node_name" not in values:
+            values["node_name"] = _NODE_NAME.parse(socket.gethostname(), "hostname")
+        return cls(**values)  # type: ignore[arg-type]
+
+    def upstream_topic_for(self, namespace: str) -> str:
+        """The topic a status of a resource in `namespace` is published to."""
+        return self.upstream_topic.format(
+            prefix=self.topic_prefix, node=self.node_name, namespace=namespace
+        )
+
+    def downstream_topic(self) -> str:
+        """Where the cloud sends resources for this node."""
+        return f"{self.topic_prefix}/{self.node_name}/downstream"
+
+    def worker_topic_filter(self) -> str:
+        """Subscription filter matching every worker's report topic on this node."""
+        return f"{self.topic_prefix}/{self.node_name}/workers/+/info"
+
+    def errors_topic(self) -> str:
+        """Where rejected inbound messages are reported."""
+        return f"{self.topic_prefix}/{self.node_name}/errors"
+
+    def presence_topic(self, replica: str) -> str:
+        """Retained online/offline topic of one controller replica."""
+        return f"{self.topic_prefix}/{self.node_name}/controllers/{replica}"
+
+    def http_host_port(self) -> tuple[str, int]:
+        """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
+        return _split_host_port(self.http_addr, "LIFELONG_HTTP_ADDR")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting; each defaults to None so an absent flag leaves env in charge."""
+    for setting in _SETTINGS:
+        names = " / ".join((setting.env, *setting.fallbacks))
+        parser.add_argument(
+            setting.flag,
+            dest=setting.field,
+            default=None,
+            metavar=setting.metavar,
+            help=f"{setting.doc} (env {names}; default {setting.default_doc})",
+        )
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+    """Build a Config from parsed flags (added by `add_arguments`) over `environ`."""
+    overrides = {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
+    return Config.from_env(environ, overrides)
+
+
+# --- parsing and validation, one function per kind of value -------------------------------
+
+
+def _lookup(
+    setting: _Setting, environ: Mapping[str, str], flag_value: str | None
+) -> tuple[str | None, str]:
+    """The raw value of a setting and the name of the place it came from."""
+    if flag_value is not None:
+        return flag_value, setting.flag
+    for name in (setting.env, *setting.fallbacks):
+        value = environ.get(name, "")
+        if value != "":
+            return value, name
+    return None, setting.env
+
+
+def _redacted_url(url: str) -> str:
+    """The URL with any userinfo password replaced, safe for an error message."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url if not at else f"{scheme}{sep}***@{hostpart}"
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{hostpart}"
+
+
+def _split_url(value: str, source: str, schemes: tuple[str, ...]) -> SplitResult:
+    shown = _redacted_url(value)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        raise ConfigError(f"{source}: {shown!r} is not a valid URL ({_no_secret(e)})") from None
+    if parts.scheme.lower() not in schemes:
+        wanted = ", ".join(f"{s}://" for s in schemes)
+        raise ConfigError(f"{source}: scheme of {shown!r} must be one of {wanted}")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{source}: port {port} is outside 1..65535")
+    return parts
+
+
+def _no_secret(error: ValueError) -> str:
+    """urlsplit's messages may quote the port text; keep only the kind of failure."""
+    text = str(error)
+    return "bad port" if "port" in text.lower() else "malformed"
+
+
+def _parse_mqtt_url(value: str, source: str) -> str:
+    parts = _split_url(value, source, _MQTT_SCHEMES)
+    if not parts.hostname:
+        raise ConfigError(f"{source}: {_redacted_url(value)!r} names no broker host")
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"{source}: an MQTT URL takes no path")
+    return value
+
+
+def _parse_redis_url(value: str, source: str) -> str:
+    parts = _split_url(value, source, _REDIS_SCHEMES)
+    if parts.scheme.lower() == "unix":
+        if not parts.path.startswith("/"):
+            raise ConfigError(f"{source}: a unix:// Redis URL needs an absolute socket path")
+        return value
+    if not parts.hostname:
+        raise ConfigError(f"{source}: {_redacted_url(value)!r} names no Redis host")
+    database = parts.path.lstrip("/")
+    if database and not database.isdigit():
+        raise ConfigError(f"{source}: Redis database {database!r} is not a number")
+    return value
+
+
+def _check_topic_level(value: str, source: str, what: str) -> None:
+    if not value:
+        raise ConfigError(f"{source}: {what} must not be empty")
+    bad = sorted(set(value) & {"+", "#", "/", "\0"})
+    if bad:
+        raise ConfigError(f"{source}: {what} {value!r} must not contain {' '.join(bad)!r}")
+    if value.startswith("$"):
+        raise ConfigError(f"{source}: {what} {value!r} must not start with '$' (broker-reserved)")
+
+
+def _parse_node_name(value: str, source: str) -> str:
+    _check_topic_level(value, source, "node name")
+    if len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value):
+        raise ConfigError(
+            f"{source}: node name {value!r} is not a DNS-1123 name "
+            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return value
+
+
+def _parse_topic_prefix(value: str, source: str) -> str:
+    _check_topic_level(value, source, "topic prefix")
+    return value
+
+
+def _parse_upstream_template(value: str, source: str) -> str:
+    try:
+        parsed = list(string.Formatter().parse(value))
+    except ValueError as e:
+        raise ConfigError(f"{source}: template {value!r} is malformed ({e})") from None
+    for literal, field, spec, conversion in parsed:
+        if set(literal) & {"+", "#", "\0"}:
+            raise ConfigError(f"{source}: template {value!r} must not contain wildcards + or #")
+        if field is None:
+            continue
+        if field not in _UPSTREAM_PLACEHOLDERS or spec or conversion:
+            allowed = ", ".join(f"{{{p}}}" for p in sorted(_UPSTREAM_PLACEHOLDERS))
+            raise ConfigError(
+                f"{source}: unknown placeholder {{{field}}} in {value!r}; allowed: {allowed}"
+            )
+    if not value.strip() or value.startswith("$"):
+        raise ConfigError(f"{source}: template {value!r} must be non-empty and not start with $")
+    return value
+
+
+def _parse_volume_prefix(value: str, source: str) -> str:
+    """Absolute or empty; a trailing '/' is dropped so joining with a local path is plain."""
+    if value == "":
+        return value
+    if not value.startswith("/"):
+        raise ConfigError(f"{source}: volume prefix {value!r} must be an absolute path or empty")
+    if ".." in value.split("/") or "\0" in value:
+        raise ConfigError(f"{source}: volume prefix {value!r} must not contain '..'")
+    return value.rstrip("/")
+
+
+def _split_host_port(value: str, source: str) -> tuple[str, int]:
+    """Parse `host:port`, `[v6]:port`, `:port` or a bare port (all interfaces, as Sedna binds)."""
+    if value.isdigit():
+        host, port_text = "0.0.0.0", value
+    elif value.startswith("["):
+        inner, bracket, port_text = value[1:].partition("]:")
+        host = inner
+        if not bracket or not inner:
+            raise ConfigError(f"{source}: {value!r} is not [ipv6]:port")
+    else:
+        host, colon, port_text = value.rpartition(":")
+        if not colon or ":" in host:
+            raise ConfigError(f"{source}: {value!r} is not host:port (IPv6 needs [addr]:port)")
+        host = host or "0.0.0.0"
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{source}: port {port_text!r} is not a number in 0..65535 (0: any free)")
+    if any(c.isspace() for c in host):
+        raise ConfigError(f"{source}: host {host!r} contains white space")
+    return host, int(port_text)
+
+
+def _parse_http_addr(value: str, source: str) -> str:
+    host, port = _split_host_port(value, source)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _parse_key_prefix(value: str, source: str) -> str:
+    if not _KEY_PREFIX_RE.fullmatch(value):
+        raise ConfigError(
+            f"{source}: key prefix {value!r} must be non-empty letters, digits or _ . : -"
+        )
+    return value
+
+
+def _parse_seconds(value: str, source: str, minimum_s: float) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{source}: {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds <= 0 or seconds < minimum_s:
+        floor = f">= {minimum_s:g}" if minimum_s > 0 else "> 0"
+        raise ConfigError(f"{source}: {value!r} seconds must be finite and {floor}")
+    return seconds
+
+
+def _parse_poll_seconds(value: str, source: str) -> float:
+    return _parse_seconds(value, source, 0.0)
+
+
+def _parse_lease_seconds(value: str, source: str) -> float:
+    return _parse_seconds(value, source, _MIN_LEASE_S)
+
+
+def _parse_log_format(value: str, source: str) -> LogFormat:
+    lowered = value.strip().lower()
+    for fmt in _LOG_FORMATS:
+        if lowered == fmt:
+            return fmt
+    raise ConfigError(f"{source}: log format {value!r} must be one of {', '.join(_LOG_FORMATS)}")
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One configurable value: where it is read from and how it is parsed."""
+
+    field: str
+    env: str
+    flag: str
+    parser: Callable[[str, str], object]
+    doc: str
+    default_doc: str
+    metavar: str
+    fallbacks: tuple[str, ...] = ()
+
+    def parse(self, raw: str, source: str) -> object:
+        return self.parser(raw, source)
+
+    def check(self, value: str, source: str) -> None:
+        """Validate an already-typed value (rendered as text) for `Config.__post_init__`."""
+        self.parser(value, source)
+
+
+_NODE_NAME = _Setting(
+    "node_name", "LIFELONG_NODE_NAME", "--node-name", _parse_node_name,
+    "the edge node this controller serves", "the host name", "NAME", ("NODENAME", "HOSTNAME"),
+)  # fmt: skip
+
+_SETTINGS: tuple[_Setting, ...] = (
+    _Setting(
+        "mqtt_url", "LIFELONG_MQTT_URL", "--mqtt-url", _parse_mqtt_url,
+        "MQTT broker URL (mqtts:// for TLS, user:pass@ for auth)", "mqtt://127.0.0.1:1883", "URL",
+    ),
+    _Setting(
+        "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,
+        "Redis URL (rediss:// for TLS, unix:// for a socket)", "redis://127.0.0.1:6379/0", "URL",
+    ),
+    _NODE_NAME,
+    _Setting(
+        "topic_prefix", "LIFELONG_TOPIC_PREFIX", "--topic-prefix", _parse_topic_prefix,
+        "first level of every topic", "sedna", "LEVEL",
+    ),
+    _Setting(
+        "upstream_topic", "LIFELONG_UPSTREAM_TOPIC", "--upstream-topic", _parse_upstream_template,
+        "upstream topic template; placeholders {prefix} {node} {namespace}",
+        "{prefix}/{node}/upstream", "TEMPLATE",
+    ),
+    _Setting(
+        "volume_prefix", "LIFELONG_VOLUME_PREFIX", "--volume-prefix", _parse_volume_prefix,
+        "host root mount added to local paths", "empty", "DIR", ("ROOTFS_MOUNT_DIR",),
+    ),
+    _Setting(
+        "http_addr", "LIFELONG_HTTP_ADDR", "--http-addr", _parse_http_addr,
+        "HTTP listen address host:port (a bare port listens on all interfaces)",
+        "127.0.0.1:9100", "ADDR", ("BIND_PORT",),
+    ),
+    _Setting(
+        "key_prefix", "LIFELONG_KEY_PREFIX", "--key-prefix", _parse_key_prefix,
+        "Redis key namespace", "lifelong", "PREFIX",
+    ),
+    _Setting(
+        "dataset_poll_s", "LIFELONG_DATASET_POLL_SECONDS", "--dataset-poll-seconds",
+        _parse_poll_seconds, "seconds between dataset source checks", "60", "SECONDS",
+    ),
+    _Setting(
+        "lease_s", "LIFELONG_LEASE_SECONDS", "--lease-seconds", _parse_lease_seconds,
+        "lease time-to-live in seconds (>= 1)", "10", "SECONDS",
+    ),
+    _Setting(
+        "log_format", "LIFELONG_LOG_FORMAT", "--log-format", _parse_log_format,
+        "log line format: text or json", "text", "FORMAT",
+    ),
+)  # fmt: skip

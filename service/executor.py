@@ -1,0 +1,190 @@
+"""Runs the effects that do I/O and turns their outcome into the next event.
+
+Every effect here is idempotent by construction (its paths are fixed by job and version),
+so redoing one after a crash is harmless. Permanent failures and transient failures past the
+blob adapter's retry budget come back as events carrying the reason (the lifecycle then
+reports `failed` upstream); a store outage is raised so the caller retries the intent later.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from service import messages
+from service.adapters.blobs import BlobStore
+from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.redis_store import RedisStore
+from service.errors import InvalidMessage, PermanentError, TransientError
+from service.ingress import Inbound, encode_inbound
+from service.keys import shard_of
+from service.logs import redact
+from service.state import (
+    AttachDataset,
+    CopyModel,
+    DatasetChanged,
+    DatasetInfo,
+    DatasetPolled,
+    DatasetState,
+    DetachDataset,
+    Event,
+    ModelCopied,
+    NotifyJobs,
+    PollDataset,
+    RoundWritten,
+    Work,
+    WriteRound,
+    dataset_key,
+    decode_state,
+    job_key,
+)
+
+log = logging.getLogger("service.executor")
+
+_cursor_encoder = msgspec.msgpack.Encoder()
+_cursor_decoder = msgspec.msgpack.Decoder(Cursor)
+
+
+class Executor:
+    """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
+
+    def __init__(self, store: RedisStore, blobs: BlobStore, reader: DatasetReader) -> None:
+        self._store = store
+        self._blobs = blobs
+        self._reader = reader
+
+    def run(self, work: Work, now_ms: int) -> Event | None:
+        """Do the work; return the event reporting its outcome (None: nothing to report)."""
+        match work:
+            case WriteRound():
+                return self._write_round(work)
+            case CopyModel():
+                return self._copy_model(work)
+            case PollDataset():
+                return self._poll(work)
+            case NotifyJobs():
+                self._notify(work, now_ms)
+            case AttachDataset():
+                self._attach(work, now_ms)
+            case DetachDataset():
+                dataset = dataset_key(work.namespace, work.dataset)
+                self._store.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
+        return None
+
+    # ------------------------------------------------------------ credentials
+    def _credential(self, rkey: str) -> messages.S3Credential | None:
+        """The S3 credential in the resource's `sedna.io/credential` annotation, if any."""
+        raw = self._store.load_resource(rkey)
+        if raw is None:
+            return None
+        try:
+            resource = messages.decode_resource(raw)
+            return messages.credential_of(resource.metadata)
+        except InvalidMessage:
+            return None  # validated on the way in; a stored one cannot be wrong
+
+    # ------------------------------------------------------------ the work
+    def _write_round(self, work: WriteRound) -> RoundWritten:
+        error = None
+        try:
+            written = self._blobs.write_round(
+                source_url=work.source_url,
+                fmt=work.format,
+                ranges=work.ranges,
+                data_url=work.data_url,
+                index_url=work.index_url,
+                index_prefix=work.index_prefix,
+                source_cred=self._credential(dataset_key(work.namespace, work.dataset)),
+                dest_cred=self._credential(job_key(work.namespace, work.name)),
+            )
+            log.info(
+                "wrote %s samples to %s",
+                written,
+                work.data_url,
+                extra={"job": f"{work.namespace}/{work.name}", "effect": "write-round"},
+            )
+        except (PermanentError, TransientError) as e:
+            error = redact(f"writing {work.phase} data of round {work.version} failed: {e}")
+        return RoundWritten(
+            namespace=work.namespace,
+            name=work.name,
+            phase=work.phase,
+            version=work.version,
+            error=error,
+        )
+
+    def _copy_model(self, work: CopyModel) -> ModelCopied:
+        error = None
+        cred = self._credential(job_key(work.namespace, work.name))
+        try:
+            self._blobs.copy_model(
+                src_url=work.src_url, dst_url=work.dst_url, src_cred=cred, dst_cred=cred
+            )
+        except (PermanentError, TransientError) as e:
+            error = redact(f"copying model {work.src_url} to {work.dst_url} failed: {e}")
+        return ModelCopied(
+            namespace=work.namespace, name=work.name, version=work.version, error=error
+        )
+
+    def _poll(self, work: PollDataset) -> DatasetPolled:
+        cursor = _cursor_decoder.decode(work.cursor) if work.cursor else Cursor()
+        cred = self._credential(dataset_key(work.namespace, work.name))
+        try:
+            poll = self._reader.poll(work.url, work.format, cursor, cred)
+        except (PermanentError, TransientError) as e:
+            return DatasetPolled(
+                namespace=work.namespace, name=work.name, url=work.url, error=redact(str(e))
+            )
+        return DatasetPolled(
+            namespace=work.namespace,
+            name=work.name,
+            url=work.url,
+            num_samples=poll.num_samples,
+            cursor=_cursor_encoder.encode(poll.cursor),
+        )
+
+    def _notify(self, work: NotifyJobs, now_ms: int) -> None:
+        dataset = dataset_key(work.namespace, work.dataset)
+        for job in self._store.dataset_jobs(dataset):
+            _, _, path = job.partition(":")
+            namespace, _, name = path.partition("/")
+            self._send(
+                job,
+                DatasetChanged(
+                    namespace=namespace,
+                    name=name,
+                    dataset=work.dataset,
+                    info=work.info,
+                    num_samples=work.num_samples,
+                ),
+                now_ms,
+            )
+
+    def _attach(self, work: AttachDataset, now_ms: int) -> None:
+        dataset = dataset_key(work.namespace, work.dataset)
+        job = job_key(work.namespace, work.name)
+        self._store.dataset_jobs_add(dataset, job)
+        raw = self._store.load([dataset])[dataset]
+        if raw is None:
+            return  # the job waits; the dataset's first poll will notify it
+        state = decode_state(raw)
+        if not isinstance(state, DatasetState):
+            return
+        info = DatasetInfo(url=state.url, format=state.format)
+        count = state.num_samples if state.num_samples >= 0 else None
+        self._send(
+            job,
+            DatasetChanged(
+                namespace=work.namespace,
+                name=work.name,
+                dataset=work.dataset,
+                info=info,
+                num_samples=count,
+            ),
+            now_ms,
+        )
+
+    def _send(self, rkey: str, event: Event, now_ms: int) -> None:
+        inbound = Inbound(event=event, received_ms=now_ms)
+        self._store.append_ingress(shard_of(rkey), encode_inbound(inbound))

@@ -1,0 +1,167 @@
+"""From wire bytes to core events: decode, validate, convert, route.
+
+Everything that arrives (MQTT downstream and worker topics, the HTTP worker endpoint) passes
+through `take_in`, which either returns an `Inbound` ready to append to the target shard's
+ingress stream or raises `InvalidMessage` with the reason. The `Inbound` keeps the first
+bytes of the original payload so a later rejection (e.g. a report for an unknown job) can
+still show what was refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import msgspec
+
+from service import messages
+from service.errors import InvalidMessage
+from service.state import (
+    DatasetApplied,
+    DatasetDeleted,
+    DatasetPolled,
+    Event,
+    JobApplied,
+    JobDeleted,
+    JobSpec,
+    ModelRef,
+    Tick,
+    WorkerReported,
+    dataset_key,
+    job_key,
+)
+from service.triggers import TriggerSpec, parse_hhmm
+
+Source = Literal["downstream", "worker"]
+
+
+class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One accepted event as it sits in a shard's ingress stream."""
+
+    event: Event
+    topic: str = ""
+    head: bytes = b""  # the first 4 KiB of the original payload
+    received_ms: int = 0
+    resource: bytes | None = None  # canonical resource JSON of an insert (stored beside state)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Inbound)
+
+
+def encode_inbound(inbound: Inbound) -> bytes:
+    return _encoder.encode(inbound)
+
+
+def decode_inbound(data: bytes) -> Inbound:
+    return _decoder.decode(data)
+
+
+def target_of(event: Event) -> str:
+    """The resource key an event applies to (and so its shard)."""
+    if isinstance(event, DatasetApplied | DatasetDeleted | DatasetPolled) or (
+        isinstance(event, Tick) and event.kind == "dataset"
+    ):
+        return dataset_key(event.namespace, event.name)
+    return job_key(event.namespace, event.name)
+
+
+def take_in(source: Source, topic: str, payload: bytes, received_ms: int) -> Inbound:
+    """Decode and convert one message; raises InvalidMessage naming the field and reason."""
+    head = payload[: messages.REJECTION_PAYLOAD_BYTES]
+    if source == "worker":
+        report = messages.decode_worker_message(payload)
+        event: Event = worker_event(report)
+        return Inbound(event=event, topic=topic, head=head, received_ms=received_ms)
+    downstream = messages.decode_envelope(payload)
+    event, resource = downstream_event(downstream)
+    return Inbound(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
+
+
+def worker_topic_name(topic: str) -> str | None:
+    """The `{worker}` level of `{prefix}/{node}/workers/{worker}/info`."""
+    parts = topic.split("/")
+    if len(parts) == 5 and parts[2] == "workers" and parts[4] == "info":
+        return parts[3]
+    return None
+
+
+def digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]:
+    match message:
+        case messages.DatasetInsert(dataset=dataset, raw=raw):
+            event: Event = DatasetApplied(
+                namespace=dataset.metadata.namespace,
+                name=dataset.metadata.name,
+                url=dataset.spec.url,
+                format=dataset.spec.normalized_format,
+                digest=digest(raw),
+            )
+            messages.credential_of(dataset.metadata)  # validated now, not at first use
+            return event, raw
+        case messages.JobInsert(job=job, raw=raw):
+            messages.credential_of(job.metadata)
+            applied = JobApplied(
+                namespace=job.metadata.namespace,
+                name=job.metadata.name,
+                spec=job_spec(job),
+                digest=digest(raw),
+            )
+            return applied, raw
+        case messages.DatasetDelete(namespace=namespace, name=name):
+            return DatasetDeleted(namespace=namespace, name=name), None
+        case messages.JobDelete(namespace=namespace, name=name):
+            return JobDeleted(namespace=namespace, name=name), None
+    raise InvalidMessage("unsupported downstream message")  # pragma: no cover - exhaustive
+
+
+def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
+    """The part of a LifelongLearningJob the lifecycle reads."""
+    spec = job.spec
+    trigger = spec.train_spec.trigger
+    window = None
+    if trigger.timer is not None:
+        window = (parse_hhmm(trigger.timer.start), parse_hhmm(trigger.timer.end))
+    condition = trigger.condition
+    operator, threshold, metric = "", 0.0, ""
+    if condition is not None and condition.operator:
+        operator, metric = condition.operator, condition.metric
+        threshold = condition.threshold_value or 0.0
+    return JobSpec(
+        dataset=spec.dataset.name,
+        train_prob=spec.dataset.train_prob,
+        trigger=TriggerSpec(
+            check_period_s=trigger.check_period_seconds,
+            window=window,
+            operator=operator,
+            threshold=threshold,
+            metric=metric,
+        ),
+        output_dir=spec.output_dir,
+    )
+
+
+def worker_event(report: messages.WorkerMessage) -> WorkerReported:
+    models = tuple(
+        ModelRef(format=m.format, url=m.url) for m in messages.usable_models(report.results)
+    )
+    unusable = None
+    if report.status == "completed" and not models:
+        unusable = (
+            f"{report.kind} worker {report.name} completed without a usable model "
+            f"({len(report.results)} results; each model needs a string url)"
+        )
+    return WorkerReported(
+        namespace=report.namespace,
+        name=report.owner_name,
+        worker=report.name,
+        kind=report.kind,
+        status=report.status,
+        models=models,
+        results=tuple(report.results),
+        owner_info=report.owner_info,
+        unusable=unusable,
+    )

@@ -1,0 +1,157 @@
+"""Shard leases: each replica holds a fair share of the shards, fenced and renewed.
+
+A lease is `SET key token NX PX ttl` with a fencing token from INCR; every commit checks the
+token, so a replica frozen past its lease can never write again. Every `ttl/3` the keeper
+heartbeats, renews what it holds, gives back what exceeds its fair share and takes free
+shards up to it. The fair share is ceil(shards / live replicas), so two replicas split 8/8 and
+a survivor takes all 16 once the dead one's leases and heartbeat expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+from service.adapters.redis_store import RedisStore
+from service.errors import StoreUnavailable
+from service.keys import NUM_SHARDS
+
+log = logging.getLogger("service.leases")
+
+
+def fair_share(live_replicas: int, shards: int = NUM_SHARDS) -> int:
+    return math.ceil(shards / max(1, live_replicas))
+
+
+def plan(
+    held: Sequence[int], live_replicas: int, shards: int = NUM_SHARDS
+) -> tuple[int, list[int]]:
+    """(how many shards to try to acquire, which held shards to release) for a fair share."""
+    target = fair_share(live_replicas, shards)
+    if len(held) > target:
+        return 0, sorted(held)[target:]
+    return target - len(held), []
+
+
+class LeaseKeeper:
+    """Holds this replica's shard leases and the single MQTT-ingress lease."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        replica: str,
+        ttl_ms: int,
+        *,
+        now_ms: Callable[[], int],
+        on_acquired: Callable[[int], None],
+        on_ingress: Callable[[bool], None],
+    ) -> None:
+        self._store = store
+        self._replica = replica
+        self._ttl_ms = ttl_ms
+        self._now_ms = now_ms
+        self._on_acquired = on_acquired
+        self._on_ingress = on_ingress
+        self._lock = threading.Lock()
+        self._tokens: dict[int, str] = {}
+        self._ingress_token: str | None = None
+        self.store_ok = False
+
+    def token(self, shard: int) -> str | None:
+        with self._lock:
+            return self._tokens.get(shard)
+
+    def held(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._tokens)
+
+    def lost(self, shard: int, token: str) -> None:
+        """A commit was fenced: the lease is gone, whatever we thought."""
+        with self._lock:
+            if self._tokens.get(shard) == token:
+                del self._tokens[shard]
+        log.warning("lease on shard %d lost (fenced)", shard)
+
+    @property
+    def holds_ingress(self) -> bool:
+        return self._ingress_token is not None
+
+    def tick(self) -> None:
+        """One round of heartbeat, renewal, rebalancing and the ingress lease."""
+        try:
+            live = self._store.heartbeat(self._replica, self._now_ms(), self._ttl_ms)
+            self._renew_all()
+            self._rebalance(len(live))
+            self._keep_ingress()
+            self.store_ok = True
+        except StoreUnavailable as e:
+            self.store_ok = False
+            log.warning("lease keeping paused: %s", e)
+
+    def _renew_all(self) -> None:
+        keys = self._store.keys
+        for shard, token in self.held().items():
+            if not self._store.renew(keys.lease(shard), token, self._ttl_ms):
+                self.lost(shard, token)
+
+    def _rebalance(self, live: int) -> None:
+        keys = self._store.keys
+        wanted, release = plan(list(self.held()), live)
+        for shard in release:
+            token = self.token(shard)
+            if token is not None:
+                with self._lock:
+                    self._tokens.pop(shard, None)
+                self._store.release(keys.lease(shard), token)
+                log.info("released shard %d (fair share with %d replicas)", shard, live)
+        if wanted <= 0:
+            return
+        for shard in self._free_shards():
+            if wanted == 0:
+                break
+            token = self._store.acquire(
+                keys.lease(shard), keys.fence(shard), self._replica, self._ttl_ms
+            )
+            if token is None:
+                continue
+            with self._lock:
+                self._tokens[shard] = token
+            wanted -= 1
+            log.info("acquired shard %d (%s)", shard, token)
+            self._on_acquired(shard)
+
+    def _free_shards(self) -> list[int]:
+        held = self.held()
+        # start at a replica-dependent offset so replicas starting together rarely collide
+        start = sum(self._replica.encode()) % NUM_SHARDS
+        order = [(start + i) % NUM_SHARDS for i in range(NUM_SHARDS)]
+        return [s for s in order if s not in held]
+
+    def _keep_ingress(self) -> None:
+        keys = self._store.keys
+        if self._ingress_token is not None:
+            if self._store.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
+                return
+            self._ingress_token = None
+            log.warning("MQTT ingress lease lost")
+            self._on_ingress(False)
+        token = self._store.acquire(
+            keys.ingress_lease(), keys.ingress_fence(), self._replica, self._ttl_ms
+        )
+        if token is not None:
+            self._ingress_token = token
+            log.info("holding the MQTT ingress lease (%s)", token)
+            self._on_ingress(True)
+
+    def release_all(self) -> None:
+        keys = self._store.keys
+        for shard, token in self.held().items():
+            self._store.release(keys.lease(shard), token)
+        with self._lock:
+            self._tokens.clear()
+        if self._ingress_token is not None:
+            self._store.release(keys.ingress_lease(), self._ingress_token)
+            self._ingress_token = None
+        self._store.leave(self._replica)

@@ -1,0 +1,164 @@
+"""Log lines for people (text) and for collectors (one JSON object per line), secrets masked.
+
+Structured fields travel as `extra=` keys (`job`, `event`, `outcome`...), so the same call
+serves both formats. Credentials reach the service inside messages and URLs (the
+`sedna.io/credential` annotation, `mqtt://user:pass@host`), so every record is passed through
+`redact` on its way out: a log file must never become a credential store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Literal, TextIO
+
+HANDLER_NAME = "lifelong"
+_MASK = "***"
+
+# Attributes every LogRecord has; anything else on a record came in through `extra=`.
+_STANDARD_ATTRS = frozenset(
+    logging.LogRecord("x", logging.INFO, "", 0, "", None, None).__dict__
+) | {"message", "asctime", "taskName"}
+
+_URL_PASSWORD_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^\s/]*)@")
+_SECRET_KEY = r"[A-Za-z0-9_-]*(?:secret_access_key|access_key_id|session_token|password|passwd)"
+_SECRET_KEY_RE = re.compile(_SECRET_KEY, re.IGNORECASE)
+_QUOTE = r"(?:\\?[\"'])?"
+_SECRET_VALUE = (
+    # a string quoted with \" as in JSON inside JSON: inner \\\" \\\\ \\n escapes or plain chars
+    r'\\"(?:\\\\\\[\\"]|\\\\[^\\"]|[^\\])*\\"'
+    r"|\"(?:[^\"\\]|\\.)*\""  # a double-quoted string
+    r"|'[^']*'"  # a single-quoted string (Python reprs)
+    r"|[^\s,;&}\])\"']+"  # a bare word (key=value, query strings)
+)
+_KEY_VALUE_RE = re.compile(
+    rf"(?P<key>{_QUOTE}\b{_SECRET_KEY}\b{_QUOTE})(?P<sep>\s*[:=]\s*)(?P<value>{_SECRET_VALUE})",
+    re.IGNORECASE,
+)
+
+
+def _mask_value(match: re.Match[str]) -> str:
+    value = match["value"]
+    if value.startswith('\\"'):
+        masked = f'\\"{_MASK}\\"'
+    elif value[0] in "\"'":
+        masked = f"{value[0]}{_MASK}{value[0]}"
+    else:
+        masked = _MASK
+    return f"{match['key']}{match['sep']}{masked}"
+
+
+def redact(text: str) -> str:
+    """Mask URL passwords and values of secret-named keys (SECRET_ACCESS_KEY, password...)."""
+    text = _URL_PASSWORD_RE.sub(rf"\g<head>:{_MASK}@", text)
+    return _KEY_VALUE_RE.sub(_mask_value, text)
+
+
+def _redact_value(value: object) -> object:
+    """Redact strings, and mask secret-named keys inside dicts and lists given as extras."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            k: _MASK if isinstance(k, str) and _SECRET_KEY_RE.fullmatch(k) else _redact_value(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redact_value(v) for v in value]
+    return value
+
+
+def extras(record: logging.LogRecord) -> dict[str, object]:
+    """The `extra=` fields of a record, in the order they were given."""
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
+
+
+class RedactFilter(logging.Filter):
+    """Rewrites a record's message and string extras through `redact` (never drops a record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True  # a malformed call; the handler reports it without our help
+        record.msg, record.args = redact(message), None
+        for key, value in extras(record).items():
+            secret = _SECRET_KEY_RE.fullmatch(key) is not None
+            setattr(record, key, _MASK if secret else _redact_value(value))
+        return True
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    """UTC with milliseconds and a Z, e.g. 2026-12-02T17:00:00.123Z."""
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{int(record.msecs):03d}Z"
+
+
+def _trailer(formatter: logging.Formatter, record: logging.LogRecord) -> str:
+    """Exception and stack text of a record, redacted (tracebacks quote locals and URLs)."""
+    parts = []
+    if record.exc_info:
+        parts.append(formatter.formatException(record.exc_info))
+    if record.stack_info:
+        parts.append(formatter.formatStack(record.stack_info))
+    return redact("\n".join(parts))
+
+
+def _text_value(value: object) -> str:
+    if isinstance(value, str) and value and not re.search(r'[\s"=]', value):
+        return value
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """`<ts> <LEVEL> <logger> key=value ... <message>`, traceback on the following lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in extras(record).items())
+        head = " ".join(
+            part for part in (_timestamp(record), record.levelname, record.name, fields) if part
+        )
+        line = f"{head} {record.getMessage()}"
+        trailer = _trailer(self, record)
+        return f"{line}\n{trailer}" if trailer else line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, the extras, and exc when present."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in extras(record).items():
+            entry.setdefault(key, value)
+        trailer = _trailer(self, record)
+        if trailer:
+            entry["exc"] = trailer
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def setup_logging(
+    fmt: Literal["text", "json"], level: int = logging.INFO, stream: TextIO | None = None
+) -> logging.Handler:
+    """Install the service's handler on the root logger (replacing one installed before).
+
+    Returns the handler so a caller (or a test) can remove it again.
+    """
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == HANDLER_NAME]:
+        root.removeHandler(old)
+        old.close()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.set_name(HANDLER_NAME)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RedactFilter())
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

@@ -1,0 +1,334 @@
+"""Drive the real service from outside, as Sedna's cloud and workers would: over MQTT and HTTP.
+
+`Controller` runs `lifelong serve` as a subprocess (so tests can SIGKILL it); `Cloud` is an
+MQTT peer that sends downstream resources and worker reports and records every upstream and
+errors message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from service.embedded import free_port, wait_port
+
+NODE = "edge-node"
+PREFIX = "sedna"
+NS = "default"
+
+
+class Controller:
+    """One `lifelong serve` replica as a child process."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        mqtt_url: str,
+        redis_url: str,
+        *,
+        name: str = "r1",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.name = name
+        self.http_port = free_port()
+        self.env = {
+            **os.environ,
+            "LIFELONG_MQTT_URL": mqtt_url,
+            "LIFELONG_REDIS_URL": redis_url,
+            "LIFELONG_NODE_NAME": NODE,
+            "LIFELONG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
+            "LIFELONG_LEASE_SECONDS": "2",
+            "LIFELONG_DATASET_POLL_SECONDS": "1",
+            "LIFELONG_LOG_FORMAT": "text",
+            **(extra_env or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"controller-{name}.log"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--replica-id", self.name],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_port(self.http_port, 15)
+
+    def wait_ready(self, timeout_s: float = 15) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/readyz", timeout=1):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise TimeoutError(f"controller {self.name} not ready: {self.log()[-2000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def post_worker(self, worker: str, body: dict[str, Any] | bytes) -> tuple[int, dict[str, Any]]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/sedna/workers/{worker}/info",
+            data=data,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+
+class Cloud:
+    """The cloud and the workers, as one MQTT peer; records upstream and errors traffic."""
+
+    def __init__(self, port: int) -> None:
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self._cond = threading.Condition()
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        self.client.on_connect = self._on_connect
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.wait_for(lambda: self._subscribed, 10, "subscription")
+
+    _subscribed = False
+
+    def _on_connect(self, client: paho.Client, *_args: Any) -> None:
+        client.subscribe(
+            [
+                (f"{PREFIX}/{NODE}/upstream", 1),
+                (f"{PREFIX}/{NODE}/errors", 1),
+                (f"{PREFIX}/{NODE}/controllers/+", 1),
+            ]
+        )
+        self._subscribed = True
+
+    def _on_message(self, _client: paho.Client, _userdata: Any, msg: paho.MQTTMessage) -> None:
+        try:
+            body = json.loads(msg.payload)
+        except ValueError:
+            body = {"raw": msg.payload.decode(errors="replace")}
+        with self._cond:
+            self.messages.append((msg.topic, body))
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+    # ------------------------------------------------------------ sending
+    def publish(self, topic: str, payload: bytes) -> None:
+        info = self.client.publish(topic, payload, qos=1)
+        info.wait_for_publish(10)
+
+    def downstream(
+        self,
+        kind: str,
+        operation: str,
+        resource: dict[str, Any] | None,
+        *,
+        name: str | None = None,
+        as_base64: bool = False,
+    ) -> None:
+        meta = (resource or {}).get("metadata", {})
+        content: Any = resource
+        if resource is not None and as_base64:
+            content = base64.b64encode(json.dumps(resource).encode()).decode()
+        envelope = {
+            "header": {
+                "namespace": meta.get("namespace", NS),
+                "resourceKind": kind,
+                "resourceName": name or meta.get("name"),
+                "operation": operation,
+            },
+            "content": content,
+        }
+        self.publish(f"{PREFIX}/{NODE}/downstream", json.dumps(envelope).encode())
+
+    def report(
+        self, job: str, kind: str, status: str, *models: str, worker: str | None = None
+    ) -> dict[str, Any]:
+        message = worker_message(job, kind, status, *models, worker=worker)
+        self.publish(
+            f"{PREFIX}/{NODE}/workers/{message['name']}/info", json.dumps(message).encode()
+        )
+        return message
+
+    # ------------------------------------------------------------ waiting
+    def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"timed out waiting for {what}; got {self.summary()}")
+                self._cond.wait(min(remaining, 0.2))
+
+    def upstream(self, job: str | None = None) -> list[dict[str, Any]]:
+        with self._cond:
+            return [
+                m
+                for t, m in self.messages
+                if t.endswith("/upstream") and (job is None or m["header"]["resourceName"] == job)
+            ]
+
+    def errors(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [m for t, m in self.messages if t.endswith("/errors")]
+
+    def status(self, job: str, phase: str, status: str, after: int = 0) -> dict[str, Any] | None:
+        for message in self.upstream(job)[after:]:
+            content = message["content"]
+            if (
+                content.get("phase") == phase
+                and content.get("status") == status
+                and ("input" in content or status == "failed")
+            ):
+                return message
+        return None
+
+    def wait_status(
+        self, job: str, phase: str, status: str, timeout_s: float = 20, after: int = 0
+    ) -> dict[str, Any]:
+        return self.wait_for(
+            lambda: self.status(job, phase, status, after), timeout_s, f"{job} {phase} {status}"
+        )  # type: ignore[no-any-return]
+
+    def samples(self, dataset: str) -> list[int]:
+        return [
+            m["content"]["numberOfSamples"]
+            for m in self.upstream(dataset)
+            if "numberOfSamples" in m["content"]
+        ]
+
+    def summary(self) -> str:
+        return "; ".join(
+            f"{t.rsplit('/', 1)[-1]}:{json.dumps(m)[:160]}" for t, m in self.messages[-12:]
+        )
+
+
+def worker_message(
+    job: str, kind: str, status: str, *models: str, worker: str | None = None
+) -> dict[str, Any]:
+    return {
+        "name": worker or f"{job}-{kind}-worker",
+        "namespace": NS,
+        "ownerName": job,
+        "ownerKind": "LifelongLearningJob",
+        "ownerInfo": {"kind": kind},
+        "kind": kind,
+        "status": status,
+        "results": [{"format": "pkl", "url": url, "metrics": {"acc": 0.9}} for url in models],
+    }
+
+
+def dataset_resource(
+    name: str, url: str, fmt: str = "txt", *, credential: dict[str, str] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if credential is not None:
+        meta["annotations"] = {"sedna.io/credential": json.dumps(credential)}
+    return {
+        "apiVersion": "sedna.io/v1alpha1",
+        "kind": "Dataset",
+        "metadata": meta,
+        "spec": {"url": url, "format": fmt, "nodeName": NODE},
+    }
+
+
+def job_resource(
+    name: str,
+    dataset: str,
+    output_dir: str,
+    *,
+    train_prob: float = 0.8,
+    trigger: dict[str, Any] | None = None,
+    credential: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if credential is not None:
+        meta["annotations"] = {"sedna.io/credential": json.dumps(credential)}
+    template = {"spec": {"nodeName": NODE, "containers": [{"image": "x", "name": "w"}]}}
+    return {
+        "apiVersion": "sedna.io/v1alpha1",
+        "kind": "LifelongLearningJob",
+        "metadata": meta,
+        "spec": {
+            "dataset": {"name": dataset, "trainProb": train_prob},
+            "trainSpec": {
+                "template": template,
+                "trigger": trigger
+                or {
+                    "checkPeriodSeconds": 1,
+                    "timer": {"start": "00:00", "end": "24:00"},
+                    "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
+                },
+            },
+            "evalSpec": {"template": template},
+            "deploySpec": {"template": template},
+            "outputDir": output_dir,
+        },
+    }
+
+
+def lines(start: int, end: int) -> list[str]:
+    return [f"sample-{i} label-{i % 3}" for i in range(start, end)]
+
+
+def append_lines(path: Path, rows: list[str]) -> None:
+    with open(path, "a") as f:
+        f.write("".join(row + "\n" for row in rows))

@@ -1,0 +1,462 @@
+"""BlobStore against real files and a real (moto) S3 server: round files and model copies."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+from service.adapters.blobs import BlobStore
+from service.adapters.s3 import S3Clients, S3Location, parse_s3_url, translate
+from service.errors import BlobUnavailable, PermanentError
+from tests.servers import free_port
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+@dataclass(frozen=True)
+class Cred:
+    endpoint: str | None
+    use_https: bool = False
+    access_key_id: str | None = "testing"
+    secret_access_key: str | None = "testing"
+
+
+def files_under(*dirs: Path) -> set[Path]:
+    return {p for d in dirs if d.exists() for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "staging"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def store(tmp_dir: Path) -> BlobStore:
+    return BlobStore(S3Clients(), attempts=3, max_backoff_s=0.01, tmp_dir=str(tmp_dir))
+
+
+@pytest.fixture
+def txt_source(tmp_path: Path) -> Path:
+    """Samples s0..s9 with blank lines, CRLF and an unterminated last line."""
+    path = tmp_path / "src" / "data.txt"
+    path.parent.mkdir()
+    path.write_bytes(
+        b"\n/img/0.jpg 0\r\n/img/1.jpg 1\n\n/img/2.jpg 2\n/img/3.jpg 3\r\n\r\n/img/4.jpg 4\n"
+        b"/img/5.jpg 5\n/img/6.jpg 6\n/img/7.jpg 7\n/img/8.jpg 8\n/img/9.jpg 9"
+    )
+    return path
+
+
+def sample(i: int) -> bytes:
+    return b"/img/%d.jpg %d\n" % (i, i)
+
+
+def test_txt_round_out_of_order_ranges(
+    store: BlobStore, txt_source: Path, tmp_path: Path, tmp_dir: Path
+) -> None:
+    out = tmp_path / "job" / "data" / "train" / "3" / "data.txt"
+    index = out.parent / "dataIndex.txt"
+    written = store.write_round(
+        source_url=str(txt_source),
+        fmt="txt",
+        ranges=[(7, 10), (2, 4), (0, 1), (5, 6)],
+        data_url=str(out),
+        index_url=str(index),
+        index_prefix="s3://bkt/sets/",
+        source_cred=None,
+        dest_cred=None,
+    )
+    order = [7, 8, 9, 2, 3, 0, 5]
+    assert written == len(order)
+    assert out.read_bytes() == b"".join(sample(i) for i in order)
+    assert index.read_bytes() == b"s3://bkt/sets/\n" + b"".join(b"/img/%d.jpg\n" % i for i in order)
+    assert files_under(out.parent, tmp_dir) == {out, index}
+
+
+def test_csv_round_has_header_first(store: BlobStore, tmp_path: Path) -> None:
+    src = tmp_path / "data.csv"
+    src.write_bytes(b"\r\nname,age\r\n" + b"".join(b"p%d,%d\r\n" % (i, i) for i in range(6)))
+    out = tmp_path / "out" / "data.csv"
+    written = store.write_round(
+        source_url=str(src),
+        fmt="csv",
+        ranges=[(4, 6), (0, 2)],
+        data_url=str(out),
+        index_url=None,
+        index_prefix=None,
+        source_cred=None,
+        dest_cred=None,
+    )
+    assert written == 4
+    assert out.read_bytes() == b"name,age\np4,4\np5,5\np0,0\np1,1\n"
+
+
+def test_csv_round_without_samples_still_has_header(store: BlobStore, tmp_path: Path) -> None:
+    src = tmp_path / "data.csv"
+    src.write_bytes(b"a,b\n1,2\n")
+    out = tmp_path / "out" / "data.csv"
+    assert (
+        store.write_round(
+            source_url=str(src),
+            fmt="csv",
+            ranges=[],
+            data_url=str(out),
+            index_url=None,
+            index_prefix=None,
+            source_cred=None,
+            dest_cred=None,
+        )
+        == 0
+    )
+    assert out.read_bytes() == b"a,b\n"
+
+
+def test_round_redo_is_identical_and_replaces_whole(
+    store: BlobStore, txt_source: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "round" / "data.txt"
+    out.parent.mkdir()
+    out.write_bytes(b"x" * 10_000)
+    kwargs = {
+        "source_url": str(txt_source),
+        "fmt": "txt",
+        "ranges": [(3, 5), (0, 2)],
+        "data_url": str(out),
+        "index_url": None,
+        "index_prefix": None,
+        "source_cred": None,
+        "dest_cred": None,
+    }
+    store.write_round(**kwargs)  # type: ignore[arg-type]
+    first = out.read_bytes()
+    store.write_round(**kwargs)  # type: ignore[arg-type]
+    assert out.read_bytes() == first == b"".join(sample(i) for i in (3, 4, 0, 1))
+
+
+def test_round_ranges_across_block_boundaries(store: BlobStore, tmp_path: Path) -> None:
+    """A source of several 1 MiB blocks: ranges start, end and span inside and across them."""
+    lines = [b"line-%06d %s" % (i, b"x" * (i % 13)) for i in range(150_000)]
+    src = tmp_path / "big.txt"
+    src.write_bytes(b"\r\n".join(lines) + b"\r\n")
+    ranges = [(100_000, 100_010), (5, 90_000), (149_990, 150_000), (90_000, 90_001)]
+    out = tmp_path / "out" / "data.txt"
+    written = store.write_round(
+        source_url=str(src),
+        fmt="txt",
+        ranges=ranges,
+        data_url=str(out),
+        index_url=None,
+        index_prefix=None,
+        source_cred=None,
+        dest_cred=None,
+    )
+    expected = [line for start, end in ranges for line in lines[start:end]]
+    assert written == len(expected)
+    assert out.read_bytes() == b"\n".join(expected) + b"\n"
+
+
+def test_round_past_the_end_writes_what_exists(
+    store: BlobStore, txt_source: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "data.txt"
+    written = store.write_round(
+        source_url=str(txt_source),
+        fmt="txt",
+        ranges=[(8, 15)],
+        data_url=str(out),
+        index_url=None,
+        index_prefix=None,
+        source_cred=None,
+        dest_cred=None,
+    )
+    assert written == 2
+    assert out.read_bytes() == sample(8) + sample(9)
+
+
+def test_round_missing_source_leaves_nothing(
+    store: BlobStore, tmp_path: Path, tmp_dir: Path
+) -> None:
+    out = tmp_path / "job" / "data.txt"
+    with pytest.raises(PermanentError, match=r"nope\.txt"):
+        store.write_round(
+            source_url=str(tmp_path / "nope.txt"),
+            fmt="txt",
+            ranges=[(0, 3)],
+            data_url=str(out),
+            index_url=str(out.parent / "dataIndex.txt"),
+            index_prefix="p/",
+            source_cred=None,
+            dest_cred=None,
+        )
+    assert files_under(out.parent, tmp_dir) == set()
+
+
+# --- S3 -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3c(s3_endpoint: str) -> Iterator[S3Client]:
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def bucket(s3c: S3Client) -> str:
+    name = f"blobs-{uuid.uuid4().hex[:12]}"
+    s3c.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def cred(s3_endpoint: str) -> Cred:
+    return Cred(endpoint=s3_endpoint.removeprefix("http://"))
+
+
+def get(s3c: S3Client, bucket: str, key: str) -> bytes:
+    return s3c.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def test_round_from_s3_to_s3_with_index(
+    store: BlobStore, s3c: S3Client, bucket: str, cred: Cred, txt_source: Path
+) -> None:
+    tmp_dir = txt_source.parent.parent / "staging"  # the store fixture's tmp_dir
+    s3c.put_object(Bucket=bucket, Key="sets/data.txt", Body=txt_source.read_bytes())
+    written = store.write_round(
+        source_url=f"s3://{bucket}/sets/data.txt",
+        fmt="txt",
+        ranges=[(4, 6), (1, 2)],
+        data_url=f"s3://{bucket}/out/data/train/1/data.txt",
+        index_url=f"s3://{bucket}/out/data/train/1/dataIndex.txt",
+        index_prefix=f"s3://{bucket}/sets/",
+        source_cred=cred,
+        dest_cred=cred,
+    )
+    assert written == 3
+    assert get(s3c, bucket, "out/data/train/1/data.txt") == sample(4) + sample(5) + sample(1)
+    assert get(s3c, bucket, "out/data/train/1/dataIndex.txt") == (
+        f"s3://{bucket}/sets/\n".encode() + b"/img/4.jpg\n/img/5.jpg\n/img/1.jpg\n"
+    )
+    assert files_under(tmp_dir) == set()
+
+
+def test_round_s3_missing_source_is_permanent_and_clean(
+    store: BlobStore, bucket: str, cred: Cred, tmp_dir: Path
+) -> None:
+    with pytest.raises(PermanentError, match=r"missing\.txt"):
+        store.write_round(
+            source_url=f"s3://{bucket}/missing.txt",
+            fmt="txt",
+            ranges=[(0, 1)],
+            data_url=f"s3://{bucket}/out/data.txt",
+            index_url=None,
+            index_prefix=None,
+            source_cred=cred,
+            dest_cred=cred,
+        )
+    assert files_under(tmp_dir) == set()
+
+
+def test_copy_model_local_over_larger_file(store: BlobStore, tmp_path: Path) -> None:
+    src = tmp_path / "eval" / "model.pkl"
+    src.parent.mkdir()
+    src.write_bytes(b"new-model")
+    dst = tmp_path / "deploy" / "index.pkl"
+    dst.parent.mkdir()
+    dst.write_bytes(b"an older and much larger model" * 100)
+    store.copy_model(src_url=str(src), dst_url=str(dst), src_cred=None, dst_cred=None)
+    assert dst.read_bytes() == b"new-model"
+    assert files_under(dst.parent) == {dst}
+
+
+def test_copy_model_between_s3_and_local(
+    store: BlobStore, s3c: S3Client, bucket: str, cred: Cred, tmp_path: Path
+) -> None:
+    tmp_dir = tmp_path / "staging"
+    s3c.put_object(Bucket=bucket, Key="eval/1/model.pkl", Body=b"m1")
+    store.copy_model(
+        src_url=f"s3://{bucket}/eval/1/model.pkl",
+        dst_url=f"s3://{bucket}/deploy/index.pkl",
+        src_cred=cred,
+        dst_cred=cred,
+    )
+    assert get(s3c, bucket, "deploy/index.pkl") == b"m1"
+
+    local = tmp_path / "deploy" / "index.pkl"
+    local.parent.mkdir()
+    local.write_bytes(b"old-and-longer")
+    store.copy_model(
+        src_url=f"s3://{bucket}/deploy/index.pkl", dst_url=str(local), src_cred=cred, dst_cred=None
+    )
+    assert local.read_bytes() == b"m1"
+
+    local.write_bytes(b"m2")
+    store.copy_model(
+        src_url=str(local), dst_url=f"s3://{bucket}/deploy/index.pkl", src_cred=None, dst_cred=cred
+    )
+    assert get(s3c, bucket, "deploy/index.pkl") == b"m2"
+    assert files_under(local.parent, tmp_dir) == {local}
+
+
+def test_copy_model_missing_source(
+    store: BlobStore, bucket: str, cred: Cred, tmp_path: Path, tmp_dir: Path
+) -> None:
+    dst = tmp_path / "deploy" / "index.pkl"
+    for src, src_cred in (
+        (str(tmp_path / "none.pkl"), None),
+        (f"s3://{bucket}/none.pkl", cred),
+    ):
+        with pytest.raises(PermanentError, match=r"none\.pkl"):
+            store.copy_model(src_url=src, dst_url=str(dst), src_cred=src_cred, dst_cred=None)
+    with pytest.raises(PermanentError, match=r"none\.pkl"):
+        store.copy_model(
+            src_url=f"s3://{bucket}/none.pkl",
+            dst_url=f"s3://{bucket}/d.pkl",
+            src_cred=cred,
+            dst_cred=cred,
+        )
+    assert files_under(dst.parent, tmp_dir) == set()
+
+
+def test_s3_down_is_blob_unavailable_after_retries(tmp_path: Path, tmp_dir: Path) -> None:
+    store = BlobStore(S3Clients(), attempts=3, max_backoff_s=0.05, tmp_dir=str(tmp_dir))
+    down = Cred(
+        endpoint=f"127.0.0.1:{free_port()}",
+        access_key_id="AKIDSECRET",
+        secret_access_key="very-secret",
+    )
+    src = tmp_path / "model.pkl"
+    src.write_bytes(b"m")
+    started = time.monotonic()
+    with pytest.raises(BlobUnavailable) as info:
+        store.copy_model(
+            src_url=str(src), dst_url="s3://b/deploy/index.pkl", src_cred=None, dst_cred=down
+        )
+    with pytest.raises(BlobUnavailable):
+        store.write_round(
+            source_url=str(src),
+            fmt="txt",
+            ranges=[(0, 1)],
+            data_url="s3://b/d/data.txt",
+            index_url=None,
+            index_prefix=None,
+            source_cred=None,
+            dest_cred=down,
+        )
+    assert time.monotonic() - started < 10
+    assert "SECRET" not in str(info.value) and "very-secret" not in str(info.value)
+    assert files_under(tmp_dir) == set()
+
+
+@contextmanager
+def hangup_server() -> Iterator[tuple[int, list[int]]]:
+    """A TCP server that accepts and at once closes each connection, counting them."""
+    accepted = [0]
+    stop = threading.Event()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.05)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            accepted[0] += 1
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join(5)
+        sock.close()
+
+
+def test_each_attempt_is_one_request(tmp_path: Path, tmp_dir: Path) -> None:
+    """Our budget is the whole budget: botocore does not retry underneath it."""
+    store = BlobStore(S3Clients(), attempts=4, max_backoff_s=0.01, tmp_dir=str(tmp_dir))
+    src = tmp_path / "model.pkl"
+    src.write_bytes(b"m")
+    with hangup_server() as (port, accepted):
+        with pytest.raises(BlobUnavailable):
+            store.copy_model(
+                src_url=str(src),
+                dst_url="s3://b/deploy/index.pkl",
+                src_cred=None,
+                dst_cred=Cred(endpoint=f"127.0.0.1:{port}"),
+            )
+        assert accepted[0] == 4
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        ("SlowDown", 503, BlobUnavailable),
+        ("InternalError", 500, BlobUnavailable),
+        ("RequestTimeout", 400, BlobUnavailable),
+        ("Whatever", 502, BlobUnavailable),
+        ("NoSuchKey", 404, PermanentError),
+        ("AccessDenied", 403, PermanentError),
+        ("InvalidAccessKeyId", 403, PermanentError),
+        ("SignatureDoesNotMatch", 403, PermanentError),
+    ],
+)
+def test_translate_client_errors(code: str, status: int, kind: type[Exception]) -> None:
+    response: Any = {
+        "Error": {"Code": code, "Message": "key AKIDSECRET was bad"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    error = ClientError(response, "GetObject")
+    translated = translate(error, "reading s3://b/k")
+    assert type(translated) is kind
+    assert code in str(translated) and "s3://b/k" in str(translated)
+    assert "AKIDSECRET" not in str(translated)
+
+
+def test_translate_connection_and_credential_errors() -> None:
+    down = EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+    assert isinstance(translate(down), BlobUnavailable)
+    assert isinstance(translate(NoCredentialsError()), PermanentError)
+
+
+def test_clients_are_cached_per_credential() -> None:
+    clients = S3Clients()
+    a = clients.client(Cred(endpoint="minio:9000"))
+    assert clients.client(Cred(endpoint="minio:9000")) is a
+    assert a.meta.endpoint_url == "http://minio:9000"
+    secure = clients.client(Cred(endpoint="minio:9000", use_https=True))
+    assert secure is not a and secure.meta.endpoint_url == "https://minio:9000"
+    assert clients.client(Cred(endpoint="minio:9000", access_key_id="other")) is not a
+    assert parse_s3_url("s3://bkt/a/b.txt") == S3Location("bkt", "a/b.txt")
+    with pytest.raises(ValueError, match="s3://"):
+        parse_s3_url("/local/path")
+
+
+def test_malformed_endpoint_is_permanent() -> None:
+    with pytest.raises(PermanentError, match="invalid S3 endpoint"):
+        S3Clients().client(Cred(endpoint="http://bad host:x"))

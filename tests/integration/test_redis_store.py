@@ -1,0 +1,469 @@
+"""The Redis store against a real redis-server: atomic, fenced, exactly-once primitives."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
+from service.errors import LeaseLost, StoreUnavailable
+from service.keys import INGRESS_GROUP, NUM_SHARDS, Keys, rkey, shard_of
+from tests.servers import Server
+
+JOB = rkey("job", "default", "fruits")
+SHARD = shard_of(JOB)
+TTL_MS = 10_000
+
+
+def url_of(server: Server) -> str:
+    return f"redis://127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture
+def store(redis_proc: Server) -> Iterator[RedisStore]:
+    s = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=2.0)
+    s.ensure_groups()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def raw(redis_proc: Server) -> Iterator[redis.Redis[bytes]]:
+    client: redis.Redis[bytes] = redis.Redis(port=redis_proc.port)
+    yield client
+    client.close()
+
+
+def take_shard(
+    store: RedisStore, shard: int = SHARD, replica: str = "r1", ttl_ms: int = TTL_MS
+) -> str:
+    token = store.acquire(store.keys.lease(shard), store.keys.fence(shard), replica, ttl_ms)
+    assert token is not None
+    return token
+
+
+def appended(store: RedisStore, event: bytes, shard: int = SHARD) -> str:
+    entry_id = store.append_ingress(shard, event)
+    assert entry_id is not None
+    return entry_id
+
+
+def pending_ids(raw: redis.Redis[bytes], store: RedisStore, shard: int = SHARD) -> set[str]:
+    rows = raw.xpending_range(store.keys.ingress(shard), INGRESS_GROUP, "-", "+", 100)
+    return {row["message_id"].decode() for row in rows}
+
+
+def full_commit(ack_ids: tuple[str, ...] = ()) -> Commit:
+    return Commit(
+        JOB,
+        b"state-1",
+        resource=b'{"kind":"LifelongLearningJob"}',
+        timer_due_ms=5_000,
+        ack_ids=ack_ids,
+        outbox=(OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}'),),
+        effects=(("e-1", b"write samples"),),
+        history=(b"h-1", b"h-2"),
+    )
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def hash_tag(key: str) -> str:
+    start = key.index("{")
+    return key[start + 1 : key.index("}", start)]
+
+
+def test_shard_of_is_crc32_and_every_key_of_a_resource_shares_its_shard_slot() -> None:
+    keys = Keys("p")
+    assert shard_of(JOB) == zlib.crc32(JOB.encode()) % NUM_SHARDS
+    per_resource = [keys.state(JOB), keys.resource(JOB), keys.history(JOB)]
+    per_shard = [
+        keys.ingress(SHARD),
+        keys.outbox(SHARD),
+        keys.timers(SHARD),
+        keys.effects(SHARD),
+        keys.index(SHARD),
+        keys.lease(SHARD),
+        keys.fence(SHARD),
+        keys.seen(SHARD, "x/y z"),
+    ]
+    assert {hash_tag(k) for k in per_resource + per_shard} == {f"s{SHARD}"}
+    assert all(k.startswith("p:") for k in per_resource + per_shard)
+    assert hash_tag(keys.ingress_lease()) == hash_tag(keys.ingress_fence())
+    assert keys.state(JOB) == f"p:{{s{SHARD}}}:state:{JOB}"
+    with pytest.raises(ValueError):
+        keys.ingress(NUM_SHARDS)
+
+
+# -- commit ----------------------------------------------------------------------------
+
+
+def test_commit_writes_everything_and_acks_exactly_its_entries(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    token = take_shard(store)
+    ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
+    read = store.read_ingress([SHARD], count=10, block_ms=100, pending=False)
+    assert [e.entry_id for e in read] == ids
+    assert [e.event for e in read] == [b"ev-0", b"ev-1", b"ev-2"]
+    assert pending_ids(raw, store) == set(ids)
+
+    store.commit(SHARD, token, [full_commit(ack_ids=(ids[0], ids[1]))])
+
+    assert pending_ids(raw, store) == {ids[2]}
+    assert store.load([JOB]) == {JOB: b"state-1"}
+    assert store.load_resource(JOB) == b'{"kind":"LifelongLearningJob"}'
+    assert store.list_rkeys() == [JOB]
+    assert store.list_rkeys("job") == [JOB]
+    assert store.list_rkeys("dataset") == []
+    assert store.next_timer_ms(SHARD) == 5_000
+    assert store.pending_effects(SHARD) == {"e-1": b"write samples"}
+    assert [h for _, h in store.history(JOB)] == [b"h-1", b"h-2"]
+    [(stream_id, entry)] = store.outbox_read(SHARD)
+    assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
+    store.outbox_done(SHARD, [stream_id])
+    assert store.outbox_read(SHARD) == []
+
+
+def test_keep_state_leaves_state_and_timer_cancel(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    token = take_shard(store)
+    store.commit(SHARD, token, [full_commit()])
+    entry_id = appended(store, b"rejected")
+    store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    store.commit(
+        SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
+    )
+    assert store.load([JOB]) == {JOB: b"state-1"}
+    assert store.next_timer_ms(SHARD) is None
+    assert pending_ids(raw, store) == set()
+
+
+def test_delete_removes_everything_of_the_resource(store: RedisStore) -> None:
+    token = take_shard(store)
+    store.commit(SHARD, token, [full_commit()])
+    store.commit(SHARD, token, [Commit(JOB, None, delete=True)])
+    assert store.load([JOB]) == {JOB: None}
+    assert store.load_resource(JOB) is None
+    assert store.list_rkeys() == []
+    assert store.next_timer_ms(SHARD) is None
+    assert store.history(JOB) == []
+
+
+def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Redis[bytes]) -> None:
+    token = take_shard(store)
+    entry_id = appended(store, b"ev")
+    store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    other = rkey("job", "default", "other")
+    batch = [full_commit(ack_ids=(entry_id,))]
+    batch += [Commit(other, b"x")] if shard_of(other) == SHARD else []
+    with pytest.raises(LeaseLost):
+        store.commit(SHARD, token + "0", batch)
+    assert store.load([JOB, other]) == {JOB: None, other: None}
+    assert store.outbox_read(SHARD) == []
+    assert store.pending_effects(SHARD) == {}
+    assert store.next_timer_ms(SHARD) is None
+    assert store.history(JOB) == []
+    assert pending_ids(raw, store) == {entry_id}
+
+
+def test_commit_of_a_batch_is_one_transaction(store: RedisStore) -> None:
+    token = take_shard(store)
+    rkeys = [k for k in (rkey("job", "ns", f"j{i}") for i in range(200)) if shard_of(k) == SHARD]
+    store.commit(SHARD, token, [Commit(k, k.encode(), timer_due_ms=7) for k in rkeys])
+    assert store.load(rkeys) == {k: k.encode() for k in rkeys}
+    assert store.list_rkeys("job") == sorted(rkeys)
+
+
+def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
+    token = take_shard(store)
+    with pytest.raises(ValueError):
+        store.commit((SHARD + 1) % NUM_SHARDS, token, [Commit(JOB, b"x")])
+    with pytest.raises(ValueError):
+        Commit(JOB, None)
+    with pytest.raises(ValueError):
+        Commit(JOB, b"x", delete=True)
+
+
+def test_expired_lease_fences_the_old_owner(store: RedisStore) -> None:
+    old = take_shard(store, replica="r1", ttl_ms=200)
+    store.commit(SHARD, old, [Commit(JOB, b"v1", effects=(("e", b"i"),))])
+    time.sleep(0.3)
+    with pytest.raises(LeaseLost):  # expired, not yet taken: still refused
+        store.commit(SHARD, old, [Commit(JOB, b"zombie")])
+    new = take_shard(store, replica="r2")
+    assert int(new.rsplit(":", 1)[1]) > int(old.rsplit(":", 1)[1])
+    with pytest.raises(LeaseLost):
+        store.commit(SHARD, old, [Commit(JOB, b"zombie")])
+    with pytest.raises(LeaseLost):
+        store.fire_due_timers(SHARD, old, now_ms=10**13)
+    with pytest.raises(LeaseLost):
+        store.complete_effect(SHARD, old, "e", b"done")
+    assert not store.renew(store.keys.lease(SHARD), old, TTL_MS)
+    assert store.load([JOB]) == {JOB: b"v1"}
+    store.commit(SHARD, new, [Commit(JOB, b"v2")])
+    assert store.load([JOB]) == {JOB: b"v2"}
+
+
+# -- ingress ---------------------------------------------------------------------------
+
+
+def test_new_owner_reads_the_previous_owners_unacked_entries(
+    store: RedisStore, redis_proc: Server
+) -> None:
+    old = take_shard(store, replica="r1", ttl_ms=200)
+    ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
+    assert len(store.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
+    store.commit(SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
+    time.sleep(0.3)
+
+    successor = RedisStore(url_of(redis_proc), Keys("t"))
+    try:
+        take_shard(successor, replica="r2")
+        pending = successor.read_ingress([SHARD], count=10, block_ms=0, pending=True)
+        assert [(e.entry_id, e.event) for e in pending] == [(ids[1], b"ev-1"), (ids[2], b"ev-2")]
+        assert successor.read_ingress([SHARD], count=10, block_ms=50, pending=False) == []
+    finally:
+        successor.close()
+
+
+def test_read_ingress_spans_shards_and_blocks_until_an_entry(store: RedisStore) -> None:
+    a, b = SHARD, (SHARD + 1) % NUM_SHARDS
+    store.append_ingress(b, b"on-b")
+    got = store.read_ingress([a, b], count=10, block_ms=100, pending=False)
+    assert [(e.shard, e.event) for e in got] == [(b, b"on-b")]
+    start = time.monotonic()
+    assert store.read_ingress([a, b], count=10, block_ms=200, pending=False) == []
+    assert time.monotonic() - start >= 0.15
+    with pytest.raises(ValueError):
+        store.read_ingress([a], count=1, block_ms=5_000, pending=False)
+
+
+def test_append_ingress_dedupe(store: RedisStore) -> None:
+    first = store.append_ingress(SHARD, b"m", dedupe="mid-1")
+    assert first is not None
+    assert store.append_ingress(SHARD, b"m", dedupe="mid-1", dup=True) is None
+    assert store.append_ingress(SHARD, b"m", dedupe="mid-1", dup=False) is not None
+    assert store.append_ingress(SHARD, b"m", dedupe="mid-2", dup=True) is not None
+    assert store.append_ingress(SHARD, b"m", dup=True) is not None  # no key: no dedupe
+    # the marker expires
+    assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
+    time.sleep(0.1)
+    assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dup=True) is not None
+    got = store.read_ingress([SHARD], count=100, block_ms=0, pending=False)
+    assert len(got) == 6
+
+    results = store.append_many(
+        [(SHARD, b"x", "mid-1", True), (SHARD, b"y", "mid-9", True), (0, b"z", None, False)]
+    )
+    assert results[0] is None
+    assert results[1] is not None
+    assert results[2] is not None
+
+
+# -- timers ----------------------------------------------------------------------------
+
+
+def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
+    token = take_shard(store)
+    other = next(
+        k for k in (rkey("job", "ns", f"t{i}") for i in range(500)) if shard_of(k) == SHARD
+    )
+    store.commit(
+        SHARD,
+        token,
+        [
+            Commit(JOB, b"s", timer_due_ms=1_700_000_000_100),
+            Commit(other, b"s", timer_due_ms=1_700_000_000_300),
+        ],
+    )
+    assert store.next_timer_ms(SHARD) == 1_700_000_000_100
+    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_000_200) == 1
+    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_000_200) == 0
+    assert store.next_timer_ms(SHARD) == 1_700_000_000_300
+    [fired] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert (fired.event, fired.timer_rkey, fired.timer_due_ms) == (None, JOB, 1_700_000_000_100)
+    with pytest.raises(LeaseLost):
+        store.fire_due_timers(SHARD, "r9:999", now_ms=1_700_000_001_000)
+    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_001_000) == 1
+    assert store.next_timer_ms(SHARD) is None
+    [second] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert second.timer_rkey == other
+
+
+# -- effects ---------------------------------------------------------------------------
+
+
+def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisStore) -> None:
+    token = take_shard(store)
+    store.commit(SHARD, token, [Commit(JOB, b"s", effects=(("e-1", b"a"), ("e-2", b"b")))])
+    assert store.complete_effect(SHARD, token, "e-1", b"result-1")
+    assert not store.complete_effect(SHARD, token, "e-1", b"result-1")
+    assert store.complete_effect(SHARD, token, "e-2", None)  # no event to report
+    assert store.pending_effects(SHARD) == {}
+    got = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert [e.event for e in got] == [b"result-1"]
+
+
+# -- leases and replicas ---------------------------------------------------------------
+
+
+def test_leases_compare_and_act(store: RedisStore) -> None:
+    lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
+    token = store.acquire(lease, fence, "r1", TTL_MS)
+    assert token == "r1:1"
+    assert store.lease_holder(lease) == token
+    assert store.acquire(lease, fence, "r2", TTL_MS) is None
+    assert store.acquire(lease, fence, "r1", TTL_MS) is None
+    assert not store.renew(lease, "r2:1", TTL_MS)
+    assert not store.release(lease, "r2:1")
+    assert store.renew(lease, token, TTL_MS)
+    assert store.release(lease, token)
+    assert not store.release(lease, token)
+    assert store.lease_holder(lease) is None
+    assert store.acquire(lease, fence, "r2", TTL_MS) == "r2:2"
+
+
+def test_renew_keeps_a_lease_alive_past_its_first_ttl(store: RedisStore) -> None:
+    token = take_shard(store, ttl_ms=300)
+    for _ in range(4):
+        time.sleep(0.1)
+        assert store.renew(store.keys.lease(SHARD), token, 300)
+    assert store.lease_holder(store.keys.lease(SHARD)) == token
+
+
+def race_for(stores: list[RedisStore], shard: int) -> list[str | None]:
+    """Every store tries to acquire ``shard`` at the same instant; their tokens."""
+    barrier = threading.Barrier(len(stores))
+    tokens: list[str | None] = [None] * len(stores)
+
+    def attempt(i: int) -> None:
+        s = stores[i]
+        barrier.wait()
+        tokens[i] = s.acquire(s.keys.lease(shard), s.keys.fence(shard), f"r{i}", TTL_MS)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tokens
+
+
+def test_two_replicas_racing_for_a_shard_one_wins(redis_proc: Server) -> None:
+    stores = [RedisStore(url_of(redis_proc), Keys("race")) for _ in range(2)]
+    try:
+        for shard in range(NUM_SHARDS):
+            winners = [t for t in race_for(stores, shard) if t is not None]
+            assert len(winners) == 1
+            assert stores[0].lease_holder(stores[0].keys.lease(shard)) == winners[0]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_heartbeat_returns_the_live_set(store: RedisStore) -> None:
+    assert store.heartbeat("b", now_ms=1_000, ttl_ms=500) == ["b"]
+    assert store.heartbeat("a", now_ms=1_100, ttl_ms=500) == ["a", "b"]
+    assert store.heartbeat("c", now_ms=1_550, ttl_ms=500) == ["a", "c"]  # b expired at 1500
+    store.leave("a")
+    assert store.heartbeat("c", now_ms=1_600, ttl_ms=500) == ["c"]
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+def test_redis_stopped_is_store_unavailable_and_restart_recovers(
+    store: RedisStore, redis_proc: Server
+) -> None:
+    take_shard(store)
+    redis_proc.stop()
+    assert not store.ping()
+    calls: list[Callable[[], object]] = [
+        lambda: store.load([JOB]),
+        lambda: store.commit(SHARD, "r1:1", [Commit(JOB, b"x")]),
+        lambda: store.acquire(store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", TTL_MS),
+        lambda: store.read_ingress([SHARD], count=1, block_ms=0, pending=False),
+        lambda: store.append_ingress(SHARD, b"x"),
+        lambda: store.heartbeat("r1", 0, 1),
+    ]
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as info:
+            call()
+        assert isinstance(info.value.__cause__, redis.RedisError)
+
+    redis_proc.start()  # empty: no scripts, no streams, no groups
+    assert store.ping()
+    token = take_shard(store)
+    entry_id = store.append_ingress(SHARD, b"after")  # stream re-created without a group
+    [entry] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert entry.entry_id == entry_id
+    store.commit(SHARD, token, [Commit(JOB, b"after", ack_ids=(entry.entry_id,))])
+    assert store.load([JOB]) == {JOB: b"after"}
+
+
+def test_flushed_scripts_are_reloaded(store: RedisStore, raw: redis.Redis[bytes]) -> None:
+    token = take_shard(store)
+    raw.script_flush()
+    store.commit(SHARD, token, [Commit(JOB, b"a"), Commit(JOB, b"b")])  # transaction path
+    raw.script_flush()
+    store.commit(SHARD, token, [Commit(JOB, b"c")])  # single-call path
+    raw.script_flush()
+    assert store.append_many([(SHARD, b"e", "k", False), (SHARD, b"e", "k", True)])[1] is None
+    assert store.load([JOB]) == {JOB: b"c"}
+
+
+def test_frozen_redis_is_store_unavailable(redis_proc: Server) -> None:
+    s = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=0.3)
+    try:
+        token = take_shard(s)
+        redis_proc.freeze()
+        try:
+            with pytest.raises(StoreUnavailable):
+                s.commit(SHARD, token, [Commit(JOB, b"x")])
+            with pytest.raises(StoreUnavailable):
+                s.load([JOB])
+        finally:
+            redis_proc.thaw()
+        assert s.ping()
+    finally:
+        s.close()
+
+
+# -- caps and small sets ---------------------------------------------------------------
+
+
+def test_history_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
+    token = take_shard(store)
+    for i in range(5):
+        entries = tuple(f"h-{i}-{j}".encode() for j in range(100))
+        store.commit(SHARD, token, [Commit(JOB, b"s", history=entries)])
+    length = raw.xlen(store.keys.history(JOB))
+    assert 100 <= length < 300
+    newest = store.history(JOB, count=3)
+    assert [h for _, h in newest] == [b"h-4-97", b"h-4-98", b"h-4-99"]
+
+
+def test_dlq_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
+    for i in range(350):
+        store.dead_letter(f"r-{i}".encode(), maxlen=10)
+    length = raw.xlen(store.keys.dlq())
+    assert 10 <= length < 300
+    assert store.dlq(count=2) == [b"r-348", b"r-349"]
+
+
+def test_dataset_jobs(store: RedisStore) -> None:
+    store.dataset_jobs_add("default/ds", "job:default/b")
+    store.dataset_jobs_add("default/ds", "job:default/a")
+    store.dataset_jobs_add("default/ds", "job:default/a")
+    assert store.dataset_jobs("default/ds") == ["job:default/a", "job:default/b"]
+    store.dataset_jobs_remove("default/ds", "job:default/b")
+    assert store.dataset_jobs("default/ds") == ["job:default/a"]
+    assert store.dataset_jobs("other/ds") == []

@@ -1,0 +1,234 @@
+"""Configuration: defaults, variables, Sedna fallbacks, flags, validation, topic helpers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+
+import pytest
+
+from service.config import Config, add_arguments, from_args
+from service.errors import ConfigError
+
+BASE = {"LIFELONG_NODE_NAME": "edge-1"}
+
+
+def parse_flags(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults() -> None:
+    config = Config.from_env(BASE)
+    assert config == Config(node_name="edge-1")
+    assert config.mqtt_url == "mqtt://127.0.0.1:1883"
+    assert config.redis_url == "redis://127.0.0.1:6379/0"
+    assert config.topic_prefix == "sedna"
+    assert config.upstream_topic == "{prefix}/{node}/upstream"
+    assert config.volume_prefix == ""
+    assert config.http_addr == "127.0.0.1:9100"
+    assert config.key_prefix == "lifelong"
+    assert config.dataset_poll_s == 60
+    assert config.lease_s == 10
+    assert config.log_format == "text"
+
+
+def test_node_name_defaults_to_hostname() -> None:
+    expected = socket.gethostname()
+    assert Config.from_env({}).node_name == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "field", "expected"),
+    [
+        ("LIFELONG_MQTT_URL", "mqtts://u:p@broker:8883", "mqtt_url", "mqtts://u:p@broker:8883"),
+        ("LIFELONG_REDIS_URL", "rediss://r:6380/2", "redis_url", "rediss://r:6380/2"),
+        ("LIFELONG_REDIS_URL", "unix:///run/redis.sock", "redis_url", "unix:///run/redis.sock"),
+        ("LIFELONG_NODE_NAME", "node-7.example", "node_name", "node-7.example"),
+        ("LIFELONG_TOPIC_PREFIX", "kubeedge", "topic_prefix", "kubeedge"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{namespace}/lc", "upstream_topic", "{namespace}/lc"),
+        ("LIFELONG_VOLUME_PREFIX", "/rootfs/", "volume_prefix", "/rootfs"),
+        ("LIFELONG_HTTP_ADDR", "0.0.0.0:9200", "http_addr", "0.0.0.0:9200"),
+        ("LIFELONG_HTTP_ADDR", "[::1]:9200", "http_addr", "[::1]:9200"),
+        ("LIFELONG_HTTP_ADDR", ":9200", "http_addr", "0.0.0.0:9200"),
+        ("LIFELONG_KEY_PREFIX", "site-a:lifelong", "key_prefix", "site-a:lifelong"),
+        ("LIFELONG_DATASET_POLL_SECONDS", "0.5", "dataset_poll_s", 0.5),
+        ("LIFELONG_LEASE_SECONDS", "3", "lease_s", 3.0),
+        ("LIFELONG_LOG_FORMAT", "JSON", "log_format", "json"),
+    ],
+)
+def test_each_variable_from_env(variable: str, raw: str, field: str, expected: object) -> None:
+    config = Config.from_env({**BASE, variable: raw})
+    assert getattr(config, field) == expected
+
+
+@pytest.mark.parametrize(
+    ("environ", "field", "expected"),
+    [
+        ({"NODENAME": "sedna-node", "HOSTNAME": "pod-x"}, "node_name", "sedna-node"),
+        ({"HOSTNAME": "pod-x"}, "node_name", "pod-x"),
+        ({"LIFELONG_NODE_NAME": "mine", "NODENAME": "sedna-node"}, "node_name", "mine"),
+        ({"LIFELONG_NODE_NAME": "", "NODENAME": "sedna-node"}, "node_name", "sedna-node"),
+        ({**BASE, "ROOTFS_MOUNT_DIR": "/rootfs"}, "volume_prefix", "/rootfs"),
+        ({**BASE, "ROOTFS_MOUNT_DIR": "/a", "LIFELONG_VOLUME_PREFIX": "/b"}, "volume_prefix", "/b"),
+        ({**BASE, "BIND_PORT": "9000"}, "http_addr", "0.0.0.0:9000"),
+        ({**BASE, "BIND_PORT": "9000", "LIFELONG_HTTP_ADDR": "127.0.0.1:1"}, "http_addr",
+         "127.0.0.1:1"),
+    ],
+)  # fmt: skip
+def test_sedna_fallbacks_and_precedence(environ: dict[str, str], field: str, expected: str) -> None:
+    assert getattr(Config.from_env(environ), field) == expected
+
+
+def test_flags_override_env() -> None:
+    environ = {
+        **BASE,
+        "LIFELONG_MQTT_URL": "mqtt://env:1883",
+        "LIFELONG_LEASE_SECONDS": "5",
+        "ROOTFS_MOUNT_DIR": "/rootfs",
+    }
+    args = parse_flags(
+        "--mqtt-url", "mqtt://flag:1884", "--node-name", "flag-node",
+        "--lease-seconds", "2.5", "--volume-prefix", "", "--log-format", "json",
+        "--upstream-topic", "{prefix}/{namespace}/{node}/up", "--http-addr", "9300",
+    )  # fmt: skip
+    config = from_args(args, environ)
+    assert config.mqtt_url == "mqtt://flag:1884"
+    assert config.node_name == "flag-node"
+    assert config.lease_s == 2.5
+    assert config.volume_prefix == ""  # an explicit empty flag beats ROOTFS_MOUNT_DIR
+    assert config.log_format == "json"
+    assert config.http_addr == "0.0.0.0:9300"
+    assert config.redis_url == "redis://127.0.0.1:6379/0"  # untouched: default
+
+
+def test_every_field_has_a_flag_naming_its_variable() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(actions) == {f.name for f in dataclasses.fields(Config)}
+    assert "LIFELONG_NODE_NAME" in (actions["node_name"].help or "")
+    assert "NODENAME" in (actions["node_name"].help or "")
+    assert "mqtt://127.0.0.1:1883" in (actions["mqtt_url"].help or "")
+    assert all(a.default is None for a in actions.values())
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("LIFELONG_MQTT_URL", "http://broker:1883"),
+        ("LIFELONG_MQTT_URL", "mqtt://broker:0"),
+        ("LIFELONG_MQTT_URL", "mqtt://broker:70000"),
+        ("LIFELONG_MQTT_URL", "mqtt://broker:port"),
+        ("LIFELONG_MQTT_URL", "mqtt://"),
+        ("LIFELONG_REDIS_URL", "memcached://r:1"),
+        ("LIFELONG_REDIS_URL", "redis://r:6379/zero"),
+        ("LIFELONG_REDIS_URL", "unix://relative.sock"),
+        ("LIFELONG_NODE_NAME", "node/1"),
+        ("LIFELONG_NODE_NAME", "node+"),
+        ("LIFELONG_NODE_NAME", "#"),
+        ("LIFELONG_NODE_NAME", "-bad-"),
+        ("LIFELONG_NODE_NAME", "has space"),
+        ("NODENAME", "a/b"),
+        ("LIFELONG_TOPIC_PREFIX", "a/b"),
+        ("LIFELONG_TOPIC_PREFIX", "+"),
+        ("LIFELONG_TOPIC_PREFIX", "$SYS"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{prefix}/{nodename}/up"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{prefix}/+/up"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{prefix}/#"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{prefix/up"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{}/up"),
+        ("LIFELONG_UPSTREAM_TOPIC", "{node!r}/up"),
+        ("LIFELONG_VOLUME_PREFIX", "rootfs"),
+        ("LIFELONG_VOLUME_PREFIX", "/root/../etc"),
+        ("ROOTFS_MOUNT_DIR", "relative"),
+        ("LIFELONG_HTTP_ADDR", "localhost"),
+        ("LIFELONG_HTTP_ADDR", "127.0.0.1:65536"),
+        ("LIFELONG_HTTP_ADDR", "::1:9100"),
+        ("BIND_PORT", "99999"),
+        ("LIFELONG_KEY_PREFIX", "a{b}"),
+        ("LIFELONG_KEY_PREFIX", "has space"),
+        ("LIFELONG_DATASET_POLL_SECONDS", "0"),
+        ("LIFELONG_DATASET_POLL_SECONDS", "-1"),
+        ("LIFELONG_DATASET_POLL_SECONDS", "soon"),
+        ("LIFELONG_DATASET_POLL_SECONDS", "nan"),
+        ("LIFELONG_LEASE_SECONDS", "0.5"),
+        ("LIFELONG_LEASE_SECONDS", "inf"),
+        ("LIFELONG_LOG_FORMAT", "xml"),
+    ],
+)
+def test_bad_value_names_the_variable(variable: str, raw: str) -> None:
+    environ = {variable: raw} if variable == "NODENAME" else {**BASE, variable: raw}
+    with pytest.raises(ConfigError) as caught:
+        Config.from_env(environ)
+    message = str(caught.value)
+    assert message.startswith(f"{variable}: ")
+    assert "\n" not in message
+
+
+def test_bad_flag_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"^--lease-seconds: "):
+        from_args(parse_flags("--lease-seconds", "0"), BASE)
+    with pytest.raises(ConfigError, match=r"^--node-name: "):
+        from_args(parse_flags("--node-name", ""), BASE)
+
+
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("LIFELONG_MQTT_URL", "http://user:hunter2@broker:1883"),
+        ("LIFELONG_MQTT_URL", "mqtt://user:hunter2@broker:99999"),
+        ("LIFELONG_MQTT_URL", "mqtt://user:hunter2@broker:x"),
+        ("LIFELONG_MQTT_URL", "mqtt://user:hunter2@/path"),
+        ("LIFELONG_REDIS_URL", "redis://:hunter2@r:6379/db"),
+        ("LIFELONG_REDIS_URL", "tcp://:hunter2@r:6379/0"),
+    ],
+)
+def test_errors_never_echo_a_password(variable: str, url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Config.from_env({**BASE, variable: url})
+    assert variable in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+    assert "hunter2" not in repr(caught.value.__cause__)
+
+
+def test_direct_construction_is_validated() -> None:
+    with pytest.raises(ConfigError, match="LIFELONG_LEASE_SECONDS"):
+        Config(node_name="n", lease_s=0.1)
+    with pytest.raises(ConfigError, match="LIFELONG_NODE_NAME"):
+        Config(node_name="a/b")
+
+
+def test_unknown_override_is_refused() -> None:
+    with pytest.raises(ConfigError, match="nodename"):
+        Config.from_env(BASE, {"nodename": "x"})
+
+
+def test_topic_helpers() -> None:
+    config = Config.from_env({**BASE, "LIFELONG_TOPIC_PREFIX": "kubeedge"})
+    assert config.downstream_topic() == "kubeedge/edge-1/downstream"
+    assert config.worker_topic_filter() == "kubeedge/edge-1/workers/+/info"
+    assert config.errors_topic() == "kubeedge/edge-1/errors"
+    assert config.presence_topic("r-0") == "kubeedge/edge-1/controllers/r-0"
+    assert config.upstream_topic_for("default") == "kubeedge/edge-1/upstream"
+
+
+def test_upstream_template_with_namespace() -> None:
+    config = Config.from_env({**BASE, "LIFELONG_UPSTREAM_TOPIC": "{namespace}/{prefix}/{node}/up"})
+    assert config.upstream_topic_for("team-a") == "team-a/sedna/edge-1/up"
+    assert config.upstream_topic_for("default") == "default/sedna/edge-1/up"
+
+
+@pytest.mark.parametrize(
+    ("addr", "expected"),
+    [
+        ("127.0.0.1:9100", ("127.0.0.1", 9100)),
+        ("9100", ("0.0.0.0", 9100)),
+        ("[::1]:9100", ("::1", 9100)),
+        ("localhost:80", ("localhost", 80)),
+    ],
+)
+def test_http_host_port(addr: str, expected: tuple[str, int]) -> None:
+    assert Config.from_env({**BASE, "LIFELONG_HTTP_ADDR": addr}).http_host_port() == expected

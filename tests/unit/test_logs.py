@@ -1,0 +1,137 @@
+"""Log formats (text and JSON lines), extras, and redaction of credentials."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from service.logs import redact, setup_logging
+
+Install = Callable[[str], io.StringIO]
+
+
+@pytest.fixture
+def install() -> Iterator[Install]:
+    """Install the service handler on a StringIO; restore the root logger afterwards."""
+    root = logging.getLogger()
+    level = root.level
+    handlers: list[logging.Handler] = []
+
+    def _install(fmt: str) -> io.StringIO:
+        stream = io.StringIO()
+        handlers.append(setup_logging(fmt, logging.INFO, stream))  # type: ignore[arg-type]
+        return stream
+
+    yield _install
+    for handler in handlers:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_json_lines_parse_with_extras(install: Install) -> None:
+    stream = install("json")
+    log = logging.getLogger("service.runtime")
+    log.info("applied %s", "insert", extra={"job": "default/x", "event": "insert", "outcome": "ok"})
+    log.warning("second", extra={"attempt": 2, "models": [{"format": "pb"}]})
+    log.debug("not shown at INFO")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first["level"] == "INFO"
+    assert first["logger"] == "service.runtime"
+    assert first["msg"] == "applied insert"
+    assert (first["job"], first["event"], first["outcome"]) == ("default/x", "insert", "ok")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["ts"])
+    assert second["level"] == "WARNING"
+    assert second["attempt"] == 2
+    assert second["models"] == [{"format": "pb"}]
+
+
+def test_json_exception_is_one_line(install: Install) -> None:
+    stream = install("json")
+    try:
+        raise RuntimeError("boom mqtt://u:topsecret@h")
+    except RuntimeError:
+        logging.getLogger("service.x").exception("failed")
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert "RuntimeError: boom" in entry["exc"]
+    assert "topsecret" not in line
+
+
+def test_text_format(install: Install) -> None:
+    stream = install("text")
+    logging.getLogger("service.runtime").info("message", extra={"job": "default/x"})
+    logging.getLogger("service.runtime").info("spaced", extra={"reason": "two words"})
+    first, second = stream.getvalue().splitlines()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO service\.runtime job=default/x message",
+        first,
+    )
+    assert second.endswith('service.runtime reason="two words" spaced')
+
+
+def test_setup_twice_replaces_the_handler(install: Install) -> None:
+    first = install("text")
+    second = install("json")
+    logging.getLogger("service.t").info("once")
+    assert first.getvalue() == ""
+    assert json.loads(second.getvalue())["msg"] == "once"
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("connecting to mqtt://user:s3cr3t@broker:1883", "s3cr3t"),
+        ("redis://:s3cr3t@redis:6379/0 down", "s3cr3t"),
+        ("SECRET_ACCESS_KEY=s3cr3t region=x", "s3cr3t"),
+        ("AWS_SECRET_ACCESS_KEY: s3cr3t", "s3cr3t"),
+        ('{"ACCESS_KEY_ID": "AKIAS3CR3T", "s3-endpoint": "minio"}', "AKIAS3CR3T"),
+        ("{'password': 's3cr3t'}", "s3cr3t"),
+        ("https://h/x?password=s3cr3t&next=1", "s3cr3t"),
+        (json.dumps({"sedna.io/credential": json.dumps({"SECRET_ACCESS_KEY": 's3"cr3t'})}),
+         "cr3t"),
+    ],
+)  # fmt: skip
+def test_redact_masks_secrets(text: str, secret: str) -> None:
+    masked = redact(text)
+    assert secret not in masked
+    assert "***" in masked
+
+
+def test_redact_keeps_ordinary_text() -> None:
+    text = 'job default/x phase=train url=s3://bucket/key {"s3-endpoint": "minio:9000"}'
+    assert redact(text) == text
+    assert redact("mqtt://broker:1883") == "mqtt://broker:1883"
+    assert redact("mqtt://user:s3cr3t@b:1883") == "mqtt://user:***@b:1883"
+
+
+def test_redacted_json_stays_valid() -> None:
+    inner = json.dumps({"ACCESS_KEY_ID": "AK", "SECRET_ACCESS_KEY": 'x"y\\z', "s3-usehttps": "0"})
+    outer = json.dumps({"metadata": {"annotations": {"sedna.io/credential": inner}}})
+    decoded = json.loads(
+        json.loads(redact(outer))["metadata"]["annotations"]["sedna.io/credential"]
+    )
+    assert decoded == {"ACCESS_KEY_ID": "***", "SECRET_ACCESS_KEY": "***", "s3-usehttps": "0"}
+
+
+def test_log_records_are_redacted(install: Install) -> None:
+    stream = install("json")
+    log = logging.getLogger("service.s3")
+    log.info("creds %s", {"SECRET_ACCESS_KEY": "s3cr3t"})
+    credential = {"ACCESS_KEY_ID": "s3cr3t", "s3-endpoint": "minio"}
+    log.info(
+        "url",
+        extra={"broker": "mqtts://u:s3cr3t@h", "password": "s3cr3t", "credential": credential},
+    )
+    output = stream.getvalue()
+    assert "s3cr3t" not in output
+    second = json.loads(output.splitlines()[1])
+    assert second["broker"] == "mqtts://u:***@h"
+    assert second["password"] == "***"
+    assert second["credential"] == {"ACCESS_KEY_ID": "***", "s3-endpoint": "minio"}
