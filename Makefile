@@ -4,21 +4,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck schemas serve demo bench bench-full clean
+.PHONY: install test lint schemas serve clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check service tests bench
+	$(BIN)/ruff check service tests
 	$(BIN)/mypy
-
-typecheck: lint
 
 schemas: install
 	$(BIN)/lifelong schemas
@@ -28,15 +26,6 @@ test: install lint
 
 serve: install
 	$(BIN)/lifelong serve --embedded
-
-demo: install
-	$(BIN)/lifelong demo
-
-bench: install
-	$(BIN)/python -m bench
-
-bench-full: install
-	$(BIN)/python -m bench --full
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

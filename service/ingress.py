@@ -86,8 +86,15 @@ def worker_topic_name(topic: str) -> str | None:
     return None
 
 
-def digest(raw: bytes) -> str:
-    return hashlib.sha256(raw).hexdigest()[:32]
+def digest(resource: messages.Dataset | messages.LifelongLearningJob) -> str:
+    """What makes a re-sent resource "identical": its spec and its credential.
+
+    Sedna's GM re-sends every resource on each resync, with fresh status and
+    resourceVersion; those must not count as a change.
+    """
+    credential = resource.metadata.annotations.get(messages.CREDENTIAL_ANNOTATION, "")
+    blob = messages.canonical(resource.spec) + b"\0" + credential.encode("utf-8", "replace")
+    return hashlib.sha256(blob).hexdigest()[:32]
 
 
 def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]:
@@ -98,7 +105,7 @@ def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]
                 name=dataset.metadata.name,
                 url=dataset.spec.url,
                 format=dataset.spec.normalized_format,
-                digest=digest(raw),
+                digest=digest(dataset),
             )
             messages.credential_of(dataset.metadata)  # validated now, not at first use
             return event, raw
@@ -108,7 +115,7 @@ def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]
                 namespace=job.metadata.namespace,
                 name=job.metadata.name,
                 spec=job_spec(job),
-                digest=digest(raw),
+                digest=digest(job),
             )
             return applied, raw
         case messages.DatasetDelete(namespace=namespace, name=name):

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from service.errors import InvalidMessage
+from service.logs import redact
 
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NESTING_DEPTH = 64
@@ -465,12 +466,22 @@ def rfc3339_utc(moment: datetime) -> str:
     return aware.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+_SECRET_HINT = re.compile(rb"(?i)secret|access_key|password")
+
+
 def make_rejection(topic: str, reason: str, payload: bytes, received_at: datetime) -> Rejection:
-    """The errors-topic record of a refused message (first 4 KiB of it, base64)."""
+    """The errors-topic record of a refused message (first 4 KiB of it, base64).
+
+    Secret-named values (the `sedna.io/credential` annotation's keys) are masked first: a
+    refused resource must not carry its credential onto the errors topic.
+    """
+    head = bytes(payload[:REJECTION_PAYLOAD_BYTES])
+    if _SECRET_HINT.search(head):
+        head = redact(head.decode("utf-8", "replace")).encode()
     return Rejection(
         topic=topic,
-        reason=reason,
-        payload=base64.b64encode(bytes(payload[:REJECTION_PAYLOAD_BYTES])).decode("ascii"),
+        reason=redact(reason),
+        payload=base64.b64encode(head).decode("ascii"),
         received_at=rfc3339_utc(received_at),
     )
 

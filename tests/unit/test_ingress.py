@@ -1,0 +1,139 @@
+"""Wire messages to core events: conversion, routing and what counts as "identical"."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from service.errors import InvalidMessage
+from service.ingress import take_in, target_of, worker_topic_name
+from service.messages import make_rejection
+from service.state import JobApplied, WorkerReported
+
+JOB: dict[str, Any] = {
+    "apiVersion": "sedna.io/v1alpha1",
+    "kind": "LifelongLearningJob",
+    "metadata": {"name": "job-a", "namespace": "default", "resourceVersion": "1"},
+    "spec": {
+        "dataset": {"name": "ds", "trainProb": 0.8},
+        "trainSpec": {
+            "template": {"spec": {"containers": [{"name": "w", "image": "x"}]}},
+            "trigger": {
+                "checkPeriodSeconds": 30,
+                "timer": {"start": "22:00", "end": "02:00"},
+                "condition": {"operator": ">=", "threshold": "500", "metric": "num_of_samples"},
+            },
+        },
+        "evalSpec": {"template": {}},
+        "deploySpec": {"template": {}},
+        "outputDir": "/output",
+    },
+}
+
+
+def envelope(resource: dict[str, Any]) -> bytes:
+    header = {
+        "namespace": "default",
+        "resourceKind": "LifelongLearningJob",
+        "resourceName": resource["metadata"]["name"],
+        "operation": "insert",
+    }
+    return json.dumps({"header": header, "content": resource}).encode()
+
+
+def applied(resource: dict[str, Any]) -> JobApplied:
+    event = take_in("downstream", "t", envelope(resource), 0).event
+    assert isinstance(event, JobApplied)
+    return event
+
+
+def test_job_spec_is_interpreted() -> None:
+    event = applied(JOB)
+    trigger = event.spec.trigger
+    assert (event.spec.dataset, event.spec.train_prob, event.spec.output_dir) == (
+        "ds",
+        0.8,
+        "/output",
+    )
+    assert (trigger.check_period_s, trigger.window) == (30, (22 * 60, 2 * 60))
+    assert (trigger.operator, trigger.threshold, trigger.metric) == (">=", 500.0, "num_of_samples")
+    assert target_of(event) == "job:default/job-a"
+
+
+def test_resync_with_new_resource_version_and_status_is_identical() -> None:
+    resent = copy.deepcopy(JOB)
+    resent["metadata"]["resourceVersion"] = "2"
+    resent["status"] = {"phase": "train"}
+    assert applied(resent).digest == applied(JOB).digest
+
+
+def test_spec_or_credential_change_is_a_change() -> None:
+    changed = copy.deepcopy(JOB)
+    changed["spec"]["dataset"]["trainProb"] = 0.5
+    assert applied(changed).digest != applied(JOB).digest
+    with_cred = copy.deepcopy(JOB)
+    with_cred["metadata"]["annotations"] = {
+        "sedna.io/credential": json.dumps({"ACCESS_KEY_ID": "a", "SECRET_ACCESS_KEY": "b"})
+    }
+    assert applied(with_cred).digest != applied(JOB).digest
+
+
+def test_unset_condition_means_no_condition() -> None:
+    unset = copy.deepcopy(JOB)
+    unset["spec"]["trainSpec"]["trigger"]["condition"] = {
+        "operator": "",
+        "metric": "",
+        "threshold": 0,
+    }
+    assert applied(unset).spec.trigger.has_condition is False
+
+
+def test_worker_report_without_usable_model_says_why() -> None:
+    report = {
+        "name": "w1",
+        "namespace": "default",
+        "ownerName": "job-a",
+        "ownerKind": "lifelonglearningjob",
+        "kind": "train",
+        "status": "completed",
+        "results": [{"format": "pkl"}, {"url": 3}],
+    }
+    event = take_in("worker", "t", json.dumps(report).encode(), 0).event
+    assert isinstance(event, WorkerReported)
+    assert event.models == () and event.unusable and "usable model" in event.unusable
+
+
+def test_bad_credential_is_rejected_without_echoing_it() -> None:
+    bad = copy.deepcopy(JOB)
+    bad["metadata"]["annotations"] = {"sedna.io/credential": '{"SECRET_ACCESS_KEY": "s3cr3t"}'}
+    with pytest.raises(InvalidMessage) as caught:
+        take_in("downstream", "t", envelope(bad), 0)
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_worker_topic_name() -> None:
+    assert worker_topic_name("sedna/node/workers/w-1/info") == "w-1"
+    assert worker_topic_name("sedna/node/workers/w-1/other") is None
+    assert worker_topic_name("sedna/node/downstream") is None
+
+
+def test_rejections_never_carry_the_secret() -> None:
+    bad = copy.deepcopy(JOB)
+    bad["spec"]["outputDir"] = "../escape"
+    bad["metadata"]["annotations"] = {
+        "sedna.io/credential": json.dumps(
+            {"ACCESS_KEY_ID": "AKIDCANARY", "SECRET_ACCESS_KEY": "s3cr3t-canary"}
+        )
+    }
+    payload = envelope(bad)
+    with pytest.raises(InvalidMessage) as caught:
+        take_in("downstream", "t", payload, 0)
+    rejection = make_rejection("t", caught.value.reason, payload, datetime.now(UTC))
+    text = base64.b64decode(rejection.payload).decode()
+    assert "s3cr3t-canary" not in text and "s3cr3t-canary" not in rejection.reason
+    assert "outputDir" in text  # the rest of the message is still there to debug with
