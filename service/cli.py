@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from service import config as config_mod
 from service import embedded, schemas
@@ -27,6 +28,17 @@ from service.logs import redact, setup_logging
 from service.runtime import Replica
 
 log = logging.getLogger("service.cli")
+
+
+class CommandModule(Protocol):
+    """A module adding subcommands: `register` adds parsers and sets `func=handler`
+    (handler(args) -> exit code)."""
+
+    def register(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+
+
+#: Modules contributing further subcommands (apply, get, worker, demo, ...).
+COMMAND_MODULES: list[CommandModule] = []
 
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
@@ -71,18 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("--check", action="store_true", help="exit 1 if schemas/ is stale")
     schema.add_argument("--out", default=None, help="output directory (default: schemas/)")
+    serve.set_defaults(func=_serve)
+    schema.set_defaults(func=_schemas)
+    for module in COMMAND_MODULES:
+        module.register(commands)
     return parser
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    extra = ["--check"] if args.check else []
+    extra += ["--out", args.out] if args.out else []
+    return schemas.main(extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        extra = ["--check"] if args.check else []
-        extra += ["--out", args.out] if args.out else []
-        return schemas.main(extra)
+        return int(args.func(args))
     except ConfigError as e:
         print(f"lifelong: {redact(str(e))}", file=sys.stderr)
         return EXIT_USAGE
