@@ -7,6 +7,7 @@ Each `Server` is a child process on a fixed port that can be stopped, restarted,
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -107,6 +108,8 @@ def mosquitto_server(workdir: Path, extra_conf: str = "", port: int | None = Non
         + f"persistence_location {workdir}/\n"
         + "autosave_interval 1\n"
         + "max_queued_messages 100000\n"
+        # as root, mosquitto drops to the `mosquitto` user, who cannot write a 0700 temp dir
+        + ("user root\n" if os.geteuid() == 0 and "user " not in extra_conf else "")
         + extra_conf
     )
     return Server("mosquitto", [binary, "-c", str(conf)], port, workdir)
