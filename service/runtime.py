@@ -146,6 +146,8 @@ class Replica:
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
         self._effects = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
+        self._running: set[str] = set()
+        self._running_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._ingress: MqttClient | None = None
         self._ingress_lock = threading.Lock()
@@ -656,9 +658,20 @@ class Replica:
     def _submit(self, shard: int, token: str, effect_id: str, work: Work) -> None:
         if self._stop.is_set():
             return  # the intent stays in Redis; the next owner runs it
+        with self._running_lock:
+            if effect_id in self._running:
+                return  # recovery found an intent this process is already running
+            self._running.add(effect_id)
         self._effects.submit(self._run_effect, shard, token, effect_id, work)
 
     def _run_effect(self, shard: int, token: str, effect_id: str, work: Work) -> None:
+        try:
+            self._run_effect_until_done(shard, token, effect_id, work)
+        finally:
+            with self._running_lock:
+                self._running.discard(effect_id)
+
+    def _run_effect_until_done(self, shard: int, token: str, effect_id: str, work: Work) -> None:
         kind = type(work).__name__
         while not self._stop.is_set():
             try:
