@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from service.adapters.redis_store import RedisStore
@@ -19,6 +20,10 @@ from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
 
 log = logging.getLogger("service.leases")
+
+#: Give leases up locally once renewal has failed for this fraction of the TTL, before the
+#: store lets them expire and another replica may take them.
+GIVE_UP_FRACTION = 0.8
 
 
 def fair_share(live_replicas: int, shards: int = NUM_SHARDS) -> int:
@@ -58,6 +63,7 @@ class LeaseKeeper:
         self._tokens: dict[int, str] = {}
         self._ingress_token: str | None = None
         self.store_ok = False
+        self._renewed_at = time.monotonic()
 
     def token(self, shard: int) -> str | None:
         with self._lock:
@@ -83,12 +89,28 @@ class LeaseKeeper:
         try:
             live = self._store.heartbeat(self._replica, self._now_ms(), self._ttl_ms)
             self._renew_all()
+            self._renewed_at = time.monotonic()
             self._rebalance(len(live))
             self._keep_ingress()
             self.store_ok = True
         except StoreUnavailable as e:
             self.store_ok = False
             log.warning("lease keeping paused: %s", e)
+            if time.monotonic() - self._renewed_at > self._ttl_ms * GIVE_UP_FRACTION / 1000:
+                self._give_up()
+
+    def _give_up(self) -> None:
+        """Unrenewed for most of the TTL: the leases are as good as gone. Drop them here too,
+        above all the ingress: a holder that keeps its fixed MQTT client id after another
+        replica took the lease would fight it for the id (each connect kicks the other)."""
+        with self._lock:
+            had = bool(self._tokens)
+            self._tokens.clear()
+        if had:
+            log.warning("leases given up: not renewed for %d ms", self._ttl_ms)
+        if self._ingress_token is not None:
+            self._ingress_token = None
+            self._on_ingress(False)
 
     def _renew_all(self) -> None:
         keys = self._store.keys

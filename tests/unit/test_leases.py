@@ -1,0 +1,66 @@
+"""Fair shares, and giving leases up when Redis cannot be reached for most of the TTL."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.errors import StoreUnavailable
+from service.keys import Keys
+from service.leases import LeaseKeeper, fair_share, plan
+
+
+def test_fair_share_and_plan() -> None:
+    assert [fair_share(n) for n in (0, 1, 2, 3, 16, 20)] == [16, 16, 8, 6, 1, 1]
+    assert plan([], 2) == (8, [])
+    assert plan(list(range(16)), 2) == (0, list(range(8, 16)))
+    assert plan([1, 2, 3], 1) == (13, [])
+
+
+class FlakyStore:
+    """Grants every lease until `down` is set, then fails like an unreachable Redis."""
+
+    def __init__(self) -> None:
+        self.keys = Keys()
+        self.down = False
+        self.fence = 0
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("connection refused")
+
+    def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:
+        self._check()
+        return [replica]
+
+    def renew(self, *_args: Any) -> bool:
+        self._check()
+        return True
+
+    def acquire(self, *_args: Any) -> str:
+        self._check()
+        self.fence += 1
+        return f"r:{self.fence}"
+
+
+def test_leases_and_ingress_given_up_when_redis_unreachable_past_most_of_ttl() -> None:
+    store = FlakyStore()
+    ingress: list[bool] = []
+    keeper = LeaseKeeper(
+        store,
+        "r",
+        ttl_ms=200,
+        now_ms=lambda: 0,  # type: ignore[arg-type]
+        on_acquired=lambda _s: None,
+        on_ingress=ingress.append,
+    )
+    keeper.tick()
+    assert len(keeper.held()) == 16 and keeper.holds_ingress and ingress == [True]
+    store.down = True
+    keeper.tick()  # a blip: keep going
+    assert len(keeper.held()) == 16 and keeper.holds_ingress
+    time.sleep(0.2)
+    keeper.tick()
+    assert keeper.held() == {} and not keeper.holds_ingress
+    assert ingress == [True, False], "the ingress client is stopped: no fight for its id"
+    assert keeper.store_ok is False
