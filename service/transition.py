@@ -273,7 +273,6 @@ def _fire(job: JobState, out: _Out) -> JobState:
         pending=(),
         step="preparing",
         next_check_ms=None,
-        last_error=None,
     )
     out.add(_write_round(job, "train", job.round, out))
     out.note(f"train trigger fired: round {version} with {samples.count(job.round)} samples")
