@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint schemas serve clean
+.PHONY: install test lint schemas serve demo clean bench bench-full
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check service tests
+	$(BIN)/ruff check service tests bench
 	$(BIN)/mypy
 
 schemas: install
@@ -27,5 +27,14 @@ test: install lint
 serve: install
 	$(BIN)/lifelong serve --embedded
 
+demo: install
+	$(BIN)/lifelong demo
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
+
+bench: install
+	$(BIN)/python -m bench
+
+bench-full: install
+	$(BIN)/python -m bench --full

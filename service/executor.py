@@ -136,6 +136,18 @@ class Executor:
             return DatasetPolled(
                 namespace=work.namespace, name=work.name, url=work.url, error=redact(str(e))
             )
+        # The byte count shows a poll reads only what was appended (the seed's bug 13); a
+        # poll that found nothing new is not worth an info line every period.
+        progressed = poll.rewritten or poll.cursor != cursor
+        log.log(
+            logging.INFO if progressed else logging.DEBUG,
+            "polled dataset %s/%s: %d samples, %d bytes read",
+            work.namespace,
+            work.name,
+            poll.num_samples,
+            poll.bytes_read,
+            extra={"dataset": f"{work.namespace}/{work.name}", "effect": "poll-dataset"},
+        )
         return DatasetPolled(
             namespace=work.namespace,
             name=work.name,

@@ -28,9 +28,11 @@ _SECRET_KEY = r"[A-Za-z0-9_-]*(?:secret_access_key|access_key_id|session_token|p
 _SECRET_KEY_RE = re.compile(_SECRET_KEY, re.IGNORECASE)
 _QUOTE = r"(?:\\?[\"'])?"
 _SECRET_VALUE = (
-    # a string quoted with \" as in JSON inside JSON: inner \\\" \\\\ \\n escapes or plain chars
-    r'\\"(?:\\\\\\[\\"]|\\\\[^\\"]|[^\\])*\\"'
-    r"|\"(?:[^\"\\]|\\.)*\""  # a double-quoted string
+    # a string quoted with \" as in JSON inside JSON: inner \\\" \\\\ \\n escapes or plain chars.
+    # Quoted strings may also run to the end of the text unclosed: a payload cut short (the
+    # errors topic keeps its first 4 KiB) can end half-way through a secret.
+    r'\\"(?:\\\\\\[\\"]|\\\\[^\\"]|[^\\])*(?:\\"|\\?\Z)'
+    r"|\"(?:[^\"\\]|\\.)*(?:\"|\\?\Z)"  # a double-quoted string
     r"|'[^']*'"  # a single-quoted string (Python reprs)
     r"|[^\s,;&}\])\"']+"  # a bare word (key=value, query strings)
 )

@@ -467,15 +467,35 @@ def rfc3339_utc(moment: datetime) -> str:
 
 
 _SECRET_HINT = re.compile(rb"(?i)secret|access_key|password")
+# A JSON string value that is all base64, possibly cut short by the 4 KiB head: how Sedna's
+# GM sends a resource (`content`), so a credential may hide inside it.
+_BASE64_STRING = re.compile(rb'"([A-Za-z0-9+/]{16,}={0,2})(?="|\Z)')
+
+
+def _redact_base64_strings(head: bytes) -> bytes:
+    """Re-encode, masked, every base64 string value whose decoded text names a secret."""
+
+    def masked(match: re.Match[bytes]) -> bytes:
+        encoded = match[1]
+        try:  # a cut-short tail (len % 4 != 0) is dropped: it could only show secret bytes
+            decoded = base64.b64decode(encoded[: len(encoded) // 4 * 4], validate=True)
+        except binascii.Error:
+            return match[0]
+        if not _SECRET_HINT.search(decoded):
+            return match[0]
+        return b'"' + base64.b64encode(redact(decoded.decode("utf-8", "replace")).encode())
+
+    return _BASE64_STRING.sub(masked, head)
 
 
 def make_rejection(topic: str, reason: str, payload: bytes, received_at: datetime) -> Rejection:
     """The errors-topic record of a refused message (first 4 KiB of it, base64).
 
-    Secret-named values (the `sedna.io/credential` annotation's keys) are masked first: a
-    refused resource must not carry its credential onto the errors topic.
+    Secret-named values (the `sedna.io/credential` annotation's keys) are masked first, in
+    plain JSON and inside base64 content alike: a refused resource must not carry its
+    credential onto the errors topic.
     """
-    head = bytes(payload[:REJECTION_PAYLOAD_BYTES])
+    head = _redact_base64_strings(bytes(payload[:REJECTION_PAYLOAD_BYTES]))
     if _SECRET_HINT.search(head):
         head = redact(head.decode("utf-8", "replace")).encode()
     return Rejection(

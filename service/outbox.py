@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from service import failpoints
 from service.adapters.mqtt import MqttClient, PublishTicket
 from service.adapters.redis_store import RedisStore
 from service.errors import ServiceError
@@ -82,6 +83,7 @@ class OutboxPublisher:
                 key = (shard, stream_id)
                 if key in self._inflight:
                     continue
+                failpoints.hit("outbox-before-publish")
                 try:
                     ticket = self._mqtt.publish(entry.topic, entry.payload, qos=1)
                 except ServiceError as e:

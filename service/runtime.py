@@ -32,7 +32,7 @@ from typing import Protocol
 
 import msgspec
 
-from service import messages
+from service import failpoints, messages
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
 from service.adapters.http import HttpServer
@@ -249,14 +249,20 @@ class Replica:
 
     # ================================================================ health
     def ready(self) -> tuple[bool, str]:
+        """Ready: MQTT and Redis connected and, when this replica holds the ingress lease, its
+        subscribing client connected too (so a message sent now is not missed)."""
+        with self._ingress_lock:
+            ingress = self._ingress
         mqtt_ok = self.publisher.connected
         redis_ok = self.leases.store_ok
+        intake_ok = ingress.connected if ingress is not None else not self.leases.holds_ingress
         held = len(self.leases.held())
+        intake = "standby" if ingress is None else ("up" if intake_ok else "connecting")
         detail = (
             f"mqtt={'up' if mqtt_ok else 'down'} redis={'up' if redis_ok else 'down'} "
-            f"shards={held} ingress={'held' if self.leases.holds_ingress else 'standby'}"
+            f"shards={held} ingress={intake}"
         )
-        return mqtt_ok and redis_ok, detail
+        return mqtt_ok and redis_ok and intake_ok, detail
 
     def _presence(self, state: str) -> bytes:
         presence = messages.Presence(
@@ -336,6 +342,7 @@ class Replica:
             accepted.append((msg, shard, encode_inbound(inbound), digest))
         if not accepted:
             return
+        failpoints.hit("intake-before-durable")
         while not self._stop.is_set():
             try:
                 self.store.append_many([(s, data, d, m.dup) for m, s, data, d in accepted])
@@ -345,6 +352,7 @@ class Replica:
                 self._stop.wait(0.5)
         else:
             return  # stopping: not acknowledged, the broker redelivers to the next holder
+        failpoints.hit("intake-before-ack")
         for msg, *_ in accepted:
             self._ack(msg)
 
@@ -436,9 +444,9 @@ class Replica:
         """A shard just became ours (or a commit's fate is unknown): redo what is pending."""
         try:
             while True:
-                entries = self.store.read_ingress(
-                    shards, count=READ_BATCH, block_ms=0, pending=True
-                )
+                # only shards still ours: a lost one's entries stay pending for its new owner
+                live = [shard for shard in shards if self.leases.token(shard) is not None]
+                entries = self.store.read_ingress(live, count=READ_BATCH, block_ms=0, pending=True)
                 if not entries:
                     break
                 self._apply(entries)
@@ -447,7 +455,7 @@ class Replica:
                 if token is None:
                     continue
                 for effect_id, data in self.store.pending_effects(shard).items():
-                    self._submit(shard, token, effect_id, decode_work(data))
+                    self._submit(shard, effect_id, decode_work(data))
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
@@ -480,12 +488,14 @@ class Replica:
         commits: list[Commit] = []
         work: list[tuple[str, Work]] = []
         for rkey, items in groups.items():
-            commit, todo = self._run_resource(rkey, loaded[rkey], items)
+            commit, todo = self._run_resource(shard, rkey, loaded[rkey], items)
             commits.append(commit)
             work.extend(todo)
+        failpoints.hit("process-before-commit")
         self.store.commit(shard, token, commits)
+        failpoints.hit("process-before-effects")
         for effect_id, item in work:
-            self._submit(shard, token, effect_id, item)
+            self._submit(shard, effect_id, item)
         if any(c.outbox for c in commits):
             self.outbox.wake({shard})
 
@@ -510,9 +520,14 @@ class Replica:
         return target_of(inbound.event), inbound
 
     def _run_resource(
-        self, rkey: str, raw: bytes | None, items: list[tuple[str, Inbound | None]]
+        self, shard: int, rkey: str, raw: bytes | None, items: list[tuple[str, Inbound | None]]
     ) -> tuple[Commit, list[tuple[str, Work]]]:
-        """Apply a resource's events in order; one commit carries all of it."""
+        """Apply a resource's events in order; one commit carries all of it.
+
+        Stream entry ids are only unique within one shard's stream (shards appended to in
+        the same millisecond get the same id), so the event id carries the shard: effect and
+        upstream message ids derive from it and must be unique across all shards.
+        """
         state: State | None = decode_state(raw) if raw is not None else None
         initial = state
         outbox: list[OutboxEntry] = []
@@ -528,7 +543,7 @@ class Replica:
             ctx = Context(
                 now_ms=now_ms,
                 minute_of_day=self.clock.minute_of_day(),
-                event_id=entry_id,
+                event_id=f"s{shard}-{entry_id}",
                 volume_prefix=self.config.volume_prefix,
                 dataset_poll_ms=int(self.config.dataset_poll_s * 1000),
             )
@@ -548,11 +563,11 @@ class Replica:
                     outbox.append(self._rejection_entry(entry_id, inbound, effect, now_ms))
                 elif not isinstance(effect, Note):
                     work.append((effect.id, effect))
-            history.append(
-                self._history(
-                    rkey, inbound.event, outcome.effects, before=before, state=state, now_ms=now_ms
-                )
+            record = self._history(
+                rkey, inbound.event, outcome.effects, before=before, state=state, now_ms=now_ms
             )
+            if record is not None:
+                history.append(record)
         if state is None and initial is None:
             return Commit(
                 rkey=rkey, state=None, keep_state=True, ack_ids=_ids(items), outbox=tuple(outbox)
@@ -622,8 +637,13 @@ class Replica:
         before: State | None,
         state: State | None,
         now_ms: int,
-    ) -> bytes:
-        """One log line, one counter increment and one history record per event."""
+    ) -> bytes | None:
+        """A counter increment, a log line and a history record per event.
+
+        An event that changed nothing but its own timer (an idle trigger check, a poll that
+        found nothing new) and says nothing is counted only: 10,000 idle jobs must not fill
+        the logs and Redis with their heartbeats.
+        """
         notes = [e.reason for e in effects if isinstance(e, Note | Reject)]
         record: dict[str, object] = {"at": now_ms, "event": type(event).__name__, "notes": notes}
         if isinstance(state, JobState):
@@ -632,12 +652,16 @@ class Replica:
             record.update(samples=state.num_samples)
         if any(isinstance(e, Reject) for e in effects):
             outcome = "rejected"
-        elif before == state and not any(isinstance(e, Publish) for e in effects):
+        elif _material(before) == _material(state) and not any(
+            isinstance(e, Publish) for e in effects
+        ):
             outcome = "ignored"
         else:
             outcome = "applied"
         record["outcome"] = outcome
         self.metrics.events.labels(type=type(event).__name__, outcome=outcome).inc()
+        if outcome == "ignored" and not notes:
+            return None
         log.info(
             "%s %s -> %s%s",
             type(event).__name__,
@@ -655,33 +679,49 @@ class Replica:
         return msgspec.json.encode(record)
 
     # ================================================================ effects
-    def _submit(self, shard: int, token: str, effect_id: str, work: Work) -> None:
+    def _submit(self, shard: int, effect_id: str, work: Work) -> None:
         if self._stop.is_set():
             return  # the intent stays in Redis; the next owner runs it
         with self._running_lock:
             if effect_id in self._running:
                 return  # recovery found an intent this process is already running
             self._running.add(effect_id)
-        self._effects.submit(self._run_effect, shard, token, effect_id, work)
+        self._effects.submit(self._run_effect, shard, effect_id, work)
 
-    def _run_effect(self, shard: int, token: str, effect_id: str, work: Work) -> None:
+    def _run_effect(self, shard: int, effect_id: str, work: Work) -> None:
         try:
-            self._run_effect_until_done(shard, token, effect_id, work)
+            self._run_effect_until_done(shard, effect_id, work)
         finally:
             with self._running_lock:
                 self._running.discard(effect_id)
 
-    def _run_effect_until_done(self, shard: int, token: str, effect_id: str, work: Work) -> None:
+    def _run_effect_until_done(self, shard: int, effect_id: str, work: Work) -> None:
+        """Do the work, then complete the intent under the shard's lease as held NOW.
+
+        The lease may have moved while the work ran (even back to this replica under a new
+        token, whose recovery then skipped the intent as already running). The result does
+        not depend on who computed it, so completing under the current token is correct;
+        with no lease, the next owner finds the intent and redoes it.
+        """
         kind = type(work).__name__
         while not self._stop.is_set():
             try:
                 result = self.executor.run(work, self.clock.now_ms())
                 data = encode_inbound(Inbound(event=result)) if result is not None else None
+                token = self.leases.token(shard)
+                if token is None:
+                    log.info(
+                        "effect %s done but shard %d moved: its owner redoes it", effect_id, shard
+                    )
+                    return
                 self.store.complete_effect(shard, token, effect_id, data)
                 self.metrics.effects.labels(type=kind, outcome="done").inc()
                 return
             except LeaseLost:
-                return  # the next owner redoes it
+                log.info(
+                    "effect %s: shard %d moved while it ran; its owner redoes it", effect_id, shard
+                )
+                return
             except StoreUnavailable as e:
                 log.warning("effect %s waits for redis: %s", effect_id, e)
             except Exception:
@@ -703,6 +743,15 @@ class Replica:
         self.outbox.wait(self._stop)
 
 
+def _material(state: State | None) -> State | None:
+    """The state without its bookkeeping of timers and polls in flight."""
+    if isinstance(state, JobState):
+        return msgspec.structs.replace(state, next_check_ms=None)
+    if isinstance(state, DatasetState):
+        return msgspec.structs.replace(state, polling=False)
+    return state
+
+
 def _ids(items: list[tuple[str, Inbound | None]]) -> tuple[str, ...]:
     return tuple(entry_id for entry_id, _ in items)
 
@@ -718,9 +767,9 @@ def _reason_class(reason: str) -> str:
         ("too large", "too_large"),
         ("unknown job", "unknown_job"),
         ("does not match", "name_mismatch"),
+        ("utf-8", "invalid_utf8"),  # before "json": the decoder says "not valid JSON: ...UTF-8"
         ("not valid json", "invalid_json"),
         ("json", "invalid_json"),
-        ("utf-8", "invalid_utf8"),
         ("nesting", "too_deep"),
         ("no handler", "unknown_topic"),
         ("cannot change", "immutable_field"),

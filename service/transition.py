@@ -343,6 +343,7 @@ def _train_completed(job: JobState, event: Event, out: _Out) -> JobState:
     assert isinstance(event, WorkerReported)
     if not event.models:
         reason = event.unusable or "train worker completed without a usable model"
+        out.publish_job(job, {"phase": "train", "status": "failed", "reason": reason})
         return _back_to_train(job, out, reason, retry_now=True)
     job = replace(job, phase="eval", step="preparing", train_models=event.models, round=())
     out.add(_write_round(job, "eval", job.eval_batches, out))
@@ -394,6 +395,7 @@ def _eval_completed(job: JobState, event: Event, out: _Out) -> JobState:
     assert isinstance(event, WorkerReported)
     if not event.models:
         reason = event.unusable or "eval worker completed without a usable model"
+        out.publish_job(job, {"phase": "eval", "status": "failed", "reason": reason})
         return _back_to_train(job, out, reason, retry_now=True)
     prefix = out.ctx.volume_prefix
     source = event.models[0].url

@@ -19,6 +19,7 @@ from typing import BinaryIO, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from service import failpoints
 from service.adapters import s3
 from service.adapters.datasets import (
     BLOCK_BYTES,
@@ -145,6 +146,7 @@ class BlobStore:
                 writer = _RoundWriter(data, index, needs_header=fmt == "csv")
                 for run in _ascending_runs(ranges) or [[]]:
                     self._copy_run(source_url, fmt, source_cred, run, writer)
+                failpoints.hit("blob-mid-write", data)
                 return writer.written
 
         return self._retry(once)
@@ -237,6 +239,7 @@ class BlobStore:
         ):
             while block := read(BLOCK_BYTES):
                 out.write(block)
+                failpoints.hit("blob-mid-copy", out)
 
     @contextmanager
     def _staged(self, url: str, cred: S3CredentialLike | None) -> Iterator[BinaryIO]:

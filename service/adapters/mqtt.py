@@ -18,7 +18,11 @@ Why it looks the way it does (see DESIGN.md, "Durability and replicas" and "Spee
 - MQTT 5 is tried first. A broker that only speaks 3.1.1 answers a v5 CONNECT with the
   3.1.1 return code 1 ("unacceptable protocol version"), which paho reports as reason code
   0x84; `fallback_protocol` turns that into a switch to 3.1.1 for this and every later
-  connect. paho fixes the protocol per client object, so the switch builds a new one.
+  connect. paho fixes the protocol per client object, so the switch builds a new one (and
+  moves publishes queued so far onto it); it is only taken before the first successful
+  connect, after which the protocol is settled.
+- Acks are dropped for messages from an earlier connection (`Inbound.connection_seq`):
+  packet ids restart or get reused there, and the broker redelivers the message anyway.
 """
 
 from __future__ import annotations
@@ -128,8 +132,9 @@ def _parse_tls_query(url: str, query: str, tls: bool) -> TlsOptions:
     options: dict[str, str] = {}
     for name, value in pairs:
         if name not in _TLS_QUERY_KEYS:
-            raise _url_error(url, f"unknown query parameter {name!r} (allowed: ca, cert, key, "
-                                  "insecure)")
+            raise _url_error(
+                url, f"unknown query parameter {name!r} (allowed: ca, cert, key, insecure)"
+            )
         if name in options:
             raise _url_error(url, f"query parameter {name!r} given twice")
         options[name] = value
@@ -179,9 +184,7 @@ def parse_mqtt_url(url: str) -> MqttEndpoint:
     )
 
 
-def fallback_protocol(
-    current: MQTTProtocolVersion, reason_code: int
-) -> MQTTProtocolVersion | None:
+def fallback_protocol(current: MQTTProtocolVersion, reason_code: int) -> MQTTProtocolVersion | None:
     """The protocol to retry with after a refused CONNECT, or None to keep the current one.
 
     Only MQTT 5 falls back (to 3.1.1), and only when the broker said it does not speak the
@@ -289,9 +292,12 @@ class MqttClient:
         self._subscriptions = tuple(subscriptions)
         self._inbound: queue.Queue[Inbound] = inbound if inbound is not None else queue.Queue()
         self._on_connection_change = on_connection_change
-        # Guards which paho client is current (it changes on protocol fallback) and the
-        # start/stop flags; held around paho.publish so no publish lands on a retired client.
+        # Guards which paho client is current and the start/stop flags. The client changes
+        # only on protocol fallback, before the first CONNACK; until then publish() holds
+        # this lock so nothing lands on a retired client. Afterwards it must not: a ticket
+        # callback publishing from paho's thread (inside paho's lock) would deadlock with it.
         self._client_lock = threading.Lock()
+        self._protocol_settled = False
         # Guards the ticket maps; taken inside paho's own locks (on_publish), so nothing may
         # be acquired while holding it.
         self._tickets_lock = threading.Lock()
@@ -335,8 +341,11 @@ class MqttClient:
     ) -> PublishTicket:
         """Queue a PUBLISH; while disconnected paho keeps it and sends it after reconnecting."""
         try:
-            with self._client_lock:
+            if self._protocol_settled:
                 info = self._paho.publish(topic, payload, qos=qos, retain=retain)
+            else:
+                with self._client_lock:
+                    info = self._paho.publish(topic, payload, qos=qos, retain=retain)
         except ValueError as e:
             raise PermanentError(f"cannot publish to {topic!r}: {e}") from e
         if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
@@ -351,8 +360,7 @@ class MqttClient:
             return
         client = self._paho
         if not client.is_connected() or msg.connection_seq != self._connection_seq:
-            log.debug("not acking mid %d: its connection is gone (broker will redeliver)",
-                      msg.mid)
+            log.debug("not acking mid %d: its connection is gone (broker will redeliver)", msg.mid)
             return
         client.ack(msg.mid, msg.qos)
 
@@ -446,8 +454,13 @@ class MqttClient:
             properties=self._connect_properties(protocol),
         )
         client.loop_start()
-        log.info("MQTT connecting to %s:%d as %s (%s)", self._endpoint.host, self._endpoint.port,
-                 self._settings.client_id, protocol.name)
+        log.info(
+            "MQTT connecting to %s:%d as %s (%s)",
+            self._endpoint.host,
+            self._endpoint.port,
+            self._settings.client_id,
+            protocol.name,
+        )
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -456,8 +469,9 @@ class MqttClient:
         if not send_will:
             client.disconnect()
         elif v5:
-            client.disconnect(reasoncode=ReasonCode(PacketTypes.DISCONNECT,
-                                                    identifier=DISCONNECT_WITH_WILL))
+            client.disconnect(
+                reasoncode=ReasonCode(PacketTypes.DISCONNECT, identifier=DISCONNECT_WITH_WILL)
+            )
         # loop_stop sets paho's terminate flag first: no reconnect after this point.
         stopper = threading.Thread(target=client.loop_stop, name="mqtt-stop", daemon=True)
         stopper.start()
@@ -486,13 +500,19 @@ class MqttClient:
         if reason_code.is_failure:
             self._on_refused(client, reason_code)
             return
+        self._protocol_settled = True
         self._connection_seq += 1
         self._connect_failures = 0
         for topic in self._subscriptions:
             client.subscribe(topic, qos=_QOS_SUBSCRIBE)
-        log.info("MQTT connected to %s:%d as %s (%s, session present: %s)",
-                 self._endpoint.host, self._endpoint.port, self._settings.client_id,
-                 self._protocol.name, flags.session_present)
+        log.info(
+            "MQTT connected to %s:%d as %s (%s, session present: %s)",
+            self._endpoint.host,
+            self._endpoint.port,
+            self._settings.client_id,
+            self._protocol.name,
+            flags.session_present,
+        )
         self._connected.set()
         self._notify(True)
 
@@ -500,16 +520,27 @@ class MqttClient:
         # Warn once per outage; paho keeps retrying every reconnect_min_s..reconnect_max_s.
         self._connect_failures += 1
         level = logging.WARNING if self._connect_failures == 1 else logging.DEBUG
-        log.log(level, "MQTT cannot reach %s:%d (attempt %d); retrying", self._endpoint.host,
-                self._endpoint.port, self._connect_failures)
+        log.log(
+            level,
+            "MQTT cannot reach %s:%d (attempt %d); retrying",
+            self._endpoint.host,
+            self._endpoint.port,
+            self._connect_failures,
+        )
 
     def _on_refused(self, client: paho.Client, reason_code: ReasonCode) -> None:
         fallback = fallback_protocol(self._protocol, reason_code.value)
-        if fallback is None:
+        if fallback is None or self._protocol_settled:
+            # After a successful connect the protocol stays: switching clients then could
+            # strand concurrent publishes. A broker downgraded under us needs a restart.
             log.warning("MQTT broker refused %s: %s", self._settings.client_id, reason_code)
             return
-        log.warning("MQTT broker does not speak %s (%s); falling back to %s",
-                    self._protocol.name, reason_code, fallback.name)
+        log.warning(
+            "MQTT broker does not speak %s (%s); falling back to %s",
+            self._protocol.name,
+            reason_code,
+            fallback.name,
+        )
         # Our own thread must not reconnect with the old protocol; a new client takes over.
         client.disconnect()
         with self._client_lock:
@@ -521,14 +552,26 @@ class MqttClient:
             self._launch(self._paho)
 
     def _move_queued_publishes(self, old: paho.Client, new: paho.Client) -> None:
-        """Carry publishes queued before the fallback over to the new client, tickets too."""
-        for message in old.drop_out_messages():
-            info = new.publish(message.topic, message.payload, qos=message.qos,
-                               retain=message.retain)
-            with self._tickets_lock:
-                ticket = self._tickets.pop(message.mid, None)
+        """Carry publishes queued before the fallback over to the new client, tickets too.
+
+        The new client numbers its messages afresh, so tickets are re-keyed; QoS 0 ones,
+        which paho drops while disconnected, could never complete and are left behind.
+        """
+        moved = [
+            (
+                message.mid,
+                new.publish(
+                    message.topic, message.payload, qos=message.qos, retain=message.retain
+                ).mid,
+            )
+            for message in old.drop_out_messages()
+        ]
+        with self._tickets_lock:
+            old_tickets, self._tickets = self._tickets, {}
+            for old_mid, new_mid in moved:
+                ticket = old_tickets.get(old_mid)
                 if ticket is not None:
-                    self._tickets[info.mid] = ticket
+                    self._tickets[new_mid] = ticket
 
     def _on_disconnect(
         self,
@@ -541,13 +584,18 @@ class MqttClient:
         if client is not self._paho or not self._connected.is_set():
             return
         if reason_code.value == SESSION_TAKEN_OVER:
-            log.warning("MQTT client id %s was taken over by another connection",
-                        self._settings.client_id)
+            log.warning(
+                "MQTT client id %s was taken over by another connection", self._settings.client_id
+            )
         elif self._stopped:
             log.info("MQTT disconnected from %s:%d", self._endpoint.host, self._endpoint.port)
         else:
-            log.warning("MQTT disconnected from %s:%d: %s", self._endpoint.host,
-                        self._endpoint.port, reason_code)
+            log.warning(
+                "MQTT disconnected from %s:%d: %s",
+                self._endpoint.host,
+                self._endpoint.port,
+                reason_code,
+            )
         self._mark_disconnected()
 
     def _on_message(self, _client: paho.Client, _userdata: Any, msg: paho.MQTTMessage) -> None:
@@ -563,17 +611,30 @@ class MqttClient:
         try:
             self._inbound.put_nowait(item)
         except queue.Full:
-            log.error("inbound queue full: dropped mid %d on %s (unacked: redelivered with a "
-                      "persistent session)", msg.mid, msg.topic)
+            log.error(
+                "inbound queue full: dropped mid %d on %s (unacked: redelivered with a "
+                "persistent session)",
+                msg.mid,
+                msg.topic,
+            )
 
     def _on_publish(
         self,
         _client: paho.Client,
         _userdata: Any,
         mid: int,
-        _reason_code: ReasonCode,
+        reason_code: ReasonCode,
         _properties: Properties,
     ) -> None:
+        if reason_code.is_failure:
+            # the broker took the message and dropped it (an ACL refusal: 0x87); retrying
+            # cannot help, so the ticket completes, but the loss must not be silent
+            log.error(
+                "MQTT broker refused publish %d from %s: %s",
+                mid,
+                self._settings.client_id,
+                reason_code,
+            )
         with self._tickets_lock:
             ticket = self._tickets.pop(mid, None)
             if ticket is None:

@@ -130,12 +130,24 @@ class Controller:
 class Cloud:
     """The cloud and the workers, as one MQTT peer; records upstream and errors traffic."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ca_path: str | None = None,
+    ) -> None:
+        """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS."""
         self.messages: list[tuple[str, dict[str, Any]]] = []
         self._cond = threading.Condition()
         self.client = paho.Client(
             CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
         )
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        if ca_path is not None:
+            self.client.tls_set(ca_certs=ca_path)
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
         self.client.connect("127.0.0.1", port)
@@ -332,3 +344,37 @@ def lines(start: int, end: int) -> list[str]:
 def append_lines(path: Path, rows: list[str]) -> None:
     with open(path, "a") as f:
         f.write("".join(row + "\n" for row in rows))
+
+
+def metric_sum(controller: Controller, name: str, **labels: str) -> float:
+    """The sum of a metric's samples on the controller's /metrics whose labels match."""
+    url = f"http://127.0.0.1:{controller.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        exposition = response.read().decode()
+    total = 0.0
+    for line in exposition.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric != name:
+            continue
+        if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
+            total += float(value)
+    return total
+
+
+def wait_ingress(controller: Controller, cloud: Cloud, timeout_s: float = 15) -> None:
+    """Block until the controller takes in what is published on its downstream topic.
+
+    /readyz turns ready once the publisher and Redis are up, which can be before the ingress
+    client has subscribed; on a first start there is no session yet to queue a message
+    published in that gap, so it is lost. The probe is a delete of a job nobody knows:
+    harmless, not rejected, and counted in lifelong_events_total.
+    """
+    deadline = time.monotonic() + timeout_s
+    while metric_sum(controller, "lifelong_events_total", type="JobDeleted") == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"controller {controller.name} never took in the probe")
+        cloud.downstream("lifelonglearningjob", "delete", None, name="ingress-probe")
+        time.sleep(0.3)

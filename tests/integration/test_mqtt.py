@@ -355,6 +355,25 @@ def test_publish_subscribe_round_trip_qos1(mosquitto: Server) -> None:
         assert abs(msg.received_at - time.time()) < 5
 
 
+def test_done_callbacks_may_publish_while_other_threads_publish(mosquitto: Server) -> None:
+    """An outbox pump publishes the next message from a PUBACK callback (paho's thread,
+    inside paho's lock) while the runtime publishes from its own: neither may deadlock."""
+    count = 2000
+    chained_done = threading.Event()
+    with client_for(url_of(mosquitto)) as client:
+
+        def publish_next(n: int) -> None:
+            if n == count:
+                chained_done.set()
+                return
+            client.publish("chain/out", b"c").add_done_callback(lambda: publish_next(n + 1))
+
+        publish_next(0)
+        tickets = [client.publish("direct/out", b"d") for _ in range(count)]
+        assert chained_done.wait(20)
+        assert all(ticket.wait(10) for ticket in tickets)
+
+
 def test_subscriptions_renewed_after_broker_restart(mosquitto: Server) -> None:
     url = url_of(mosquitto)
     changes: list[bool] = []

@@ -114,6 +114,8 @@ def test_bug06_malformed_results_do_not_crash() -> None:
     assert any("no model url" in n for n in d.notes())
     forwarded = [p for p in d.published() if "output" in p]
     assert forwarded[-1]["output"]["models"] == bad
+    failed = [p for p in d.published() if p.get("status") == "failed"]
+    assert failed == [{"phase": "train", "status": "failed", "reason": "results hold no model url"}]
 
 
 def test_bug07_deploy_does_not_prefix_the_model_url_again() -> None:

@@ -1,0 +1,181 @@
+"""`python -m bench [--full]`: run every benchmark on private servers, print the table and
+write bench/results.json.
+
+Quick mode (`make bench`) keeps under ~3 minutes on 2 cores; `--full` uses the issue's sizes
+(1,000 jobs x many reports, 1M-line datasets, 10,000 idle jobs over 60 s, 20 failovers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import baselines, files, idle, lifecycle
+from bench.common import Controller, Result, Stack, scratch, stack
+from bench.report import markdown_table, text_table
+
+
+@dataclass(frozen=True)
+class Sizes:
+    round_trips: int
+    relay_burst: int
+    latency_jobs: int
+    throughput_jobs: int
+    reports: int
+    dataset_lines: int
+    idle_jobs: int
+    idle_window_s: int
+    failover_trials: int
+
+
+QUICK = Sizes(
+    round_trips=500,
+    relay_burst=5_000,
+    latency_jobs=250,
+    throughput_jobs=1_000,
+    reports=5_000,
+    dataset_lines=1_000_000,
+    idle_jobs=1_000,
+    idle_window_s=20,
+    failover_trials=3,
+)
+FULL = Sizes(
+    round_trips=2_000,
+    relay_burst=20_000,
+    latency_jobs=500,
+    throughput_jobs=1_000,
+    reports=20_000,
+    dataset_lines=1_000_000,
+    idle_jobs=10_000,
+    idle_window_s=60,
+    failover_trials=20,
+)
+SUITES = ("latency", "throughput", "datasets", "idle", "failover")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="the issue's full sizes")
+    parser.add_argument("--only", nargs="+", choices=SUITES, help="run only these suites")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
+    parser.add_argument(
+        "--controller-log",
+        default="WARNING",
+        help="log level of the controllers (the service ships INFO)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table too")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    sizes = FULL if args.full else QUICK
+    wanted = set(args.only or SUITES)
+    Controller.log_level = args.controller_log.upper()
+    results: list[Result] = []
+    with scratch(args.keep) as root:
+
+        def suite(name: str, fn: Callable[[Stack], list[Result]]) -> None:
+            started = time.monotonic()
+            print(f"[bench] {name}...", file=sys.stderr, flush=True)
+            with stack(root, name) as s:
+                results.extend(fn(s))
+            print(f"[bench] {name}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+
+        box: list[baselines.Floors] = []
+
+        def base(s: Stack) -> list[Result]:
+            floors, found = baselines.measure(
+                s, round_trips=sizes.round_trips, burst=sizes.relay_burst
+            )
+            box.append(floors)
+            return found
+
+        suite("baselines", base)
+        floors = box[0]
+        if "latency" in wanted:
+            suite(
+                "latency",
+                lambda s: lifecycle.transition_latency(s, floors, jobs=sizes.latency_jobs),
+            )
+        if "throughput" in wanted:
+            suite(
+                "throughput",
+                lambda s: lifecycle.throughput(
+                    s, floors, jobs=sizes.throughput_jobs, reports=sizes.reports
+                ),
+            )
+        if "datasets" in wanted:
+            lines = sizes.dataset_lines
+            suite(
+                "datasets",
+                lambda s: (
+                    files.ingestion(s, lines=lines, appended=lines // 100)
+                    + files.round_file(s, samples=lines)
+                ),
+            )
+        if "idle" in wanted:
+            suite(
+                "idle",
+                lambda s: idle.idle_cost(
+                    s,
+                    jobs=sizes.idle_jobs,
+                    window_s=sizes.idle_window_s,
+                    check_period_s=sizes.idle_window_s,
+                ),
+            )
+        if "failover" in wanted:
+            suite(
+                "failover",
+                lambda s: lifecycle.failover(s, trials=sizes.failover_trials, lease_s=3.0),
+            )
+    return results
+
+
+def machine() -> dict[str, str]:
+    def version(argv: list[str]) -> str:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+        except OSError:
+            return "?"
+        return (done.stdout or done.stderr).strip().splitlines()[0]
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "redis": version(["redis-server", "--version"]),
+        "mosquitto": version(["mosquitto", "-h"]),
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    results = run(args)
+    elapsed_s = time.monotonic() - started
+    report = {
+        "mode": "full" if args.full else "quick",
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "elapsed_s": round(elapsed_s, 1),
+        "controller_log_level": args.controller_log.upper(),
+        "machine": machine(),
+        "results": [r.as_dict() for r in results],
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(text_table(results))
+    if args.markdown:
+        print(markdown_table(results))
+    print(f"{len(results)} figures in {elapsed_s:.0f}s; written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

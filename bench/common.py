@@ -1,0 +1,376 @@
+"""What every benchmark shares: results, percentiles, servers, controller processes, an MQTT
+peer that timestamps what it receives, and readers of process and Redis statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import redis
+from paho.mqtt.enums import CallbackAPIVersion
+from redis import Redis
+
+from service.embedded import Server, free_port, mosquitto_server, redis_server, wait_port
+from service.keys import NUM_SHARDS, Keys
+
+NODE = "bench-node"
+PREFIX = "sedna"
+NS = "default"
+KEYS = Keys("lifelong")
+UPSTREAM = f"{PREFIX}/{NODE}/upstream"
+DOWNSTREAM = f"{PREFIX}/{NODE}/downstream"
+#: Child processes run `python -m bench...` from here, whatever the caller's directory.
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    """One figure, its baseline from the same run, and how it compares with the target."""
+
+    id: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    ratio: float | None = None
+    target: str = ""
+    passed: bool | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def distribution_ms(samples_s: list[float]) -> dict[str, float]:
+    """p50/p90/p99/max of samples given in seconds, in milliseconds."""
+    return {
+        "n": len(samples_s),
+        "p50_ms": percentile(samples_s, 50) * 1000,
+        "p90_ms": percentile(samples_s, 90) * 1000,
+        "p99_ms": percentile(samples_s, 99) * 1000,
+        "max_ms": max(samples_s) * 1000,
+    }
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------ servers and controllers
+@dataclass
+class Stack:
+    """A private mosquitto and redis-server (never the standard ports) plus controllers."""
+
+    workdir: Path
+    broker: Server
+    redis: Server
+    controllers: list[Controller] = field(default_factory=list)
+
+    @property
+    def mqtt_url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.broker.port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis.port}/0"
+
+    def redis_client(self) -> Redis[bytes]:
+        return Redis(port=self.redis.port)
+
+    def controller(self, name: str, env: dict[str, str] | None = None) -> Controller:
+        controller = Controller(self, name, env or {})
+        self.controllers.append(controller)
+        controller.start()
+        return controller
+
+
+@contextlib.contextmanager
+def stack(root: Path, name: str) -> Iterator[Stack]:
+    workdir = root / name
+    broker = mosquitto_server(workdir / "mosquitto")
+    store = redis_server(workdir / "redis")
+    s = Stack(workdir, broker, store)
+    broker.start()
+    try:
+        store.start()
+        try:
+            yield s
+        finally:
+            for controller in s.controllers:
+                controller.stop()
+            store.stop()
+    finally:
+        broker.stop()
+
+
+@contextlib.contextmanager
+def scratch(keep: bool) -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="lifelong-bench-"))
+    try:
+        yield root
+    finally:
+        if keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class Controller:
+    """`lifelong serve` as a child process (through bench.serve, which sets the log level)."""
+
+    log_level = "WARNING"
+
+    def __init__(self, s: Stack, name: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.http_port = free_port()
+        self.log_path = s.workdir / f"controller-{name}.log"
+        self.env = {
+            **os.environ,
+            "LIFELONG_MQTT_URL": s.mqtt_url,
+            "LIFELONG_REDIS_URL": s.redis_url,
+            "LIFELONG_NODE_NAME": NODE,
+            "LIFELONG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
+            "LIFELONG_LEASE_SECONDS": "3",
+            "LIFELONG_DATASET_POLL_SECONDS": "1",
+            "LIFELONG_LOG_FORMAT": "text",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "bench.serve", self.log_level]
+        argv += ["serve", "--replica-id", self.name]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_port(self.http_port, 20)
+        wait_until(self.ready, 20, f"controller {self.name} ready")
+
+    def ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.http_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+
+def shard_holders(client: redis.Redis[bytes]) -> dict[int, str]:
+    """Shard -> replica id of the holder of its lease (free shards left out)."""
+    pipe = client.pipeline(transaction=False)
+    for shard in range(NUM_SHARDS):
+        pipe.get(KEYS.lease(shard))
+    tokens = pipe.execute()
+    return {s: t.decode().rpartition(":")[0] for s, t in enumerate(tokens) if t is not None}
+
+
+def ingress_holder(client: redis.Redis[bytes]) -> str | None:
+    token = client.get(KEYS.ingress_lease())
+    return None if token is None else str(token.decode().rpartition(":")[0])
+
+
+def count_jobs(client: redis.Redis[bytes]) -> int:
+    pipe = client.pipeline(transaction=False)
+    for shard in range(NUM_SHARDS):
+        pipe.scard(KEYS.index(shard))
+    return int(sum(pipe.execute()))
+
+
+# ------------------------------------------------------------------ MQTT
+def set_nodelay(_client: paho.Client, _userdata: Any, sock: Any) -> None:
+    """paho never sets TCP_NODELAY; without it every request/response hop waits ~40 ms."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def make_client(client_id: str, *, max_inflight: int = 20) -> paho.Client:
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    client.on_socket_open = set_nodelay
+    client.max_inflight_messages_set(max_inflight)
+    return client
+
+
+class Peer:
+    """The cloud and the workers as one MQTT client; `handler(topic, payload, t)` sees every
+    message on paho's network thread, stamped with `time.perf_counter()` on arrival."""
+
+    def __init__(
+        self, port: int, topics: list[str], handler: Callable[[str, bytes, float], None]
+    ) -> None:
+        self._handler = handler
+        self._subscribed = threading.Event()
+        self.client = make_client(f"bench-peer-{time.time_ns()}", max_inflight=1000)
+        self.client.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in topics])
+        self.client.on_subscribe = lambda *_: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        if not self._subscribed.wait(10):
+            raise TimeoutError("peer never subscribed")
+
+    def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        self._handler(msg.topic, bytes(msg.payload), time.perf_counter())
+
+    def publish(self, topic: str, payload: bytes) -> paho.MQTTMessageInfo:
+        return self.client.publish(topic, payload, qos=1)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def envelope(kind: str, operation: str, name: str, content: Any) -> bytes:
+    header = {
+        "namespace": NS,
+        "resourceKind": kind,
+        "resourceName": name,
+        "operation": operation,
+    }
+    return json.dumps({"header": header, "content": content}).encode()
+
+
+def job_resource(
+    name: str, dataset: str, output_dir: str, *, check_period_s: int = 1
+) -> dict[str, Any]:
+    template = {"spec": {"nodeName": NODE, "containers": [{"image": "x", "name": "w"}]}}
+    trigger = {
+        "checkPeriodSeconds": check_period_s,
+        "timer": {"start": "00:00", "end": "24:00"},
+        "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
+    }
+    return {
+        "apiVersion": "sedna.io/v1alpha1",
+        "kind": "LifelongLearningJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "dataset": {"name": dataset, "trainProb": 0.8},
+            "trainSpec": {"template": template, "trigger": trigger},
+            "evalSpec": {"template": template},
+            "deploySpec": {"template": template},
+            "outputDir": output_dir,
+        },
+    }
+
+
+def dataset_resource(name: str, url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "sedna.io/v1alpha1",
+        "kind": "Dataset",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"url": url, "format": "txt", "nodeName": NODE},
+    }
+
+
+def worker_report(
+    job: str, kind: str, status: str, models: list[str], seq: int = 0
+) -> tuple[str, bytes]:
+    """The topic and payload of one worker's report; `seq` makes otherwise equal reports
+    distinct (it travels in ownerInfo, which is forwarded upstream untouched)."""
+    worker = f"{job}-{kind}"
+    message = {
+        "name": worker,
+        "namespace": NS,
+        "ownerName": job,
+        "ownerKind": "LifelongLearningJob",
+        "ownerInfo": {"kind": kind, "seq": seq},
+        "kind": kind,
+        "status": status,
+        "results": [{"format": "pkl", "url": url} for url in models],
+    }
+    return f"{PREFIX}/{NODE}/workers/{worker}/info", json.dumps(message).encode()
+
+
+def write_lines(path: Path, start: int, end: int) -> None:
+    """Append samples start..end-1 in large blocks (a 1M-line file takes well under 1 s)."""
+    block = 100_000
+    with open(path, "ab") as f:
+        for lo in range(start, end, block):
+            hi = min(end, lo + block)
+            f.write(b"".join(b"sample-%d label-%d\n" % (i, i % 3) for i in range(lo, hi)))
+
+
+# ------------------------------------------------------------------ process and Redis stats
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the highest resident set size the process ever had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def commandstats(client: redis.Redis[bytes]) -> dict[str, int]:
+    """Calls per command since the server started (commands run inside Lua included)."""
+    info = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+def redis_cpu_s(client: redis.Redis[bytes]) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])

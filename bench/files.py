@@ -1,0 +1,171 @@
+"""Datasets and round files: incremental ingestion and its memory, and round-file streaming
+against `cp` of the same bytes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+
+from bench.common import (
+    DOWNSTREAM,
+    UPSTREAM,
+    Peer,
+    Result,
+    Stack,
+    dataset_resource,
+    envelope,
+    peak_rss_mb,
+    rss_mb,
+    write_lines,
+)
+from service.adapters.blobs import BlobStore
+from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.s3 import S3Clients
+
+MEMORY_LIMIT_MB = 150
+
+
+def _timed_poll(reader: DatasetReader, url: str, cursor: Cursor) -> tuple[float, Cursor, int]:
+    started = time.perf_counter()
+    poll = reader.poll(url, "txt", cursor, None)
+    return time.perf_counter() - started, poll.cursor, poll.num_samples
+
+
+def ingestion(s: Stack, *, lines: int, appended: int) -> list[Result]:
+    """Reader timing in this process (full read vs the appended lines), then the service's
+    peak memory while it ingests the same number of lines as a dataset."""
+    reader = DatasetReader(S3Clients())
+    path = s.workdir / "reader.txt"
+    write_lines(path, 0, lines)
+    full_s, cursor, counted = _timed_poll(reader, str(path), Cursor())
+    assert counted == lines, f"counted {counted} of {lines}"
+    write_lines(path, lines, lines + appended)
+    incremental_s, _, counted = _timed_poll(reader, str(path), cursor)
+    assert counted == lines + appended, f"counted {counted} of {lines + appended}"
+    rss = service_ingest(s, lines=lines, appended=appended)
+    ratio = incremental_s / full_s
+    return [
+        Result(
+            "3.incremental",
+            f"dataset: ingest {appended:,} appended lines",
+            incremental_s * 1000,
+            "ms",
+            baseline=full_s * 1000,
+            baseline_name=f"full read of {lines:,} lines",
+            ratio=ratio,
+            target="<= 0.05x full read",
+            passed=ratio <= 0.05,
+            details={"lines": lines, "appended": appended},
+        ),
+        Result(
+            "3.memory",
+            f"dataset: service peak RSS while ingesting {lines:,} lines",
+            rss["peak_mb"],
+            "MB",
+            baseline=rss["before_mb"],
+            baseline_name="service RSS before the dataset",
+            ratio=rss["peak_mb"] / MEMORY_LIMIT_MB,
+            target=f"< {MEMORY_LIMIT_MB} MB",
+            passed=rss["peak_mb"] < MEMORY_LIMIT_MB,
+            details=rss,
+        ),
+    ]
+
+
+def service_ingest(s: Stack, *, lines: int, appended: int) -> dict[str, float]:
+    counts: list[tuple[int, float]] = []
+    cond = threading.Condition()
+
+    def on_message(_topic: str, payload: bytes, t: float) -> None:
+        count = json.loads(payload)["content"].get("numberOfSamples")
+        if count is not None:
+            with cond:
+                counts.append((count, t))
+                cond.notify_all()
+
+    def wait_count(n: int) -> float:
+        with cond:
+            if not cond.wait_for(lambda: any(c == n for c, _ in counts), 120):
+                raise TimeoutError(f"the service never counted {n} samples: {counts[-3:]}")
+            return next(t for c, t in counts if c == n)
+
+    peer = Peer(s.broker.port, [UPSTREAM], on_message)
+    controller = s.controller("r1")
+    path = s.workdir / "dataset.txt"
+    write_lines(path, 0, lines)
+    before_mb = rss_mb(controller.pid)
+    started = time.perf_counter()
+    peer.publish(
+        DOWNSTREAM, envelope("dataset", "insert", "big", dataset_resource("big", str(path)))
+    )
+    full_s = wait_count(lines) - started
+    write_lines(path, lines, lines + appended)
+    appended_at = time.perf_counter()
+    incremental_s = wait_count(lines + appended) - appended_at
+    peak = peak_rss_mb(controller.pid)
+    peer.close()
+    return {
+        "before_mb": round(before_mb, 1),
+        "peak_mb": round(peak, 1),
+        "e2e_full_s": round(full_s, 3),
+        "e2e_incremental_s_incl_poll_wait": round(incremental_s, 3),
+        "poll_interval_s": 1.0,
+    }
+
+
+def round_file(s: Stack, *, samples: int, repeats: int = 3) -> list[Result]:
+    """BlobStore.write_round of `samples` samples (one range, as a train round) against `cp`
+    of the file it produced; the median of `repeats` runs of each, page cache warm."""
+    source = s.workdir / "round-source.txt"
+    write_lines(source, 0, samples + samples // 10)
+    blobs = BlobStore(S3Clients(), tmp_dir=str(s.workdir))
+    out = s.workdir / "round" / "data.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    copy = s.workdir / "round" / "copy.txt"
+    cp = shutil.which("cp") or "/bin/cp"
+    write_s: list[float] = []
+    cp_s: list[float] = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        written = blobs.write_round(
+            source_url=str(source),
+            fmt="txt",
+            ranges=((0, samples),),
+            data_url=str(out),
+            index_url=None,
+            index_prefix=None,
+            source_cred=None,
+            dest_cred=None,
+        )
+        write_s.append(time.perf_counter() - started)
+        assert written == samples, f"wrote {written} of {samples}"
+        copy.unlink(missing_ok=True)
+        started = time.perf_counter()
+        subprocess.run([cp, str(out), str(copy)], check=True)
+        cp_s.append(time.perf_counter() - started)
+    size_mb = out.stat().st_size / 2**20
+    write_rate = size_mb / statistics.median(write_s)
+    cp_rate = size_mb / statistics.median(cp_s)
+    ratio = write_rate / cp_rate
+    return [
+        Result(
+            "4.round_file",
+            f"round file: write {samples:,} samples",
+            write_rate,
+            "MB/s",
+            baseline=cp_rate,
+            baseline_name="cp of the same bytes",
+            ratio=ratio,
+            target=">= 0.5x cp",
+            passed=ratio >= 0.5,
+            details={
+                "size_mb": round(size_mb, 1),
+                "write_s": [round(x, 3) for x in write_s],
+                "cp_s": [round(x, 3) for x in cp_s],
+            },
+        ),
+    ]

@@ -1,0 +1,383 @@
+"""The service on its hot path: transition latency, report throughput (one and two replicas),
+Redis commands per report, and failover after a SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.baselines import Floors
+from bench.common import (
+    DOWNSTREAM,
+    UPSTREAM,
+    Peer,
+    Result,
+    Stack,
+    commandstats,
+    count_jobs,
+    dataset_resource,
+    distribution_ms,
+    envelope,
+    ingress_holder,
+    job_resource,
+    percentile,
+    shard_holders,
+    wait_until,
+    worker_report,
+    write_lines,
+)
+from service.keys import NUM_SHARDS, shard_of
+
+MONITOR_STOP = "bench-monitor-stop"
+
+
+@dataclass
+class Upstream:
+    """What the cloud saw upstream: `ready` arrivals per (job, phase) and forwarded reports
+    by their `seq`, each with its arrival time."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    ready: dict[tuple[str, str], float] = field(default_factory=dict)
+    forwarded: dict[int, float] = field(default_factory=dict)
+
+    def handle(self, _topic: str, payload: bytes, t: float) -> None:
+        message = json.loads(payload)
+        name, content = message["header"]["resourceName"], message["content"]
+        with self.cond:
+            if content.get("status") == "ready" and "input" in content:
+                self.ready.setdefault((name, content["phase"]), t)
+            output = content.get("output")
+            if output is not None:
+                self.forwarded.setdefault(int(output["ownerInfo"].get("seq", 0)), t)
+            self.cond.notify_all()
+
+    def wait(self, predicate: Any, timeout_s: float, what: str) -> None:
+        with self.cond:
+            if not self.cond.wait_for(predicate, timeout_s):
+                raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def insert_jobs(peer: Peer, names: list[str], dataset: str, out: Path, **kw: Any) -> None:
+    for name in names:
+        resource = job_resource(name, dataset, str(out / name), **kw)
+        peer.publish(DOWNSTREAM, envelope("lifelonglearningjob", "insert", name, resource))
+
+
+def wait_ingress(peer: Peer, seen: Upstream, job: str, timeout_s: float = 20) -> None:
+    """The first ingress session must exist before a burst: probe with a report until one is
+    forwarded (a first connection has no session in which the broker could queue it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        peer.publish(*worker_report(job, "train", "running", [], seq=-1))
+        with seen.cond:
+            if seen.cond.wait_for(lambda: -1 in seen.forwarded, 0.5):
+                return
+    raise TimeoutError("the controller never forwarded the probe report")
+
+
+# ------------------------------------------------------------------ 1. transition latency
+def transition_latency(s: Stack, floors: Floors, *, jobs: int) -> list[Result]:
+    """Worker `completed` published -> the job's next `ready` received, one at a time:
+    train completed -> eval ready, then eval completed -> deploy ready, for every job."""
+    seen = Upstream()
+    peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
+    s.controller("r1")
+    data = s.workdir / "data.txt"
+    write_lines(data, 0, 10)
+    out = s.workdir / "out"
+    names = [f"lat-{i}" for i in range(jobs)]
+    peer.publish(DOWNSTREAM, envelope("dataset", "insert", "ds", dataset_resource("ds", str(data))))
+    insert_jobs(peer, names, "ds", out)
+    seen.wait(
+        lambda: all((n, "train") in seen.ready for n in names),
+        30 + jobs / 10,
+        "every job's first train ready",
+    )
+    samples: list[float] = []
+    for name in names:
+        for phase, nxt in (("train", "eval"), ("eval", "deploy")):
+            model = out / name / phase / "1" / "model.pkl"
+            model.parent.mkdir(parents=True, exist_ok=True)
+            model.write_bytes(b"model")
+            started = time.perf_counter()
+            peer.publish(*worker_report(name, phase, "completed", [str(model)]))
+            seen.wait(lambda n=name, p=nxt: (n, p) in seen.ready, 10, f"{name} {nxt} ready")
+            samples.append(seen.ready[(name, nxt)] - started)
+    peer.close()
+    dist = distribution_ms(samples)
+    floor_ms = floors.transition_floor_s * 1000
+    return [
+        Result(
+            "1.latency_p50",
+            "transition latency p50",
+            dist["p50_ms"],
+            "ms",
+            baseline=floor_ms,
+            baseline_name="relay RTT p50 + Redis RTT p50",
+            ratio=dist["p50_ms"] / floor_ms,
+            target="<= 3x floor",
+            passed=dist["p50_ms"] <= 3 * floor_ms,
+            details=dist,
+        ),
+        Result(
+            "1.latency_p99",
+            "transition latency p99",
+            dist["p99_ms"],
+            "ms",
+            baseline=floor_ms,
+            baseline_name="relay RTT p50 + Redis RTT p50",
+            ratio=dist["p99_ms"] / floor_ms,
+            target="<= 10 ms",
+            passed=dist["p99_ms"] <= 10,
+            details=dist,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------ 2 + 7. throughput
+class Burst:
+    """Worker reports spread over many jobs, published as fast as QoS 1 allows."""
+
+    def __init__(self, peer: Peer, seen: Upstream, names: list[str]) -> None:
+        self.peer, self.seen, self.names = peer, seen, names
+        self.next_seq = 1
+
+    def run(self, count: int, timeout_s: float = 120) -> tuple[float, float]:
+        """(reports/s from the first publish to the last forwarded arrival, duration_s)."""
+        first = self.next_seq
+        seqs = range(first, first + count)
+        self.next_seq += count
+        payloads = [
+            worker_report(self.names[q % len(self.names)], "train", "running", [], seq=q)
+            for q in seqs
+        ]
+        started = time.perf_counter()
+        for topic, payload in payloads:
+            self.peer.publish(topic, payload)
+        last = first + count - 1
+        self.seen.wait(
+            lambda: (
+                all(q in self.seen.forwarded for q in (first, last))
+                and sum(1 for q in seqs if q in self.seen.forwarded) == count
+            ),
+            timeout_s,
+            f"{count} forwarded reports",
+        )
+        finished = max(self.seen.forwarded[q] for q in seqs)
+        return count / (finished - started), finished - started
+
+
+def commands_per_event(
+    client: redis.Redis[bytes], burst: Burst, count: int, idle_s: float = 2.0
+) -> tuple[float, float, dict[str, float]]:
+    """(calls/event net of background, raw calls/event, top commands net per event).
+
+    Background work (lease renewals, timers, blocking reads) is measured over `idle_s` just
+    before and subtracted pro rata; commandstats also counts the commands scripts run."""
+    before_idle = commandstats(client)
+    t_idle = time.perf_counter()
+    time.sleep(idle_s)
+    idle = Counter(commandstats(client))
+    idle.subtract(before_idle)
+    idle_rate = {k: v / (time.perf_counter() - t_idle) for k, v in idle.items()}
+    before = commandstats(client)
+    t0 = time.perf_counter()
+    burst.run(count)
+    time.sleep(0.3)  # acks and outbox deletes that follow the last arrival
+    elapsed = time.perf_counter() - t0
+    delta = Counter(commandstats(client))
+    delta.subtract(before)
+    net = {k: (v - idle_rate.get(k, 0) * elapsed) / count for k, v in delta.items()}
+    top = dict(
+        sorted(((k, round(v, 3)) for k, v in net.items() if v > 0.005), key=lambda kv: -kv[1])[:10]
+    )
+    return sum(net.values()), sum(delta.values()) / count, top
+
+
+def client_commands_per_event(
+    client: redis.Redis[bytes], burst: Burst, count: int
+) -> dict[str, Any]:
+    """Commands the controller itself sends (MONITOR, Lua-internal ones left out): an upper
+    bound on round trips per event, since a pipeline sends several in one trip."""
+    seen: Counter[str] = Counter()
+    started = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            started.set()
+            while True:
+                command = monitor.next_command()
+                if command["client_type"] == "lua":
+                    continue
+                verb = command["command"].split(" ", 1)[0].upper()
+                if MONITOR_STOP in command["command"]:
+                    return
+                seen[verb] += 1
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    started.wait(5)
+    time.sleep(0.1)
+    burst.run(count)
+    time.sleep(0.3)
+    client.echo(MONITOR_STOP)
+    thread.join(10)
+    seen.pop("ECHO", None)
+    return {
+        "per_event": sum(seen.values()) / count,
+        "top": {k: round(v / count, 3) for k, v in seen.most_common(8)},
+    }
+
+
+def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Result]:
+    seen = Upstream()
+    peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
+    r1 = s.controller("r1")
+    names = [f"tp-{i}" for i in range(jobs)]
+    insert_jobs(peer, names, "no-such-dataset", s.workdir / "out")
+    client = s.redis_client()
+    wait_until(lambda: count_jobs(client) >= jobs, 60 + jobs / 20, f"{jobs} jobs inserted")
+    wait_ingress(peer, seen, names[0])
+    burst = Burst(peer, seen, names)
+    burst.run(min(500, reports))  # warm-up
+    one_rate, _ = burst.run(reports)
+    net, raw, top = commands_per_event(client, burst, reports)
+    monitored = client_commands_per_event(client, burst, min(reports, 1000))
+    s.controller("r2")
+    wait_until(
+        lambda: sorted(Counter(shard_holders(client).values()).values()) == [8, 8],
+        30,
+        "two replicas splitting the shards 8/8",
+    )
+    burst.run(min(500, reports))
+    two_rate, _ = burst.run(reports)
+    peer.close()
+    client.close()
+    assert r1.proc is not None
+    relay = floors.relay_rate_per_s
+    details = {"jobs": jobs, "reports": reports, "naive_loop_per_s": floors.naive_rate_per_s}
+    return [
+        Result(
+            "2.throughput_1",
+            "report throughput, 1 replica",
+            one_rate,
+            "reports/s",
+            baseline=relay,
+            baseline_name="relay throughput",
+            ratio=one_rate / relay,
+            target=">= 0.5x relay",
+            passed=one_rate >= 0.5 * relay,
+            details=details,
+        ),
+        Result(
+            "2.throughput_2",
+            "report throughput, 2 replicas",
+            two_rate,
+            "reports/s",
+            baseline=relay,
+            baseline_name="relay throughput",
+            ratio=two_rate / relay,
+            target=">= 0.5x relay",
+            passed=two_rate >= 0.5 * relay,
+            details=details,
+        ),
+        Result(
+            "7.redis_calls",
+            "Redis commands per report (commandstats, net)",
+            net,
+            "calls/event",
+            baseline=3,
+            baseline_name="target",
+            ratio=net / 3,
+            target="<= 3",
+            passed=net <= 3,
+            details={
+                "raw_per_event": raw,
+                "top_net_per_event": top,
+                "note": "commandstats counts commands run inside Lua scripts too",
+            },
+        ),
+        Result(
+            "7.client_commands",
+            "commands the controller sends per report (MONITOR)",
+            monitored["per_event"],
+            "cmds/event",
+            baseline=3,
+            baseline_name="target",
+            ratio=monitored["per_event"] / 3,
+            target="<= 3",
+            passed=monitored["per_event"] <= 3,
+            details=monitored,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------ 6. failover
+def failover(s: Stack, *, trials: int, lease_s: float) -> list[Result]:
+    """SIGKILL the replica holding the ingress lease and the job's shard; time until the
+    survivor forwards the report published right after the kill."""
+    seen = Upstream()
+    peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
+    env = {"LIFELONG_LEASE_SECONDS": str(lease_s)}
+    replicas = {name: s.controller(name, env) for name in ("r1", "r2")}
+    names = [f"fo-{i}" for i in range(4 * NUM_SHARDS)]
+    insert_jobs(peer, names, "no-such-dataset", s.workdir / "out")
+    client = s.redis_client()
+    wait_until(lambda: count_jobs(client) >= len(names), 30, "failover jobs inserted")
+    wait_ingress(peer, seen, names[0])
+    by_shard = {shard_of(f"job:default/{n}"): n for n in names}
+    samples: list[float] = []
+    for trial in range(trials):
+        wait_until(
+            lambda: (
+                sorted(Counter(shard_holders(client).values()).values()) == [8, 8]
+                and ingress_holder(client) in replicas
+            ),
+            30,
+            "balanced replicas",
+        )
+        victim = ingress_holder(client)
+        assert victim is not None
+        shard = next(sh for sh, r in shard_holders(client).items() if r == victim)
+        job = by_shard[shard]
+        replicas[victim].kill()
+        started = time.perf_counter()
+        seq = 1_000_000 + trial
+        peer.publish(*worker_report(job, "train", "running", [], seq=seq))
+        seen.wait(lambda q=seq: q in seen.forwarded, lease_s * 4 + 10, "the survivor's forward")
+        samples.append(seen.forwarded[seq] - started)
+        s.controllers.remove(replicas[victim])
+        replicas[victim] = s.controller(victim, env)
+    peer.close()
+    client.close()
+    dist = {k: v / 1000 for k, v in distribution_ms(samples).items() if k != "n"}
+    dist_s = {k.replace("_ms", "_s"): round(v, 3) for k, v in dist.items()}
+    limit = lease_s + 1
+    worst = max(samples)
+    return [
+        Result(
+            "6.failover",
+            "failover: SIGKILL -> survivor applies the next event (max)",
+            worst,
+            "s",
+            baseline=limit,
+            baseline_name="lease + 1 s",
+            ratio=worst / limit,
+            target="<= lease + 1 s",
+            passed=worst <= limit,
+            details={
+                "trials": trials,
+                "lease_s": lease_s,
+                **dist_s,
+                "samples_s": [round(x, 3) for x in samples],
+                "p50_s": round(percentile(samples, 50), 3),
+            },
+        ),
+    ]

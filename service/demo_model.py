@@ -1,0 +1,160 @@
+"""The demo's model: thermal comfort from temperature and humidity, by logistic regression.
+
+`python -m service.demo_model train|eval` is what the demo's worker runs, reading the
+environment a Sedna worker pod gets (TRAIN_DATASET_URL / TEST_DATASET_URL, MODEL_URLS,
+OUTPUT_URL) and writing its results to `$LIFELONG_RESULTS_FILE`, so it doubles as an example
+of a worker command. Small and numpy-only on purpose: a round trains in milliseconds, which
+keeps the demo about the controller rather than the model.
+
+The data drift: the temperature people find comfortable rises over time (`shift_c`), so a
+model trained in an early round misjudges later samples and later rounds matter.
+The model file is JSON (weights plus feature scaling), never a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+CSV_HEADER = "temperature,humidity,comfortable"
+MODEL_FILE = "model.json"
+MODEL_FORMAT = "json"
+BASE_LIMIT_C = 24.0
+HUMIDITY_WEIGHT_C_PER_PCT = 0.08
+LABEL_NOISE = 0.03
+TRAIN_STEPS = 400
+LEARNING_RATE = 0.5
+MODEL_URL_SEPARATOR = ";"
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def comfort_rows(rng: np.random.Generator, count: int, shift_c: float) -> list[str]:
+    """`count` labelled csv rows; comfortable when the felt temperature is under the limit.
+
+    Felt temperature = temperature + 0.08 x (humidity - 50); the limit is 24 C + `shift_c`.
+    A few labels are flipped, as real survey answers would be.
+    """
+    temperature = rng.uniform(14.0, 36.0, count)
+    humidity = rng.uniform(20.0, 90.0, count)
+    felt = temperature + HUMIDITY_WEIGHT_C_PER_PCT * (humidity - 50.0)
+    comfortable = felt < BASE_LIMIT_C + shift_c
+    flipped = rng.random(count) < LABEL_NOISE
+    labels = np.where(flipped, ~comfortable, comfortable).astype(int)
+    return [f"{t:.1f},{h:.0f},{y}" for t, h, y in zip(temperature, humidity, labels, strict=True)]
+
+
+def read_csv(path: str) -> tuple[FloatArray, FloatArray]:
+    """Features (n x 2) and labels (n) from a csv with the header line first."""
+    rows = [
+        line.split(",")
+        for line in Path(path).read_text().splitlines()[1:]
+        if line.strip()
+    ]
+    if not rows:
+        raise ValueError(f"{path} holds no samples")
+    data = np.array(rows, dtype=np.float64)
+    return data[:, :2], data[:, 2]
+
+
+@dataclass(frozen=True)
+class Model:
+    """Logistic regression on standardised features."""
+
+    weights: FloatArray
+    bias: float
+    mean: FloatArray
+    scale: FloatArray
+
+    def predict(self, features: FloatArray) -> FloatArray:
+        z = ((features - self.mean) / self.scale) @ self.weights + self.bias
+        return (z > 0).astype(np.float64)
+
+    def accuracy(self, features: FloatArray, labels: FloatArray) -> float:
+        return float(np.mean(self.predict(features) == labels))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "weights": self.weights.tolist(),
+                "bias": self.bias,
+                "mean": self.mean.tolist(),
+                "scale": self.scale.tolist(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Model:
+        raw = json.loads(text)
+        return cls(
+            weights=np.array(raw["weights"], dtype=np.float64),
+            bias=float(raw["bias"]),
+            mean=np.array(raw["mean"], dtype=np.float64),
+            scale=np.array(raw["scale"], dtype=np.float64),
+        )
+
+
+def fit(features: FloatArray, labels: FloatArray, steps: int = TRAIN_STEPS) -> Model:
+    """Full-batch gradient descent on the logistic loss."""
+    mean = features.mean(axis=0)
+    scale = np.where(features.std(axis=0) > 0, features.std(axis=0), 1.0)
+    x = (features - mean) / scale
+    weights = np.zeros(x.shape[1])
+    bias = 0.0
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-(x @ weights + bias)))
+        error = p - labels
+        weights -= LEARNING_RATE * (x.T @ error) / len(labels)
+        bias -= LEARNING_RATE * float(error.mean())
+    return Model(weights=weights, bias=bias, mean=mean, scale=scale)
+
+
+def train(env: Mapping[str, str]) -> dict[str, object]:
+    """Fit on TRAIN_DATASET_URL, save OUTPUT_URL/model.json, report it with train accuracy."""
+    features, labels = read_csv(env["TRAIN_DATASET_URL"])
+    model = fit(features, labels)
+    out = Path(env["OUTPUT_URL"])
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = out / MODEL_FILE
+    model_path.write_text(model.to_json())
+    metrics = {"train_accuracy": round(model.accuracy(features, labels), 4),
+               "samples": len(labels)}
+    return {"results": [{"format": MODEL_FORMAT, "url": str(model_path), "metrics": metrics}]}
+
+
+def evaluate(env: Mapping[str, str]) -> dict[str, object]:
+    """Score each model of MODEL_URLS on TEST_DATASET_URL; report them with their accuracy."""
+    features, labels = read_csv(env["TEST_DATASET_URL"])
+    results = []
+    for url in filter(None, env["MODEL_URLS"].split(MODEL_URL_SEPARATOR)):
+        model = Model.from_json(Path(url).read_text())
+        metrics = {"accuracy": round(model.accuracy(features, labels), 4),
+                   "samples": len(labels)}
+        results.append({"format": MODEL_FORMAT, "url": url, "metrics": metrics})
+    return {"results": results}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in (["train"], ["eval"]):
+        print("usage: python -m service.demo_model train|eval", file=sys.stderr)
+        return 2
+    try:
+        results = train(os.environ) if args[0] == "train" else evaluate(os.environ)
+    except (KeyError, OSError, ValueError) as e:
+        what = f"missing variable {e}" if isinstance(e, KeyError) else str(e)
+        print(f"demo_model {args[0]}: {what}", file=sys.stderr)
+        return 1
+    Path(os.environ["LIFELONG_RESULTS_FILE"]).write_text(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

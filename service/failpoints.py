@@ -1,0 +1,50 @@
+"""Named crash points for fault tests: die here, like SIGKILL, when the environment says so.
+
+Fault tests need the process to stop at an exact step of the pipeline (after the broker
+delivered but before the event is durable, after the commit but before the outbox went out,
+half-way through a file...), which no outside signal can hit reliably. `hit(name)` is a no-op
+unless ``LIFELONG_FAILPOINTS`` (comma-separated names, read once at import) names the point;
+then it writes one line to stderr and leaves with ``os._exit(137)``: no ``finally`` blocks,
+no atexit handlers, no buffered output flushed, no graceful disconnect. That is the death a
+SIGKILL or a power cut gives, which is what the durability design has to survive.
+
+Points (see docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
+``process-before-commit``, ``process-before-effects``, ``outbox-before-publish``,
+``blob-mid-write``, ``blob-mid-copy``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Protocol
+
+ENV_VAR = "LIFELONG_FAILPOINTS"
+EXIT_CODE = 137  # what a shell reports for a SIGKILLed child (128 + 9)
+
+
+class _Flushable(Protocol):
+    def flush(self) -> None: ...
+
+
+def _armed(raw: str) -> frozenset[str]:
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
+_ARMED = _armed(os.environ.get(ENV_VAR, ""))
+
+
+def hit(name: str, *flush: _Flushable) -> None:
+    """Die at once if ``name`` is armed; otherwise do nothing (one set lookup).
+
+    ``flush``: files whose Python-buffered bytes should reach the kernel first, so the death
+    leaves them on disk exactly as a crash after the write(2) calls would (a half-written
+    temporary file), instead of losing them with the process's user-space buffers.
+    """
+    if name not in _ARMED:
+        return
+    for file in flush:
+        file.flush()
+    sys.stderr.write(f"failpoint {name}: exiting with {EXIT_CODE}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_CODE)

@@ -1,0 +1,323 @@
+"""What the operator commands print: tables, ages, job and dataset views, watch lines.
+
+Pure functions of stored state and messages, kept apart from the commands (service/ops.py)
+so they are tested without servers; plain text (no colours, no box drawing) so output pipes
+cleanly into grep, awk and CI logs. Free text passes through `redact` before it is shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from service import messages, paths, samples
+from service.logs import redact
+from service.messages import LifelongLearningJob, rfc3339_utc
+from service.state import DatasetState, JobState, ModelRef
+
+COLUMN_GAP = "   "
+_SECOND_MS = 1000
+_MINUTE_S = 60
+_HOUR_S = 60 * _MINUTE_S
+_DAY_S = 24 * _HOUR_S
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows under upper-case headers, columns left-aligned, like `kubectl get`.
+
+    Trailing spaces are stripped so the last column never pads the line.
+    """
+    table = [[h.upper() for h in headers], *[list(map(str, row)) for row in rows]]
+    for row in table:
+        if len(row) != len(headers):
+            raise ValueError(f"row {row!r} has {len(row)} cells, expected {len(headers)}")
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    lines = [
+        COLUMN_GAP.join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in table
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_age(age_ms: int) -> str:
+    """A duration as kubectl shows ages: `45s`, `3m12s`, `5h4m`, `2d3h` (negative: `0s`)."""
+    seconds = max(age_ms, 0) // _SECOND_MS
+    if seconds < _MINUTE_S:
+        return f"{seconds}s"
+    if seconds < _HOUR_S:
+        minutes, rest = divmod(seconds, _MINUTE_S)
+        return f"{minutes}m{rest}s" if rest else f"{minutes}m"
+    if seconds < _DAY_S:
+        hours, rest = divmod(seconds, _HOUR_S)
+        minutes = rest // _MINUTE_S
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    days, rest = divmod(seconds, _DAY_S)
+    hours = rest // _HOUR_S
+    return f"{days}d{hours}h" if hours else f"{days}d"
+
+
+def format_time_ms(at_ms: int) -> str:
+    """An epoch-milliseconds instant as RFC 3339 UTC with milliseconds."""
+    return rfc3339_utc(datetime.fromtimestamp(at_ms / _SECOND_MS, UTC))
+
+
+# ------------------------------------------------------------ views of stored state
+
+
+def records_of(history: Sequence[tuple[str, bytes]]) -> list[dict[str, Any]]:
+    """History entries as dicts, oldest first; unreadable ones are skipped."""
+    records = []
+    for _entry_id, data in history:
+        try:
+            record = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("at"), int):
+            records.append(record)
+    return records
+
+
+def last_change_ms(records: Sequence[dict[str, Any]]) -> int | None:
+    """When the resource last changed phase, step or version (or sample count): the newest
+    record whose view differs from the one before it; the oldest record if none does."""
+    changed: int | None = None
+    previous: tuple[object, ...] | None = None
+    for record in records:
+        view = tuple(record.get(k) for k in ("phase", "step", "version", "samples"))
+        if view != previous:
+            changed, previous = record["at"], view
+    return changed
+
+
+def job_state_word(state: JobState) -> str:
+    """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset."""
+    if state.dataset is None:
+        return "no-dataset"
+    if not state.dataset.present:
+        return "paused"
+    return state.step
+
+
+def job_row(state: JobState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
+    """One `get jobs` row; keys are the column headers."""
+    return {
+        "namespace": state.namespace,
+        "name": state.name,
+        "phase": state.phase,
+        "state": job_state_word(state),
+        "version": str(state.version),
+        "pending": str(samples.count(state.pending)),
+        "eval-batches": str(len(state.eval_batches)),
+        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+    }
+
+
+def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
+    """One `get datasets` row; keys are the column headers."""
+    return {
+        "namespace": state.namespace,
+        "name": state.name,
+        "format": state.format,
+        "samples": "-" if state.num_samples < 0 else str(state.num_samples),
+        "url": redact(state.url),
+        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+    }
+
+
+def _field(label: str, value: object) -> str:
+    return f"{label + ':':<16}{value}"
+
+
+def _clock(minutes: int) -> str:
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def trigger_summary(state: JobState) -> str:
+    """The trigger as the controller interprets it (not as written)."""
+    trigger = state.spec.trigger
+    parts = [f"check every {trigger.check_period_s}s"]
+    if trigger.window is not None:
+        parts.append(f"timer {_clock(trigger.window[0])}-{_clock(trigger.window[1])}")
+    if trigger.has_condition:
+        parts.append(f"when {trigger.metric} {trigger.operator} {trigger.threshold:g}")
+    else:
+        parts.append("when any train sample is pending")
+    return "; ".join(parts)
+
+
+def _dataset_summary(state: JobState) -> str:
+    share = f"train share {state.spec.train_prob:g}"
+    if state.dataset is None:
+        return f"{state.spec.dataset} ({share}); not known yet: the job waits for it"
+    suffix = "" if state.dataset.present else "; deleted: the job is paused until it returns"
+    return (f"{state.spec.dataset} ({share}), {state.dataset.url} "
+            f"({state.dataset.format}){suffix}")  # fmt: skip
+
+
+def _models(models: Sequence[ModelRef]) -> str:
+    return ", ".join(f"{m.format or '?'} {m.url}" for m in models) or "-"
+
+
+def _workers(job: LifelongLearningJob | None) -> str:
+    """Worker images per template: enough to recognise a job without printing the pods."""
+    if job is None:
+        return "-"
+    parts = []
+    templates = (("train", job.spec.train_spec.template), ("eval", job.spec.eval_spec.template),
+                 ("deploy", job.spec.deploy_spec.template))  # fmt: skip
+    for kind, template in templates:
+        pod = template.get("spec")
+        containers = pod.get("containers") if isinstance(pod, dict) else None
+        images = [c.get("image") for c in containers or [] if isinstance(c, dict)]
+        named = [i for i in images if isinstance(i, str)]
+        if named:
+            parts.append(f"{kind} {', '.join(named)}")
+    return "; ".join(parts) or "-"
+
+
+def _credential(job: LifelongLearningJob | None) -> str:
+    if job is None:
+        return "-"
+    parts = []
+    if messages.CREDENTIAL_ANNOTATION in job.metadata.annotations:
+        parts.append(f"annotation {messages.CREDENTIAL_ANNOTATION} (hidden)")
+    if job.spec.credential_name:
+        parts.append(f"credentialName {job.spec.credential_name}")
+    return ", ".join(parts) or "none (default AWS chain for s3://)"
+
+
+def round_files(state: JobState, records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The files of the latest round, for the phases it reached (from state and history)."""
+    if state.version < 1 or state.dataset is None:
+        return []
+    version, out, fmt = state.version, state.spec.output_dir, state.dataset.format
+    reached = {r.get("phase") for r in records if r.get("version") == version} | {state.phase}
+    files = []
+    for phase in ("train", "eval"):
+        if phase not in reached:
+            continue
+        data_dir = paths.round_data_dir(out, phase, version)
+        files.append((f"{phase} data", paths.join(data_dir, paths.data_file(fmt))))
+        if paths.needs_index(state.dataset.url, fmt):
+            files.append((f"{phase} index", paths.join(data_dir, "dataIndex.txt")))
+        files.append((f"{phase} output", paths.round_output_dir(out, phase, version)))
+    if "deploy" in reached:
+        files.append(("deployed model", paths.deploy_model(out)))
+    return files
+
+
+def describe_job(
+    state: JobState,
+    job: LifelongLearningJob | None,
+    records: Sequence[dict[str, Any]],
+    now_ms: int,
+) -> list[str]:
+    """`describe job`: spec summary, progress, models, last error and the round's files."""
+    changed = last_change_ms(records)
+    since = "" if changed is None else f" (since {format_age(now_ms - changed)} ago)"
+    lines = [
+        _field("Name", state.name),
+        _field("Namespace", state.namespace),
+        _field("Phase", f"{state.phase}, {job_state_word(state)}{since}"),
+        _field("Version", state.version),
+        _field("Dataset", _dataset_summary(state)),
+        _field("Output dir", state.spec.output_dir),
+        _field("Trigger", trigger_summary(state)),
+        _field("Samples", f"taken {state.taken}, pending train {samples.count(state.pending)}, "
+               f"in round {samples.count(state.round)}, eval batches {len(state.eval_batches)} "
+               f"({samples.count(state.eval_batches)} samples)"),
+        _field("Train models", _models(state.train_models)),
+        _field("Eval models", _models(state.eval_models)),
+        _field("Workers", _workers(job)),
+        _field("Credential", _credential(job)),
+        _field("Last error", state.last_error or "-"),
+    ]  # fmt: skip
+    files = round_files(state, records)
+    if files:
+        lines.append(f"Files of round {state.version}:")
+        width = max(len(label) for label, _ in files) + 2
+        lines += [f"  {label:<{width}}{path}" for label, path in files]
+    return lines
+
+
+def describe_dataset(
+    state: DatasetState, users: Sequence[str], records: Sequence[dict[str, Any]], now_ms: int
+) -> list[str]:
+    """`describe dataset`: source, sample count and the jobs using it."""
+    changed = last_change_ms(records)
+    since = "-" if changed is None else f"{format_age(now_ms - changed)} ago"
+    jobs = ", ".join(u.partition(":")[2] or u for u in users) or "-"
+    return [
+        _field("Name", state.name),
+        _field("Namespace", state.namespace),
+        _field("URL", state.url),
+        _field("Format", state.format),
+        _field("Samples", "not read yet" if state.num_samples < 0 else state.num_samples),
+        _field("Last change", since),
+        _field("Used by", jobs),
+    ]
+
+
+def history_lines(records: Sequence[dict[str, Any]], now_ms: int) -> list[str]:
+    """Transition history, oldest first: when, event, outcome, resulting view, and reasons."""
+    if not records:
+        return ["History:       -"]
+    lines = [f"History (last {len(records)} events, oldest first):"]
+    for record in records:
+        at = record["at"]
+        view = ""
+        if "phase" in record:
+            view = f"{record['phase']}/{record.get('step', '?')} v{record.get('version', 0)}"
+        elif "samples" in record:
+            view = f"samples={record['samples']}"
+        lines.append(
+            f"  {format_time_ms(at)}  {format_age(now_ms - at) + ' ago':>9}  "
+            f"{record.get('event', '?'):<15} {record.get('outcome', '?'):<8} {view}".rstrip()
+        )
+        notes = record.get("notes")
+        lines += [f"      {note}" for note in notes if isinstance(note, str)] if notes else []
+    return lines
+
+
+def watch_line(topic: str, payload: bytes, received_at_s: float, output: str = "text") -> str:
+    """One line for one upstream or errors message (secrets masked)."""
+    try:
+        body: Any = json.loads(payload)
+    except ValueError:
+        body = None
+    if output == "json":
+        return redact(json.dumps({"topic": topic, "receivedAt": received_at_s, "payload": body}))
+    when = format_time_ms(int(received_at_s * 1000))
+    if not isinstance(body, dict):
+        return f"{when}  {topic}: unreadable payload ({len(payload)} bytes)"
+    if topic.endswith("/errors"):
+        return redact(f"{when}  rejected on {body.get('topic', '?')}: {body.get('reason', '?')}")
+    header = _mapping(body.get("header"))
+    content = _mapping(body.get("content"))
+    who = f"{header.get('resourceKind', '?')} {header.get('namespace', '?')}/" \
+          f"{header.get('resourceName', '?')}"  # fmt: skip
+    return redact(f"{when}  {who}  {_status_text(content)}")
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _status_text(content: dict[str, Any]) -> str:
+    if "numberOfSamples" in content:
+        return f"numberOfSamples={content['numberOfSamples']}"
+    parts = [f"{content.get('phase', '?')}/{content.get('status', '?')}"]
+    if content.get("reason"):
+        parts.append(f"reason: {content['reason']}")
+    job_input = content.get("input")
+    if isinstance(job_input, dict):
+        parts += [f"{k}={job_input[k]}" for k in ("dataURL", "outputDir") if job_input.get(k)]
+        models = job_input.get("models")
+        if isinstance(models, list) and models:
+            parts.append(f"models={len(models)}")
+    output = content.get("output")
+    if isinstance(output, dict) and isinstance(output.get("models"), list):
+        parts.append(f"reported models={len(output['models'])}")
+    return "  ".join(parts)

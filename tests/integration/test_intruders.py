@@ -1,0 +1,421 @@
+"""The production broker config keeps intruders out: real mosquitto, the shipped ACL, real logins.
+
+`mosquitto/mosquitto.prod.conf` runs with only its listener address, file paths and port
+replaced, and `mosquitto/acl` runs unchanged, against a password file made here with
+`mosquitto_passwd`. A worker's credentials can publish its own report topic and nothing else,
+and read nothing; strangers cannot log in; the controller, logging in as `lifelong`, still
+completes a whole round with the workers reporting under their own names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+
+from service.embedded import Server, find_binary, free_port
+from tests.integration.conftest import Stack
+from tests.integration.harness import (
+    NODE,
+    PREFIX,
+    Cloud,
+    append_lines,
+    dataset_resource,
+    job_resource,
+    lines,
+    wait_ingress,
+    worker_message,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PROD_CONF = REPO / "mosquitto" / "mosquitto.prod.conf"
+ACL = REPO / "mosquitto" / "acl"
+
+JOB = "guarded-job"
+DATASET = "guarded-dataset"
+TRAIN_WORKER = f"{JOB}-train-worker"
+EVAL_WORKER = f"{JOB}-eval-worker"
+OTHER_WORKER = "other-worker"
+USERS = ("lifelong", "eventbus", TRAIN_WORKER, EVAL_WORKER, OTHER_WORKER)
+
+NOT_AUTHORIZED = 0x87
+# PUBACK reasons meaning "accepted": success, and success with nobody subscribed
+ACCEPTED = (0x00, 0x10)
+BAD_CREDENTIALS = 0x86
+GRANTED_QOS = (0, 1, 2)
+QUIET_S = 1.0  # how long "nothing arrives" is watched, after traffic provably flowed
+
+DOWNSTREAM = f"{PREFIX}/{NODE}/downstream"
+UPSTREAM = f"{PREFIX}/{NODE}/upstream"
+ERRORS = f"{PREFIX}/{NODE}/errors"
+PRESENCE = f"{PREFIX}/{NODE}/controllers/r1"
+
+
+def worker_topic(worker: str) -> str:
+    return f"{PREFIX}/{NODE}/workers/{worker}/info"
+
+
+# ------------------------------------------------------------------------------ the broker
+
+
+def prod_conf_text(port: int, workdir: Path, passwd: Path) -> str:
+    """mosquitto.prod.conf with its listener, paths and port pointed at this test.
+
+    Every other line is kept as shipped; a line the rewrite expects but cannot find fails
+    the test, so the config and this test cannot drift apart silently.
+    """
+    replacements: dict[str, str] = {
+        "listener": f"listener {port} 127.0.0.1",
+        "password_file": f"password_file {passwd}",
+        "acl_file": f"acl_file {ACL}",
+        "persistence_location": f"persistence_location {workdir}/",
+    }
+    seen: set[str] = set()
+    out: list[str] = []
+    for line in PROD_CONF.read_text().splitlines():
+        key = line.split(" ", 1)[0]
+        if key in replacements:
+            assert key not in seen, f"{key} appears twice in {PROD_CONF.name}"
+            seen.add(key)
+            out.append(replacements[key])
+        else:
+            out.append(line)
+    assert seen == set(replacements), f"{PROD_CONF.name} lacks {set(replacements) - seen}"
+    if os.geteuid() == 0:  # as root mosquitto drops to `mosquitto`, who cannot write tmp_path
+        out.append("user root")
+    return "\n".join(out) + "\n"
+
+
+def make_passwd(path: Path, passwords: dict[str, str]) -> None:
+    """A password file made the documented way: `mosquitto_passwd -b [-c] file user pass`."""
+    binary = find_binary("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
+    for i, (user, password) in enumerate(passwords.items()):
+        create = ["-c"] if i == 0 else []
+        subprocess.run(
+            [binary, *create, "-b", str(path), user, password], check=True, capture_output=True
+        )
+
+
+@dataclass
+class SecureBroker:
+    server: Server
+    passwords: dict[str, str]
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+
+@pytest.fixture
+def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
+    workdir = tmp_path / "mosquitto-prod"
+    workdir.mkdir()
+    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
+    passwd = workdir / "passwd"
+    make_passwd(passwd, passwords)
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(prod_conf_text(port, workdir, passwd))
+    binary = find_binary("mosquitto", "/usr/sbin/mosquitto")
+    server = Server("mosquitto", [binary, "-c", str(conf)], port, workdir)
+    server.start()
+    try:
+        yield SecureBroker(server, passwords)
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------ MQTT peers
+
+
+class Peer:
+    """One MQTT 5 client logged in as a user; records CONNACK, PUBACKs, SUBACKs and messages."""
+
+    def __init__(self, port: int, username: str | None, password: str | None) -> None:
+        self._cond = threading.Condition()
+        self.connack: ReasonCode | None = None
+        self.received: list[tuple[str, bytes, bool]] = []
+        self._pubacks: dict[int, int] = {}
+        self._subacks: dict[int, list[int]] = {}
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"{username or 'anonymous'}-{time.time_ns()}",
+            protocol=paho.MQTTv5,
+        )
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_publish = self._on_publish
+        self.client.on_subscribe = self._on_subscribe
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.wait_for(lambda: self.connack is not None, 5, "CONNACK")
+
+    def _on_connect(self, _c: paho.Client, _u: Any, _f: Any, rc: ReasonCode, _p: Any) -> None:
+        with self._cond:
+            self.connack = rc
+            self._cond.notify_all()
+
+    def _on_publish(self, _c: paho.Client, _u: Any, mid: int, rc: ReasonCode, _p: Any) -> None:
+        with self._cond:
+            self._pubacks[mid] = rc.value
+            self._cond.notify_all()
+
+    def _on_subscribe(
+        self, _c: paho.Client, _u: Any, mid: int, rcs: list[ReasonCode], _p: Any
+    ) -> None:
+        with self._cond:
+            self._subacks[mid] = [rc.value for rc in rcs]
+            self._cond.notify_all()
+
+    def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        with self._cond:
+            self.received.append((msg.topic, bytes(msg.payload), bool(msg.retain)))
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not (result := predicate()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"timed out waiting for {what}")
+                self._cond.wait(remaining)
+            return result
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
+        """Publish at QoS 1 and return the PUBACK's reason code."""
+        mid = self.client.publish(topic, payload, qos=1, retain=retain).mid
+        self.wait_for(lambda: mid in self._pubacks, 5, f"PUBACK of {topic}")
+        return self._pubacks[mid]
+
+    def subscribe(self, *filters: str) -> list[int]:
+        """Subscribe at QoS 1 and return the SUBACK's reason codes, one per filter."""
+        _rc, mid = self.client.subscribe([(f, 1) for f in filters])
+        assert mid is not None
+        self.wait_for(lambda: mid in self._subacks, 5, f"SUBACK of {filters}")
+        return self._subacks[mid]
+
+    def topics(self) -> list[str]:
+        with self._cond:
+            return [topic for topic, _payload, _retain in self.received]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture
+def peers(secure_broker: SecureBroker) -> Iterator[Callable[[str], Peer]]:
+    """Log in as one of the broker's users with the right password."""
+    made: list[Peer] = []
+
+    def login(user: str) -> Peer:
+        peer = Peer(secure_broker.port, user, secure_broker.passwords[user])
+        made.append(peer)
+        assert peer.connack is not None and not peer.connack.is_failure, (user, peer.connack)
+        return peer
+
+    yield login
+    for peer in made:
+        peer.close()
+
+
+def refused(port: int, username: str | None, password: str | None) -> int:
+    """The CONNACK reason of a login attempt that is expected to fail."""
+    peer = Peer(port, username, password)
+    peer.close()
+    assert peer.connack is not None
+    return int(peer.connack.value)
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_strangers_cannot_log_in(secure_broker: SecureBroker) -> None:
+    port = secure_broker.port
+    assert refused(port, None, None) in (NOT_AUTHORIZED, BAD_CREDENTIALS)
+    assert refused(port, "lifelong", "not-the-password") in (NOT_AUTHORIZED, BAD_CREDENTIALS)
+    assert refused(port, "nobody", "whatever") in (NOT_AUTHORIZED, BAD_CREDENTIALS)
+    # a worker's password does not open another user's account
+    worker_password = secure_broker.passwords[TRAIN_WORKER]
+    assert refused(port, "lifelong", worker_password) in (NOT_AUTHORIZED, BAD_CREDENTIALS)
+
+
+def test_worker_may_only_publish_its_own_topic_and_read_nothing(
+    peers: Callable[[str], Peer],
+) -> None:
+    controller = peers("lifelong")  # sees downstream and every worker topic
+    assert all(
+        code in GRANTED_QOS
+        for code in controller.subscribe(DOWNSTREAM, f"{PREFIX}/+/workers/+/info")
+    )
+    cloud = peers("eventbus")  # sees upstream, errors and presence
+    assert all(
+        code in GRANTED_QOS
+        for code in cloud.subscribe(UPSTREAM, ERRORS, f"{PREFIX}/{NODE}/controllers/#")
+    )
+    worker = peers(TRAIN_WORKER)
+    other = peers(OTHER_WORKER)
+
+    # The worker listens for everything it can think of. mosquitto 2.0's acl_file checks
+    # reads at delivery, so a SUBACK may say "granted": what counts is that nothing arrives.
+    for code in worker.subscribe("#", UPSTREAM, ERRORS, DOWNSTREAM, worker_topic(OTHER_WORKER)):
+        assert code in (*GRANTED_QOS, NOT_AUTHORIZED)
+
+    # its own topic: accepted and delivered to the controller
+    own = worker_message(JOB, "train", "running", worker=TRAIN_WORKER)
+    assert worker.publish(worker_topic(TRAIN_WORKER), _json(own)) in ACCEPTED
+    controller.wait_for(lambda: worker_topic(TRAIN_WORKER) in controller.topics(), 5, "own report")
+
+    # anything else: refused with 0x87 and never delivered
+    forged = {
+        worker_topic(OTHER_WORKER): b"a report in another worker's name",
+        worker_topic(EVAL_WORKER): b"a report in another worker's name",
+        f"{PREFIX}/other-node/workers/{OTHER_WORKER}/info": b"another node's worker",
+        DOWNSTREAM: b'{"header":{"operation":"insert"},"content":"a forged job"}',
+        UPSTREAM: b"a forged status for the cloud",
+        ERRORS: b"a forged rejection",
+    }
+    for topic, payload in forged.items():
+        assert worker.publish(topic, payload) == NOT_AUTHORIZED, topic
+    # nor may it leave a retained "offline" in a controller's name
+    assert worker.publish(PRESENCE, b'{"state":"offline"}', retain=True) == NOT_AUTHORIZED
+
+    # Real traffic the worker would love to read: status upstream, another worker's report.
+    assert controller.publish(UPSTREAM, b"status") in ACCEPTED
+    assert controller.publish(PRESENCE, b'{"state":"online"}', retain=True) in ACCEPTED
+    assert other.publish(worker_topic(OTHER_WORKER), b"other's report") in ACCEPTED
+    controller.wait_for(lambda: worker_topic(OTHER_WORKER) in controller.topics(), 5, "other")
+    cloud.wait_for(lambda: PRESENCE in cloud.topics() and UPSTREAM in cloud.topics(), 5, "up")
+    time.sleep(QUIET_S)
+    assert worker.received == [], "a worker read traffic it has no right to"
+    assert controller.topics().count(worker_topic(OTHER_WORKER)) == 1, "forgery got through"
+    assert controller.topics().count(worker_topic(EVAL_WORKER)) == 0
+    assert DOWNSTREAM not in controller.topics()
+    assert cloud.topics().count(UPSTREAM) == 1 and ERRORS not in cloud.topics()
+    assert [p for t, p, _r in cloud.received if t == PRESENCE] == [b'{"state":"online"}']
+
+    # a late subscriber is not handed a retained message either
+    late = peers(OTHER_WORKER)
+    late.subscribe(f"{PREFIX}/#")
+    time.sleep(QUIET_S)
+    assert late.received == []
+
+
+def test_controller_and_cloud_keep_to_their_side(peers: Callable[[str], Peer]) -> None:
+    """The controller cannot inject resources or reports; the cloud cannot forge status."""
+    controller = peers("lifelong")
+    cloud = peers("eventbus")
+    for topic in (DOWNSTREAM, worker_topic(TRAIN_WORKER)):
+        assert controller.publish(topic, b"x") == NOT_AUTHORIZED, topic
+    for topic in (UPSTREAM, ERRORS, PRESENCE, worker_topic(TRAIN_WORKER)):
+        assert cloud.publish(topic, b"x") == NOT_AUTHORIZED, topic
+    # what each may publish is accepted
+    assert controller.publish(ERRORS, b"{}") in ACCEPTED
+    assert cloud.publish(DOWNSTREAM, b"{}") in ACCEPTED
+
+
+@dataclass
+class SecureStack(Stack):
+    """The usual stack, but the controller logs in as `lifelong`."""
+
+    userinfo: str = ""
+
+    @property
+    def mqtt_url(self) -> str:
+        return f"mqtt://{self.userinfo}@127.0.0.1:{self.broker.port}"
+
+
+def test_controller_completes_a_round_under_the_acl(
+    tmp_path: Path, secure_broker: SecureBroker, redis_proc: Server, peers: Callable[[str], Peer]
+) -> None:
+    passwords = secure_broker.passwords
+    cloud = Cloud(secure_broker.port, username="eventbus", password=passwords["eventbus"])
+    stack = SecureStack(
+        tmp_path,
+        secure_broker.server,
+        redis_proc,
+        cloud,
+        userinfo=f"lifelong:{passwords['lifelong']}",
+    )
+    try:
+        run_round(stack, peers)
+    finally:
+        for controller in stack.controllers:
+            controller.stop()
+        cloud.close()
+    secure_broker.server.stop()  # mosquitto flushes its stdout log on exit
+    # both of the controller's connections logged in as `lifelong`; its password, given in
+    # LIFELONG_MQTT_URL, is in neither its log nor the broker's
+    broker_log = secure_broker.server.log_text()
+    for client_id in (f"lifelong-{NODE}-r1", f"lifelong-{NODE}-ingress"):
+        assert f"as {client_id} " in broker_log, client_id
+    assert "u'lifelong'" in broker_log
+    controller_log = stack.controllers[0].log()
+    assert passwords["lifelong"] not in controller_log + broker_log
+
+
+def run_round(stack: SecureStack, peers: Callable[[str], Peer]) -> None:
+    cloud = stack.cloud
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir()
+    append_lines(data, lines(0, 10))
+    out = stack.workdir / "out"
+    controller = stack.controller()
+    wait_ingress(controller, cloud)
+    # presence, the retained message and its will's topic, got past the ACL
+    cloud.wait_for(
+        lambda: any(t.endswith("/controllers/r1") for t, _ in cloud.messages), 10, "presence"
+    )
+
+    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+    cloud.wait_status(JOB, "train", "ready")
+
+    train = peers(TRAIN_WORKER)
+    evaluator = peers(EVAL_WORKER)
+    model = out / "train" / "1" / "model.pkl"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"trained")
+
+    # The eval worker tries to finish training for the train worker: the broker refuses it
+    # on the train worker's topic, the controller refuses it on the eval worker's own topic.
+    forged = worker_message(JOB, "train", "completed", str(model), worker=TRAIN_WORKER)
+    forged_bytes = _json(forged)
+    assert evaluator.publish(worker_topic(TRAIN_WORKER), forged_bytes) == NOT_AUTHORIZED
+    assert evaluator.publish(worker_topic(EVAL_WORKER), forged_bytes) in ACCEPTED
+    rejection = cloud.wait_for(cloud.errors, 10, "rejection of the forged name")[0]
+    assert rejection["topic"] == worker_topic(EVAL_WORKER)
+    assert "does not match" in rejection["reason"]
+    assert cloud.status(JOB, "eval", "ready") is None
+
+    # the real workers report on their own topics with their own credentials
+    assert train.publish(worker_topic(TRAIN_WORKER), forged_bytes) in ACCEPTED
+    cloud.wait_status(JOB, "eval", "ready")
+    scored = out / "eval" / "1" / "model.pkl"
+    scored.parent.mkdir(parents=True)
+    scored.write_bytes(b"evaluated")
+    report = worker_message(JOB, "eval", "completed", str(scored), worker=EVAL_WORKER)
+    assert evaluator.publish(worker_topic(EVAL_WORKER), _json(report)) in ACCEPTED
+    deploy = cloud.wait_status(JOB, "deploy", "ready")
+    assert deploy["content"]["input"]["models"] == [{"format": "pkl", "url": str(scored)}]
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated"
+    assert len(cloud.errors()) == 1, cloud.errors()
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()

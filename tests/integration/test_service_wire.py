@@ -1,0 +1,413 @@
+"""The service's wire behaviour, from outside: the HTTP worker endpoint, rejections of every
+class on both inbound topics, and the seed's bugs 11-13 (temporary files, restarts, re-reads).
+
+Every test drives a real `lifelong serve` subprocess over a real broker and Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import Stack
+from tests.integration.harness import (
+    NODE,
+    NS,
+    PREFIX,
+    Cloud,
+    Controller,
+    append_lines,
+    dataset_resource,
+    job_resource,
+    lines,
+    metric_sum,
+    wait_ingress,
+    worker_message,
+)
+
+DATASET = "wire-dataset"
+JOB = "wire-job"
+DOWNSTREAM = f"{PREFIX}/{NODE}/downstream"
+OK = {"status": 200, "message": "OK"}
+
+
+def worker_topic(worker: str) -> str:
+    return f"{PREFIX}/{NODE}/workers/{worker}/info"
+
+
+def read_lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def local_setup(stack: Stack, rows: int = 10) -> tuple[Path, Path]:
+    """A local txt dataset of `rows` samples and an empty output dir."""
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir()
+    append_lines(data, lines(0, rows))
+    out = stack.workdir / "out"
+    out.mkdir()
+    return data, out
+
+
+def start(stack: Stack, env: dict[str, str] | None = None) -> Controller:
+    controller = stack.controller(env=env)
+    wait_ingress(controller, stack.cloud)
+    return controller
+
+
+def apply(cloud: Cloud, data: Path, out: Path, job: str = JOB) -> None:
+    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.downstream("lifelonglearningjob", "insert", job_resource(job, DATASET, str(out)))
+
+
+def write_model(path: Path, content: bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return str(path)
+
+
+def forwarded(cloud: Cloud, job: str) -> list[tuple[str, str]]:
+    """(phase, status) of every worker message forwarded upstream for `job`, in order."""
+    return [
+        (m["content"]["phase"], m["content"]["status"])
+        for m in cloud.upstream(job)
+        if "output" in m["content"]
+    ]
+
+
+def full_round(cloud: Cloud, out: Path, job: str = JOB) -> None:
+    """Round 1 on the 10 samples of `local_setup`: train, eval, deploy, each checked."""
+    ready = cloud.wait_status(job, "train", "ready")["content"]["input"]
+    assert read_lines(ready["dataURL"]) == lines(0, 8)
+    model = write_model(out / "train" / "1" / "model.pkl", b"trained")
+    cloud.report(job, "train", "completed", model)
+    evaluate = cloud.wait_status(job, "eval", "ready")["content"]["input"]
+    assert read_lines(evaluate["dataURL"]) == lines(8, 10)
+    scored = write_model(out / "eval" / "1" / "model.pkl", b"evaluated")
+    cloud.report(job, "eval", "completed", scored)
+    cloud.wait_status(job, "deploy", "ready")
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated"
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+# ================================================================ HTTP worker endpoint
+
+
+def test_worker_reports_over_http_drive_a_round(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, out = local_setup(stack)
+    controller = start(stack)
+    apply(cloud, data, out)
+    ready = cloud.wait_status(JOB, "train", "ready")["content"]["input"]
+    assert ready == {"dataURL": f"{out}/data/train/1/data.txt", "outputDir": f"{out}/train/1"}
+    rejected_before = metric_sum(controller, "lifelong_rejections_total")
+
+    # refused reports: had any of them been applied, the job would have left train/running
+    failed = worker_message(JOB, "train", "failed")
+    status, body = controller.post_worker("someone-else", failed)
+    assert status == 400 and body["status"] == 400
+    assert "does not match" in body["message"] and "someone-else" in body["message"]
+    ghost = worker_message("ghost-job", "train", "failed")
+    status, body = controller.post_worker(ghost["name"], ghost)
+    assert status == 400 and "unknown job default/ghost-job" in body["message"]
+    status, body = controller.post_worker(failed["name"], b'{"name": "wire-job-train-worker",')
+    assert status == 400 and "not valid JSON" in body["message"]
+    assert metric_sum(controller, "lifelong_rejections_total") == rejected_before + 3
+
+    # the valid reports, all through HTTP
+    running = worker_message(JOB, "train", "running")
+    assert controller.post_worker(running["name"], running) == (200, OK)
+    model = write_model(out / "train" / "1" / "model.pkl", b"trained")
+    completed = worker_message(JOB, "train", "completed", model)
+    assert controller.post_worker(completed["name"], completed) == (200, OK)
+    evaluate = cloud.wait_status(JOB, "eval", "ready")["content"]["input"]
+    assert evaluate["models"] == [{"format": "pkl", "url": model}]
+    assert evaluate["outputDir"] == f"{out}/eval/1"
+    assert read_lines(evaluate["dataURL"]) == lines(8, 10)
+
+    scored = write_model(out / "eval" / "1" / "model.pkl", b"evaluated over http")
+    eval_done = worker_message(JOB, "eval", "completed", scored)
+    assert controller.post_worker(eval_done["name"], eval_done) == (200, OK)
+    deploy = cloud.wait_status(JOB, "deploy", "ready")["content"]["input"]
+    assert deploy["models"] == [{"format": "pkl", "url": scored}]
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated over http"
+
+    # forwarded upstream exactly as posted, and nothing of the refused ones
+    outputs = [m["content"] for m in cloud.upstream(JOB) if "output" in m["content"]]
+    assert [(o["phase"], o["status"]) for o in outputs] == [
+        ("train", "running"),
+        ("train", "completed"),
+        ("eval", "completed"),
+    ]
+    assert outputs[1]["output"] == {"models": completed["results"], "ownerInfo": {"kind": "train"}}
+    assert cloud.upstream("ghost-job") == []
+
+    # and the lifecycle carries on into round 2
+    before = len(cloud.upstream(JOB))
+    append_lines(data, lines(10, 20))
+    ready2 = cloud.wait_status(JOB, "train", "ready", after=before)["content"]["input"]
+    assert ready2["outputDir"] == f"{out}/train/2"
+    assert read_lines(ready2["dataURL"]) == lines(10, 18)
+    assert cloud.errors() == []  # HTTP refusals are answered to the worker, not broadcast
+
+
+# ================================================================ rejections
+
+
+def envelope(kind: str, operation: str, content: Any, name: str = "some-job") -> dict[str, Any]:
+    header = {"namespace": NS, "resourceKind": kind, "resourceName": name, "operation": operation}
+    return {"header": header, "content": content}
+
+
+DEEP = "@deep@"
+
+
+def nest(payload: bytes, depth: int = 1000) -> bytes:
+    """Put arrays nested `depth` deep where the DEEP marker string is (json.dumps cannot)."""
+    return payload.replace(f'"{DEEP}"'.encode(), b"[" * depth + b"]" * depth)
+
+
+def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
+    """(label, payload, words the reason must contain) for each downstream reject class."""
+    good = job_resource("some-job", DATASET, str(out))
+    spec = good["spec"]
+
+    def job(**changes: Any) -> dict[str, Any]:
+        return {**good, "spec": {**spec, **changes}}
+
+    def encoded(value: Any) -> bytes:
+        return json.dumps(value).encode()
+
+    wrong_type = job(dataset={"name": DATASET, "trainProb": "high"})
+    bad_name = {**good, "metadata": {"name": "Bad_Name", "namespace": NS}}
+    bad_dataset = dataset_resource("web-dataset", "http://x")
+    padding = {"padding": "x" * (1 << 20)}
+    return [
+        ("not json", b"this is { not json", ["not valid JSON"]),
+        (
+            "invalid utf-8",
+            encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"'),
+            ["UTF-8"],
+        ),
+        ("wrong type", encoded(envelope("lifelonglearningjob", "insert", wrong_type)),
+         ["$.spec.dataset.trainProb"]),
+        ("unknown kind", encoded(envelope("pod", "insert", good)),
+         ["$.header.resourceKind", "unknown resourceKind 'pod'"]),
+        ("unknown operation", encoded(envelope("lifelonglearningjob", "upsert", good)),
+         ["$.header.operation", "unknown operation 'upsert'"]),
+        ("bad dns name", encoded(envelope("lifelonglearningjob", "insert", bad_name, "Bad_Name")),
+         ["resourceName", "DNS-1123"]),
+        ("dotdot", encoded(envelope("lifelonglearningjob", "insert",
+                                    job(outputDir=f"{out}/../escape"))),
+         ["$.spec.outputDir", "'..'"]),
+        ("http url", encoded(envelope("dataset", "insert", bad_dataset, "web-dataset")),
+         ["$.spec.url", "s3://"]),
+        ("oversize", encoded(envelope("lifelonglearningjob", "insert", {**good, **padding})),
+         ["too large"]),
+        ("base64 not json",
+         encoded(envelope("dataset", "insert", base64.b64encode(b"plain words").decode())),
+         ["$.content", "not valid JSON"]),
+        ("deep", nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
+         ["nesting deeper than"]),
+    ]
+
+
+def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
+    """(label, topic, payload, reason words) for each worker-topic reject class."""
+    report = worker_message(JOB, "train", "running", worker="steady-worker")
+    topic = worker_topic("steady-worker")
+
+    def encoded(**changes: Any) -> bytes:
+        return json.dumps({**report, **changes}).encode()
+
+    ghost = worker_message("ghost-job", "train", "completed", "/models/m.pkl")
+    return [
+        ("not json", topic, b"\x00\x01 binary junk", ["not valid JSON"]),
+        ("invalid utf-8", topic, encoded(ownerName="x").replace(b'"x"', b'"\xc3\x28"'),
+         ["UTF-8"]),
+        ("wrong type", topic, encoded(namespace=7), ["$.namespace", "str"]),
+        ("bad dns name", worker_topic("Bad_Worker"), encoded(name="Bad_Worker"),
+         ["$.name", "DNS-1123"]),
+        ("oversize", topic, encoded(ownerInfo={"padding": "x" * (1 << 20)}), ["too large"]),
+        ("deep", topic, nest(encoded(ownerInfo={"nested": DEEP})), ["nesting deeper than"]),
+        ("unknown job", worker_topic(ghost["name"]), json.dumps(ghost).encode(),
+         ["unknown job default/ghost-job"]),
+    ]
+
+
+def test_every_reject_class_on_both_topics(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, out = local_setup(stack)
+    fragile_out = stack.workdir / "fragile-out"
+    controller = start(stack)
+    apply(cloud, data, out, "steady-job")
+    cloud.downstream("lifelonglearningjob", "insert",
+                     job_resource("fragile-job", DATASET, str(fragile_out)))
+    rejected_before = metric_sum(controller, "lifelong_rejections_total")
+    started = datetime.now(UTC) - timedelta(seconds=1)
+
+    sent: list[tuple[str, str, bytes, list[str]]] = [
+        (f"downstream {label}", DOWNSTREAM, payload, words)
+        for label, payload, words in downstream_rejects(out)
+    ]
+    sent += [(f"worker {label}", t, p, w) for label, t, p, w in worker_rejects()]
+
+    # the steady job runs a whole round with the bad messages interleaved
+    steady = cloud.wait_status("steady-job", "train", "ready")["content"]["input"]
+    assert read_lines(steady["dataURL"]) == lines(0, 8)
+    half = len(sent) // 2
+    for _, topic, payload, _ in sent[:half]:
+        cloud.publish(topic, payload)
+    model = write_model(out / "train" / "1" / "model.pkl", b"steady model")
+    cloud.report("steady-job", "train", "completed", model, worker="steady-worker")
+    cloud.wait_status("steady-job", "eval", "ready")
+    for _, topic, payload, _ in sent[half:]:
+        cloud.publish(topic, payload)
+    scored = write_model(out / "eval" / "1" / "model.pkl", b"steady scored")
+    cloud.report("steady-job", "eval", "completed", scored, worker="steady-worker")
+    cloud.wait_status("steady-job", "deploy", "ready")
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"steady scored"
+
+    # each refused message has exactly one rejection, telling what and why
+    cloud.wait_for(lambda: len(cloud.errors()) >= len(sent), 15, "all rejections")
+    rejections = cloud.errors()
+    by_payload = {base64.b64decode(r["payload"]): r for r in rejections}
+    assert len(by_payload) == len(rejections) == len(sent)
+    for label, topic, payload, words in sent:
+        rejection = by_payload.get(payload[:4096])
+        assert rejection is not None, f"{label}: no rejection"
+        assert set(rejection) == {"topic", "reason", "payload", "receivedAt"}, label
+        assert rejection["topic"] == topic, label
+        for word in words:
+            assert word in rejection["reason"], f"{label}: {rejection['reason']!r} lacks {word!r}"
+        received = datetime.fromisoformat(rejection["receivedAt"])
+        assert started <= received <= datetime.now(UTC), label
+    for topic_kind in ("downstream", "worker"):
+        reasons = [by_payload[p[:4096]]["reason"] for k, _, p, _ in sent if topic_kind in k]
+        assert len(set(reasons)) == len(reasons), f"{topic_kind}: each reason is its own"
+
+    # a malformed report for a known job in train/running is accepted, forwarded, and sends
+    # the job back to train with its samples: round 2 retrains exactly round 1's samples
+    fragile = cloud.wait_status("fragile-job", "train", "ready")["content"]["input"]
+    assert read_lines(fragile["dataURL"]) == lines(0, 8)
+    malformed = worker_message("fragile-job", "train", "completed")
+    malformed["results"] = [1, "x"]
+    before = len(cloud.upstream("fragile-job"))
+    cloud.publish(worker_topic(malformed["name"]), json.dumps(malformed).encode())
+    retry = cloud.wait_status("fragile-job", "train", "ready", after=before)["content"]["input"]
+    assert retry["outputDir"] == f"{fragile_out}/train/2"
+    assert read_lines(retry["dataURL"]) == lines(0, 8)
+    assert forwarded(cloud, "fragile-job") == [("train", "completed")]
+    assert "completed without a usable model" in controller.log()
+
+    # the steady job saw nothing of it all; the controller is alive and counted every refusal
+    assert forwarded(cloud, "steady-job") == [("train", "completed"), ("eval", "completed")]
+    assert controller.proc is not None and controller.proc.poll() is None
+    assert len(cloud.errors()) == len(sent)
+    rejected = metric_sum(controller, "lifelong_rejections_total") - rejected_before
+    assert rejected == len(sent)
+    assert metric_sum(controller, "lifelong_rejections_total", reason="too_large") == 2
+    assert metric_sum(controller, "lifelong_rejections_total", reason="too_deep") == 2
+    assert metric_sum(controller, "lifelong_rejections_total", reason="unknown_job") == 1
+    assert metric_sum(controller, "lifelong_rejections_total", reason="invalid_utf8") == 2
+
+
+# ================================================================ the seed's bugs 11-13
+
+
+def test_bug11_no_temporary_file_survives_a_round(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, out = local_setup(stack)
+    controller_tmp = stack.workdir / "controller-tmp"
+    controller_tmp.mkdir()
+    start(stack, env={"TMPDIR": str(controller_tmp)})
+    apply(cloud, data, out)
+    full_round(cloud, out)
+
+    # round 2's deploy copy fails (the eval model is missing) after staging its temp file
+    before = len(cloud.upstream(JOB))
+    append_lines(data, lines(10, 20))
+    cloud.wait_status(JOB, "train", "ready", after=before)
+    trained = write_model(out / "train" / "2" / "model.pkl", b"trained 2")
+    cloud.report(JOB, "train", "completed", trained)
+    cloud.wait_status(JOB, "eval", "ready", after=before)
+    cloud.report(JOB, "eval", "completed", str(out / "eval" / "2" / "missing.pkl"))
+    failed = cloud.wait_status(JOB, "deploy", "failed", after=before)["content"]
+    assert "missing.pkl" in failed["reason"]
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated"
+
+    assert files_under(out) == {
+        "data/train/1/data.txt",
+        "data/eval/1/data.txt",
+        "data/train/2/data.txt",
+        "data/eval/2/data.txt",
+        "train/1/model.pkl",
+        "eval/1/model.pkl",
+        "train/2/model.pkl",
+        "deploy/index.pkl",
+    }
+    assert list(controller_tmp.iterdir()) == []
+
+
+def test_bug12_a_restart_loses_no_progress(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, out = local_setup(stack)
+    first = start(stack)
+    apply(cloud, data, out)
+    full_round(cloud, out)
+    assert first.stop() == 0
+
+    second = stack.controller("r2")
+    before = len(cloud.upstream(JOB))
+    time.sleep(2.5)  # a few poll and check periods: nothing old may be trained again
+    assert cloud.upstream(JOB)[before:] == []
+    append_lines(data, lines(10, 20))
+    ready = cloud.wait_status(JOB, "train", "ready", after=before)["content"]["input"]
+    assert ready["outputDir"] == f"{out}/train/2"
+    assert read_lines(ready["dataURL"]) == lines(10, 18)
+    model = write_model(out / "train" / "2" / "model.pkl", b"trained 2")
+    cloud.report(JOB, "train", "completed", model)
+    evaluate = cloud.wait_status(JOB, "eval", "ready", after=before)["content"]["input"]
+    assert evaluate["outputDir"] == f"{out}/eval/2"
+    assert read_lines(evaluate["dataURL"]) == lines(8, 10) + lines(18, 20)
+    assert 20 in cloud.samples(DATASET)
+    assert "r2" in second.log() and cloud.errors() == []
+
+
+POLL_LINE = re.compile(r"polled dataset default/(\S+): (\d+) samples, (\d+) bytes read")
+
+
+def polls(controller: Controller, dataset: str) -> list[tuple[int, int]]:
+    """(samples, bytes read) of each logged poll of `dataset`, oldest first."""
+    return [
+        (int(m[2]), int(m[3])) for m in POLL_LINE.finditer(controller.log()) if m[1] == dataset
+    ]
+
+
+def test_bug13_growing_a_dataset_reads_only_the_new_bytes(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, _ = local_setup(stack, rows=20_000)
+    size = data.stat().st_size
+    controller = start(stack)
+    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.wait_for(lambda: 20_000 in cloud.samples(DATASET), 15, "numberOfSamples 20000")
+    assert polls(controller, DATASET)[0] == (20_000, size)  # the first poll reads it all
+
+    appended = lines(20_000, 20_010)
+    append_lines(data, appended)
+    appended_bytes = data.stat().st_size - size
+    cloud.wait_for(lambda: 20_010 in cloud.samples(DATASET), 15, "numberOfSamples 20010")
+    cloud.wait_for(
+        lambda: any(n == 20_010 for n, _ in polls(controller, DATASET)), 5, "the poll log line"
+    )
+    samples, bytes_read = polls(controller, DATASET)[-1]
+    assert samples == 20_010
+    assert appended_bytes <= bytes_read <= 2 * appended_bytes
