@@ -43,6 +43,7 @@ COMMAND_MODULES: list[CommandModule] = [ops, worker, demo]
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+SWITCH_INTERVAL_S = 0.0005
 
 SERVE_EXAMPLES = """examples:
   lifelong serve                                  # env vars as in the README
@@ -135,6 +136,9 @@ def _embedded_servers(enabled: bool) -> Iterator[tuple[str, str] | None]:
 def _serve(args: argparse.Namespace) -> int:
     cfg = config_mod.from_args(args, os.environ)
     setup_logging(cfg.log_format)
+    # Several I/O-bound threads hand each event on (paho -> intake -> processor -> effects
+    # -> outbox); at the default 5 ms GIL switch interval each hand-off can wait that long.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     with _embedded_servers(args.embedded) as urls:
         if urls is not None:
             cfg = dataclasses.replace(cfg, mqtt_url=urls[0], redis_url=urls[1])

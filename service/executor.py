@@ -12,7 +12,7 @@ import logging
 
 import msgspec
 
-from service import messages
+from service import messages, paths
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
 from service.adapters.redis_store import RedisStore
@@ -73,8 +73,11 @@ class Executor:
         return None
 
     # ------------------------------------------------------------ credentials
-    def _credential(self, rkey: str) -> messages.S3Credential | None:
-        """The S3 credential in the resource's `sedna.io/credential` annotation, if any."""
+    def _credential(self, rkey: str, *urls: str) -> messages.S3Credential | None:
+        """The S3 credential in the resource's `sedna.io/credential` annotation, if any;
+        only looked up when one of `urls` is on S3 (local files need none)."""
+        if not any(paths.is_remote(url) for url in urls):
+            return None
         raw = self._store.load_resource(rkey)
         if raw is None:
             return None
@@ -95,8 +98,12 @@ class Executor:
                 data_url=work.data_url,
                 index_url=work.index_url,
                 index_prefix=work.index_prefix,
-                source_cred=self._credential(dataset_key(work.namespace, work.dataset)),
-                dest_cred=self._credential(job_key(work.namespace, work.name)),
+                source_cred=self._credential(
+                    dataset_key(work.namespace, work.dataset), work.source_url
+                ),
+                dest_cred=self._credential(
+                    job_key(work.namespace, work.name), work.data_url, work.index_url or ""
+                ),
             )
             log.info(
                 "wrote %s samples to %s",
@@ -116,7 +123,7 @@ class Executor:
 
     def _copy_model(self, work: CopyModel) -> ModelCopied:
         error = None
-        cred = self._credential(job_key(work.namespace, work.name))
+        cred = self._credential(job_key(work.namespace, work.name), work.src_url, work.dst_url)
         try:
             self._blobs.copy_model(
                 src_url=work.src_url, dst_url=work.dst_url, src_cred=cred, dst_cred=cred
@@ -129,7 +136,7 @@ class Executor:
 
     def _poll(self, work: PollDataset) -> DatasetPolled:
         cursor = _cursor_decoder.decode(work.cursor) if work.cursor else Cursor()
-        cred = self._credential(dataset_key(work.namespace, work.name))
+        cred = self._credential(dataset_key(work.namespace, work.name), work.url)
         try:
             poll = self._reader.poll(work.url, work.format, cursor, cred)
         except (PermanentError, TransientError) as e:

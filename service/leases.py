@@ -84,6 +84,11 @@ class LeaseKeeper:
     def holds_ingress(self) -> bool:
         return self._ingress_token is not None
 
+    @property
+    def ingress_token(self) -> str:
+        """The ingress lease token ("" when not held): marks what this holder takes in."""
+        return self._ingress_token or ""
+
     def tick(self) -> None:
         """One round of heartbeat, renewal, rebalancing and the ingress lease."""
         try:

@@ -1,9 +1,11 @@
 """At-least-once upstream: publish committed outbox entries, forget them after PUBACK.
 
 Outbox entries are written in the same atomic commit as the state that caused them, so an
-upstream message exists if and only if its transition happened. The publisher sends each at
-QoS 1 and deletes it once the broker acknowledged it; after a crash, a timeout or a lease
-move the entry is sent again with the same `id`, which is how receivers drop duplicates.
+upstream message exists if and only if its transition happened. The processor hands each
+commit's entries (with the stream ids the commit returned) to `send`, which publishes them
+at QoS 1 at once; the publisher thread deletes acknowledged entries in batches. After a
+crash, a timeout or a lease move, a sweep of the outbox stream sends the rest again with the
+same `id`, which is how receivers drop duplicates.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from service import failpoints
 from service.adapters.mqtt import MqttClient, PublishTicket
-from service.adapters.redis_store import RedisStore
+from service.adapters.redis_store import OutboxEntry, RedisStore
 from service.errors import ServiceError
 
 log = logging.getLogger("service.outbox")
 
 SWEEP_INTERVAL_S = 5.0
+
+Key = tuple[int, str]  # (shard, outbox stream id)
 
 
 class OutboxPublisher:
@@ -41,11 +45,18 @@ class OutboxPublisher:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._dirty: set[int] = set()
-        self._inflight: dict[tuple[int, str], tuple[PublishTicket, float]] = {}
+        self._inflight: dict[Key, tuple[PublishTicket, float]] = {}
+        self._acked: list[Key] = []
         self._last_sweep = 0.0
 
+    def send(self, shard: int, entries: Sequence[tuple[str, OutboxEntry]]) -> None:
+        """Publish just-committed entries now (called by the committing thread)."""
+        now = time.monotonic()
+        for stream_id, entry in entries:
+            self._publish((shard, stream_id), entry, now)
+
     def wake(self, shards: set[int] | None = None) -> None:
-        """New entries may be waiting in these shards (None: look at every held shard)."""
+        """Entries may wait unsent in these shards (None: sweep every held shard)."""
         with self._lock:
             if shards is None:
                 self._last_sweep = 0.0
@@ -54,23 +65,81 @@ class OutboxPublisher:
         self._wake.set()
 
     def run_once(self) -> None:
-        """Send what is new, forget what was acknowledged, resend what timed out."""
+        """Forget what was acknowledged, resend what timed out, sweep what is unsent."""
         self._wake.clear()
-        self._send_new()
         self._forget_acknowledged()
-        self._on_depth(len(self._inflight))
+        self._expire()
+        self._sweep()
+        self._on_depth(self.depth)
 
     def wait(self, stop: threading.Event) -> None:
-        timeout = 0.05 if self._inflight else 1.0
-        self._wake.wait(timeout)
+        self._wake.wait(0.05 if self.depth else 1.0)
         if stop.is_set():
             self._wake.set()
 
     @property
     def depth(self) -> int:
-        return len(self._inflight)
+        with self._lock:
+            return len(self._inflight)
 
-    def _send_new(self) -> None:
+    def _publish(self, key: Key, entry: OutboxEntry, now: float) -> None:
+        with self._lock:
+            if key in self._inflight:
+                return
+        failpoints.hit("outbox-before-publish")
+        try:
+            ticket = self._mqtt.publish(entry.topic, entry.payload, qos=1)
+        except ServiceError as e:
+            log.warning("publishing %s to %s failed: %s", entry.id, entry.topic, e)
+            with self._lock:
+                self._dirty.add(key[0])  # the next sweep tries again
+            return
+        with self._lock:
+            self._inflight[key] = (ticket, now)
+        ticket.add_done_callback(lambda: self._on_puback(key))
+
+    def _on_puback(self, key: Key) -> None:
+        """Runs on paho's thread: record and wake, nothing more."""
+        with self._lock:
+            self._acked.append(key)
+        self._wake.set()
+
+    def _forget_acknowledged(self) -> None:
+        with self._lock:
+            acked, self._acked = self._acked, []
+        by_shard: dict[int, list[str]] = {}
+        for shard, stream_id in acked:
+            by_shard.setdefault(shard, []).append(stream_id)
+        for shard, stream_ids in by_shard.items():
+            try:
+                self._store.outbox_done(shard, stream_ids)
+            except ServiceError:
+                with self._lock:  # deleted on the next round; sent again at worst
+                    self._acked.extend((shard, s) for s in stream_ids)
+                raise
+            with self._lock:
+                for stream_id in stream_ids:
+                    self._inflight.pop((shard, stream_id), None)
+
+    def _expire(self) -> None:
+        """Drop unacknowledged entries older than the timeout (the next sweep resends them).
+
+        `_inflight` is in send order, so the scan stops at the first young entry: a burst of
+        thousands in flight costs nothing here until they are really overdue.
+        """
+        deadline = time.monotonic() - self._timeout_s
+        with self._lock:
+            overdue: list[Key] = []
+            for key, (ticket, sent_at) in self._inflight.items():
+                if sent_at > deadline:
+                    break
+                if not ticket.done:
+                    overdue.append(key)
+            for key in overdue:
+                del self._inflight[key]
+                self._dirty.add(key[0])
+
+    def _sweep(self) -> None:
         now = time.monotonic()
         with self._lock:
             shards = set(self._dirty)
@@ -80,29 +149,4 @@ class OutboxPublisher:
                 self._last_sweep = now
         for shard in sorted(shards):
             for stream_id, entry in self._store.outbox_read(shard):
-                key = (shard, stream_id)
-                if key in self._inflight:
-                    continue
-                failpoints.hit("outbox-before-publish")
-                try:
-                    ticket = self._mqtt.publish(entry.topic, entry.payload, qos=1)
-                except ServiceError as e:
-                    log.warning("publishing %s to %s failed: %s", entry.id, entry.topic, e)
-                    continue
-                ticket.add_done_callback(self._wake.set)
-                self._inflight[key] = (ticket, now)
-
-    def _forget_acknowledged(self) -> None:
-        now = time.monotonic()
-        done: dict[int, list[str]] = {}
-        for key, (ticket, sent_at) in list(self._inflight.items()):
-            if ticket.done:
-                done.setdefault(key[0], []).append(key[1])
-            elif now - sent_at > self._timeout_s:
-                del self._inflight[key]  # sent again on the next sweep, same id
-                with self._lock:
-                    self._dirty.add(key[0])
-        for shard, stream_ids in done.items():
-            self._store.outbox_done(shard, stream_ids)
-            for stream_id in stream_ids:
-                del self._inflight[(shard, stream_id)]
+                self._publish((shard, stream_id), entry, now)

@@ -144,6 +144,7 @@ class Replica:
         self._stop = threading.Event()
         self._inbound: queue.Queue[MqttInbound] = queue.Queue()
         self._fresh: set[int] = set()
+        self._pending_sweep_at_s = 0.0
         self._fresh_lock = threading.Lock()
         self._effects = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
         self._running: set[str] = set()
@@ -345,7 +346,12 @@ class Replica:
         failpoints.hit("intake-before-durable")
         while not self._stop.is_set():
             try:
-                self.store.append_many([(s, data, d, m.dup) for m, s, data, d in accepted])
+                # the token fences a holder frozen past its lease: messages the new holder
+                # already took in are dropped by their marker, not taken in twice
+                self.store.append_many(
+                    [(s, data, d, m.dup) for m, s, data, d in accepted],
+                    token=self.leases.ingress_token,
+                )
                 break
             except StoreUnavailable as e:
                 log.warning("ingress not durable yet, holding %d messages: %s", len(accepted), e)
@@ -432,6 +438,13 @@ class Replica:
         with self._fresh_lock:
             fresh = sorted(s for s in self._fresh if s in held)
             self._fresh.clear()
+        if time.monotonic() >= self._pending_sweep_at_s:
+            # A replica waking past its lease (SIGSTOP, a long GC pause) may still read new
+            # entries of shards that moved on: read is not fenced, its commit is, so they
+            # stay pending under the shared consumer name, where only a pending read finds
+            # them. The owner therefore re-reads its shards' pending entries every lease TTL.
+            self._pending_sweep_at_s = time.monotonic() + self.config.lease_s
+            fresh = sorted(held)
         if fresh:
             self._recover(fresh)
             return
@@ -492,12 +505,12 @@ class Replica:
             commits.append(commit)
             work.extend(todo)
         failpoints.hit("process-before-commit")
-        self.store.commit(shard, token, commits)
+        outbox_ids = self.store.commit(shard, token, commits)
         failpoints.hit("process-before-effects")
         for effect_id, item in work:
             self._submit(shard, effect_id, item)
-        if any(c.outbox for c in commits):
-            self.outbox.wake({shard})
+        for commit, ids in zip(commits, outbox_ids, strict=True):
+            self.outbox.send(shard, list(zip(ids, commit.outbox, strict=True)))
 
     def _entry_event(self, entry: IngressEntry) -> tuple[str, Inbound | None]:
         if entry.timer_rkey is not None:

@@ -6,15 +6,19 @@
 -- ARGV[1] event bytes
 -- ARGV[2] "1" when the transport flagged the message as a redelivery (MQTT DUP), else "0"
 -- ARGV[3] marker time-to-live in ms
+-- ARGV[4] the taker's ingress lease token ("" when none)
 --
--- A redelivery whose marker exists was already taken in: refresh the marker, append nothing
--- and return nil. Otherwise (re)set the marker and return the new entry id. A first delivery
--- is always appended, even with the marker present: two distinct messages may share a key.
+-- The marker holds the token of the ingress holder that took the message in. A message is
+-- known, and dropped (nil returned, marker refreshed), when its marker exists and either it
+-- is a redelivery (DUP) or the marker was set under another token: a holder frozen past its
+-- lease still has in hand, as a first delivery, messages the broker already redelivered to
+-- the new holder. Otherwise the marker is (re)set and the new entry id returned: a first
+-- delivery under the same token is always appended, two distinct messages may share a key.
 
 if #KEYS == 2 then
-  local known = redis.call('EXISTS', KEYS[2]) == 1
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-  if known and ARGV[2] == '1' then
+  local marker = redis.call('GET', KEYS[2])
+  redis.call('SET', KEYS[2], marker or ARGV[4], 'PX', ARGV[3])
+  if marker and (ARGV[2] == '1' or marker ~= ARGV[4]) then
     return false
   end
 end

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -211,7 +212,8 @@ class BlobStore:
         client = self._s3.client(cred)
         try:
             client.copy_object(
-                Bucket=dst.bucket, Key=dst.key,
+                Bucket=dst.bucket,
+                Key=dst.key,
                 CopySource={"Bucket": src.bucket, "Key": src.key},
             )
         except BOTO_ERRORS as e:
@@ -248,13 +250,15 @@ class BlobStore:
         remote = s3.is_s3_url(url)
         with io_errors(context):
             if remote:
-                fd, tmp_path = tempfile.mkstemp(prefix="lifelong-", suffix=".tmp",
-                                                dir=self._tmp_dir)
+                directory, prefix = self._tmp_dir or tempfile.gettempdir(), "lifelong-"
             else:
                 directory, name = os.path.split(url)
-                os.makedirs(directory or ".", exist_ok=True)
-                fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp",
-                                                dir=directory or ".")
+                directory, prefix = directory or ".", f".{name}."
+                os.makedirs(directory, exist_ok=True)
+            _sweep_dead_writers(directory, prefix)
+            fd, tmp_path = tempfile.mkstemp(
+                prefix=f"{prefix}{_WRITER}~", suffix=".tmp", dir=directory
+            )
         try:
             with os.fdopen(fd, "wb") as out, io_errors(context):
                 yield out
@@ -274,6 +278,38 @@ class BlobStore:
         self._s3.client(cred).upload_file(path, location.bucket, location.key)
 
 
+#: Temporary files are named `<prefix><pid>@<host>~<random>.tmp`, so the next writer can
+#: tell a file whose writer died mid-write (a crash: no `finally` ran) from a live one.
+_WRITER = f"{os.getpid()}@{socket.gethostname()}"
+
+
+def _sweep_dead_writers(directory: str, prefix: str) -> None:
+    """Remove temporary files left in `directory` by writers on this host that died."""
+    host = socket.gethostname()
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            tag, sep, _ = name[len(prefix) :].partition("~")
+            pid, _, writer_host = tag.partition("@")
+            if sep and writer_host == host and pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _replace(tmp_path: str, url: str) -> None:
     """Atomically move ``tmp_path`` onto ``url`` and make the rename itself durable."""
     os.replace(tmp_path, url)
@@ -283,4 +319,3 @@ def _replace(tmp_path: str, url: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-

@@ -24,7 +24,9 @@
 --             n_effects (effect id, bytes) pairs, then n_history entries
 --
 -- Every check happens before the first write, so a refused commit writes nothing.
--- Returns "OK"; error "FENCED" when KEYS[1] does not hold ARGV[1].
+-- Returns the outbox stream ids of the entries added, in order (so the caller can publish
+-- them at once and delete them after PUBACK without reading the outbox back); error
+-- "FENCED" when KEYS[1] does not hold ARGV[1].
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED shard lease not held by this token')
@@ -69,8 +71,10 @@ if n_ack > 0 then
   redis.call('XDEL', KEYS[9], unpack(ids))
 end
 
-for _ = 1, n_outbox do
-  redis.call('XADD', KEYS[8], '*', 'id', ARGV[i], 'topic', ARGV[i + 1], 'payload', ARGV[i + 2])
+local outbox_ids = {}
+for k = 1, n_outbox do
+  outbox_ids[k] = redis.call('XADD', KEYS[8], '*', 'id', ARGV[i], 'topic', ARGV[i + 1],
+    'payload', ARGV[i + 2])
   i = i + 3
 end
 
@@ -86,4 +90,4 @@ if mode ~= 'delete' then
   end
 end
 
-return 'OK'
+return outbox_ids

@@ -37,7 +37,13 @@ HEALTH_CHECK_INTERVAL_S = 30
 # Error replies that mean "the server cannot serve right now", not "the request is wrong".
 _TRANSIENT_REPLIES = ("LOADING", "READONLY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 _SCRIPT_NAMES = (
-    "commit", "append_ingress", "fire_timers", "complete_effect", "acquire", "renew", "release",
+    "commit",
+    "append_ingress",
+    "fire_timers",
+    "complete_effect",
+    "acquire",
+    "renew",
+    "release",
 )
 
 
@@ -228,12 +234,19 @@ class RedisStore:
                     raise result
 
     def _append_call(
-        self, shard: int, event: bytes, dedupe: str | None, dup: bool, dedupe_ttl_ms: int
+        self,
+        shard: int,
+        event: bytes,
+        dedupe: str | None,
+        *,
+        dup: bool,
+        dedupe_ttl_ms: int,
+        token: str,
     ) -> _Call:
         keys: tuple[str, ...] = (self.keys.ingress(shard),)
         if dedupe is not None:
             keys += (self.keys.seen(shard, dedupe),)
-        args = (event, "1" if dup else "0", dedupe_ttl_ms)
+        args = (event, "1" if dup else "0", dedupe_ttl_ms, token)
         return _Call(self._scripts["append_ingress"], keys, args)
 
     def append_ingress(
@@ -244,20 +257,28 @@ class RedisStore:
         dedupe: str | None = None,
         dup: bool = False,
         dedupe_ttl_ms: int = 60_000,
+        token: str = "",
     ) -> str | None:
-        """Append an event; None when it is a redelivery (``dup``) of one already taken in."""
-        return self.append_many([(shard, event, dedupe, dup)], dedupe_ttl_ms=dedupe_ttl_ms)[0]
+        """Append an event; None when it is one already taken in: a redelivery (``dup``), or
+        a message another ingress holder (``token``) took in first."""
+        return self.append_many(
+            [(shard, event, dedupe, dup)], dedupe_ttl_ms=dedupe_ttl_ms, token=token
+        )[0]
 
     def append_many(
         self,
         items: Sequence[tuple[int, bytes, str | None, bool]],
         *,
         dedupe_ttl_ms: int = 60_000,
+        token: str = "",
     ) -> list[str | None]:
         """``append_ingress`` for (shard, event, dedupe, dup) items, in one round trip."""
         if not items:
             return []
-        calls = [self._append_call(s, e, d, dup, dedupe_ttl_ms) for s, e, d, dup in items]
+        calls = [
+            self._append_call(s, e, d, dup=dup, dedupe_ttl_ms=dedupe_ttl_ms, token=token)
+            for s, e, d, dup in items
+        ]
         return [None if r is None else _text(r) for r in self._eval(calls, what="append")]
 
     def read_ingress(
@@ -320,7 +341,9 @@ class RedisStore:
             members = pipe.execute()
         prefix = f"{kind}:" if kind else ""
         return sorted(
-            rkey for shard_members in members for rkey in map(_text, shard_members)
+            rkey
+            for shard_members in members
+            for rkey in map(_text, shard_members)
             if rkey.startswith(prefix)
         )
 
@@ -330,34 +353,52 @@ class RedisStore:
             entries = self._client.xrevrange(self.keys.history(rkey), count=count)
         return [(_text(entry_id), fields[b"h"]) for entry_id, fields in reversed(entries)]
 
-    def commit(self, shard: int, token: str, commits: Sequence[Commit]) -> None:
+    def commit(self, shard: int, token: str, commits: Sequence[Commit]) -> list[list[str]]:
         """Apply commits of one shard in one round trip, fenced by ``token``.
 
         Each commit is one script run, all-or-nothing; the batch runs in MULTI/EXEC so no
         other client's write (a new owner's) can land between them. Raises ``LeaseLost``
-        when the lease is not held by ``token``: then nothing was written.
+        when the lease is not held by ``token``: then nothing was written. Returns, per
+        commit, the outbox stream ids of its entries (for ``outbox_done`` after PUBACK).
         """
         if not commits:
-            return
+            return []
         for c in commits:
             if shard_of(c.rkey) != shard:
                 raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
         calls = [self._commit_call(shard, token, c) for c in commits]
-        self._eval(calls, what="commit", transaction=len(calls) > 1)
+        results = self._eval(calls, what="commit", transaction=len(calls) > 1)
+        return [[_text(stream_id) for stream_id in ids] for ids in results]
 
     def _commit_call(self, shard: int, token: str, c: Commit) -> _Call:
         k = self.keys
         keys = (
-            k.lease(shard), k.state(c.rkey), k.resource(c.rkey), k.history(c.rkey),
-            k.timers(shard), k.effects(shard), k.index(shard), k.outbox(shard), k.ingress(shard),
+            k.lease(shard),
+            k.state(c.rkey),
+            k.resource(c.rkey),
+            k.history(c.rkey),
+            k.timers(shard),
+            k.effects(shard),
+            k.index(shard),
+            k.outbox(shard),
+            k.ingress(shard),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
         args: list[bytes | str | int] = [
-            token, c.rkey, mode, c.state if mode == "set" and c.state is not None else b"",
-            "keep" if c.resource is None else "set", c.resource or b"", timer,
-            INGRESS_GROUP, HISTORY_MAXLEN,
-            len(c.ack_ids), len(c.outbox), len(c.effects), len(c.history),
+            token,
+            c.rkey,
+            mode,
+            c.state if mode == "set" and c.state is not None else b"",
+            "keep" if c.resource is None else "set",
+            c.resource or b"",
+            timer,
+            INGRESS_GROUP,
+            HISTORY_MAXLEN,
+            len(c.ack_ids),
+            len(c.outbox),
+            len(c.effects),
+            len(c.history),
             *c.ack_ids,
         ]
         for entry in c.outbox:

@@ -1,0 +1,418 @@
+"""Fault-test helpers: a cloud peer whose session survives broker restarts, a look into the
+service's Redis from outside, a TCP proxy that makes S3 unreachable on demand, and the
+checks every fault test ends with (each upstream message at least once, duplicates share an
+id, no transition applied twice)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from service.adapters.redis_store import RedisStore
+from service.config import Config
+from service.embedded import Server, free_port, wait_port
+from service.keys import NUM_SHARDS, Keys
+from service.runtime import Clock, Replica, Tuning
+from service.state import JobState, decode_state, job_key
+from tests.integration.conftest import Stack
+from tests.integration.harness import (
+    NODE,
+    Cloud,
+    Controller,
+    append_lines,
+    dataset_resource,
+    job_resource,
+    lines,
+    wait_ingress,
+)
+from tests.servers import redis_server
+
+
+class DurableCloud(Cloud):
+    """`Cloud` with a persistent session under a fixed client id and a fast reconnect.
+
+    A clean-session peer loses its subscriptions when the broker restarts and misses what
+    the controller publishes before it has re-subscribed; with a persistent session the
+    broker keeps the subscriptions and queues QoS 1 messages for us while we reconnect, so
+    "every upstream message appears at least once" is something the test can check.
+    """
+
+    def __init__(self, port: int) -> None:  # builds its own client: no super().__init__
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self._cond = threading.Condition()
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        self.client.on_connect = self._on_connect
+        self.client.reconnect_delay_set(1, 1)
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 3600
+        self.client.connect("127.0.0.1", port, clean_start=False, properties=properties)
+        self.client.loop_start()
+        self.wait_for(lambda: self._subscribed, 10, "subscription")
+
+
+@dataclass
+class Probe:
+    """Reads the service's Redis from outside: job state, history, outbox, effect intents."""
+
+    store: RedisStore
+
+    def job(self, name: str, namespace: str = "default") -> JobState:
+        state = self.job_or_none(name, namespace)
+        assert state is not None, f"no state for job {name}"
+        return state
+
+    def job_or_none(self, name: str, namespace: str = "default") -> JobState | None:
+        raw = self.store.load([job_key(namespace, name)])[job_key(namespace, name)]
+        if raw is None:
+            return None
+        state = decode_state(raw)
+        assert isinstance(state, JobState)
+        return state
+
+    def events(self, name: str, namespace: str = "default") -> Counter[str]:
+        """How many events of each type were applied to the job (its history stream)."""
+        history = self.store.history(job_key(namespace, name), count=1000)
+        return Counter(json.loads(record)["event"] for _, record in history)
+
+    def outbox_depth(self) -> int:
+        return sum(len(self.store.outbox_read(shard)) for shard in range(NUM_SHARDS))
+
+    def pending_effects(self) -> int:
+        return sum(len(self.store.pending_effects(shard)) for shard in range(NUM_SHARDS))
+
+
+@contextlib.contextmanager
+def probe_of(redis_url: str) -> Iterator[Probe]:
+    store = RedisStore(redis_url, Keys())
+    try:
+        yield Probe(store)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
+    """The integration `stack`, with a `DurableCloud` as the cloud."""
+    with stack_on(tmp_path, mosquitto, redis_proc) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def stack_on(tmp_path: Path, broker: Server, redis: Server) -> Iterator[Stack]:
+    cloud = DurableCloud(broker.port)
+    s = Stack(tmp_path, broker, redis, cloud)
+    try:
+        yield s
+    finally:
+        for controller in s.controllers:
+            controller.stop()
+        cloud.close()
+
+
+@pytest.fixture
+def aof_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """redis-server with the AOF on; `request.param` is the appendfsync policy."""
+    server = redis_server(
+        tmp_path / "redis-aof", "--appendonly", "yes", "--appendfsync", str(request.param)
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ controllers
+
+
+def readyz(controller: Controller) -> int:
+    """The HTTP status of the controller's /readyz (0: nothing answered)."""
+    url = f"http://127.0.0.1:{controller.http_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        e.close()
+        return int(e.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_exit(controller: Controller, timeout_s: float = 15) -> int:
+    """Wait for a controller to die on its own (a failpoint); its exit code."""
+    assert controller.proc is not None
+    try:
+        code = controller.proc.wait(timeout_s)
+    except Exception as e:
+        raise AssertionError(f"{controller.name} did not die: {controller.log()[-3000:]}") from e
+    controller.proc = None
+    return code
+
+
+# ------------------------------------------------------------------ upstream checks
+
+
+def kind_of(content: dict[str, Any]) -> tuple[str, str, str]:
+    """(phase, status, "input"|"output"|"") of an upstream job status."""
+    part = "input" if "input" in content else "output" if "output" in content else ""
+    return content.get("phase", ""), content.get("status", ""), part
+
+
+def distinct_upstream(cloud: Cloud, name: str) -> dict[str, dict[str, Any]]:
+    """Upstream messages of `name` by id, checking that duplicates are the same message."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for message in cloud.upstream(name):
+        first = by_id.setdefault(message["header"]["id"], message)
+        assert first == message, f"two different messages share id {message['header']['id']}"
+    return by_id
+
+
+def assert_once_each(
+    cloud: Cloud, job: str, expected: list[tuple[str, str, str]]
+) -> None:
+    """Every expected upstream job status arrived (maybe more than once, under one id) and
+    no transition produced a second one under another id."""
+    got = Counter(kind_of(m["content"]) for m in distinct_upstream(cloud, job).values())
+    assert got == Counter(expected), f"upstream of {job}: {sorted(got.items())}"
+
+
+# ------------------------------------------------------------------ S3 outage
+
+
+class FlakyProxy:
+    """A TCP proxy to a real server that can be made unreachable and reachable again.
+
+    While down, every connection is accepted and closed at once (and counted): the client
+    sees the endpoint drop it, the way a restarting load balancer or a dead backend looks,
+    and the test sees each retry. The server behind keeps its state (moto keeps buckets in
+    memory only, so stopping moto itself would wipe them).
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self._target_port = target_port
+        self._up = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.refused_at: list[float] = []
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.1)
+        self._threads: list[threading.Thread] = []
+        self._sockets: list[socket.socket] = []
+        self._accepter = threading.Thread(target=self._accept_loop, daemon=True)
+        self._accepter.start()
+        wait_port(self.port)
+
+    def up(self) -> None:
+        self._up.set()
+
+    def down(self) -> None:
+        self._up.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._accepter.join(5)
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._up.is_set():
+                with self._lock:
+                    self.refused_at.append(time.monotonic())
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # linger 0: a reset, at once
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                thread = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+# ------------------------------------------------------------------ one round
+
+
+JOB = "fault-classifier"
+DATASET = "fault-dataset"
+QUIET_POLLS = {"LIFELONG_DATASET_POLL_SECONDS": "3600"}
+"""Controller env for tests that want no commit but the ones they cause: the dataset is
+polled on insert and then not for an hour (the files are written before the insert)."""
+
+QUIET_TRIGGER = {
+    "checkPeriodSeconds": 60,
+    "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
+}
+"""Fires as soon as samples are pending; its periodic checks (and the one still due when it
+fired) are a minute away, past any test, so no Tick is committed behind the test's back."""
+
+FULL_ROUND = [
+    ("train", "ready", "input"),
+    ("train", "completed", "output"),
+    ("eval", "ready", "input"),
+    ("eval", "completed", "output"),
+    ("deploy", "ready", "input"),
+]
+OLD_DEPLOY = b"an older, larger model file" * 10
+
+
+@dataclass
+class Round:
+    """Round 1 of one job over a local 10-sample txt dataset, step by step."""
+
+    stack: Stack
+    model_bytes: int = 64
+
+    @property
+    def data(self) -> Path:
+        return self.stack.workdir / "data" / "train.txt"
+
+    @property
+    def out(self) -> Path:
+        return self.stack.workdir / "out"
+
+    @property
+    def eval_model(self) -> bytes:
+        return (b"evaluated model " * (self.model_bytes // 16 + 1))[: self.model_bytes]
+
+    def prepare(self) -> None:
+        """The dataset file and an older, larger deploy file, before any controller runs."""
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        append_lines(self.data, lines(0, 10))
+        (self.out / "deploy").mkdir(parents=True, exist_ok=True)
+        (self.out / "deploy" / "index.pkl").write_bytes(OLD_DEPLOY)
+
+    def create(self) -> None:
+        """Insert the dataset and the job; wait for round 1's train ready."""
+        cloud = self.stack.cloud
+        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(self.data)))
+        job = job_resource(JOB, DATASET, str(self.out), trigger=QUIET_TRIGGER)
+        cloud.downstream("lifelonglearningjob", "insert", job)
+        cloud.wait_status(JOB, "train", "ready")
+
+    def train_model(self) -> str:
+        model = self.out / "train" / "1" / "model.pkl"
+        model.parent.mkdir(parents=True, exist_ok=True)
+        model.write_bytes(b"trained")
+        return str(model)
+
+    def scored_model(self) -> str:
+        model = self.out / "eval" / "1" / "model.pkl"
+        model.parent.mkdir(parents=True, exist_ok=True)
+        model.write_bytes(self.eval_model)
+        return str(model)
+
+    def train_completed(self) -> None:
+        self.stack.cloud.report(JOB, "train", "completed", self.train_model())
+
+    def eval_completed(self) -> None:
+        self.stack.cloud.report(JOB, "eval", "completed", self.scored_model())
+
+    def assert_complete(self, probe: Probe) -> None:
+        """Round 1 went through exactly once: messages, files, version and event counts."""
+        assert_once_each(self.stack.cloud, JOB, FULL_ROUND)
+        assert read_lines(self.out / "data" / "train" / "1" / "data.txt") == lines(0, 8)
+        assert read_lines(self.out / "data" / "eval" / "1" / "data.txt") == lines(8, 10)
+        assert (self.out / "deploy" / "index.pkl").read_bytes() == self.eval_model
+        assert not (self.out / "data" / "train" / "2").exists()
+        state = probe.job(JOB)
+        assert (state.version, state.phase) == (1, "train"), state
+        events = probe.events(JOB)
+        assert events["WorkerReported"] == 2, events
+        assert events["RoundWritten"] == 2, events
+        assert events["ModelCopied"] == 1, events
+        assert self.stack.cloud.errors() == []
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+# ------------------------------------------------------------------ in-process replica
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """What `wait_ingress` needs of a controller, for a Replica running in the test."""
+
+    name: str
+    http_port: int
+
+
+@contextlib.contextmanager
+def replica_on(
+    stack: Stack, *, clock: Clock | None = None, tuning: Tuning | None = None
+) -> Iterator[Replica]:
+    """A `Replica` in this process (so the test can hand it a clock or shrink its retry
+    budget), started, ready and taking in MQTT; stopped gracefully afterwards."""
+    http_port = free_port()
+    config = Config.from_env(
+        {
+            "LIFELONG_MQTT_URL": stack.mqtt_url,
+            "LIFELONG_REDIS_URL": stack.redis_url,
+            "LIFELONG_NODE_NAME": NODE,
+            "LIFELONG_HTTP_ADDR": f"127.0.0.1:{http_port}",
+            "LIFELONG_LEASE_SECONDS": "2",
+            "LIFELONG_DATASET_POLL_SECONDS": "1",
+        }
+    )
+    replica = Replica(config, replica_id="in-process", clock=clock, tuning=tuning)
+    replica.start()
+    try:
+        wait_until(lambda: replica.ready()[0], 15, "the in-process replica to be ready")
+        wait_ingress(InProcess("in-process", http_port), stack.cloud)  # type: ignore[arg-type]
+        yield replica
+    finally:
+        replica.stop()

@@ -1,0 +1,89 @@
+"""The broker goes away: restarted with persistence, or down for 10 s.
+
+An event the broker accepted (PUBACK to the sender) is not lost: it waits in the controller's
+persistent ingress session, on the broker's disk across a restart. The controller reconnects
+by itself, and what it committed while the broker was gone (the outbox) goes out after.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.faults.conftest import (
+    JOB,
+    QUIET_POLLS,
+    Round,
+    probe_of,
+    readyz,
+    wait_until,
+)
+from tests.integration.conftest import Stack
+from tests.integration.harness import wait_ingress, worker_message
+
+OUTAGE_S = 10.0
+
+
+def test_broker_restart_keeps_an_accepted_event(stack: Stack) -> None:
+    """The report reaches the broker while no controller runs, so it waits in the ingress
+    session only; the broker restarts; the next controller resumes the session and gets it."""
+    cloud = stack.cloud
+    game = Round(stack)
+    game.prepare()
+    first = stack.controller("r1", env=QUIET_POLLS)
+    wait_ingress(first, cloud)
+    game.create()
+
+    first.kill()
+    game.train_completed()  # PUBACKed by the broker: accepted, queued for the session
+    stack.broker.restart()
+    controller = stack.controller("r2", env=QUIET_POLLS)
+
+    cloud.wait_status(JOB, "eval", "ready", timeout_s=20)
+    game.eval_completed()
+    cloud.wait_status(JOB, "deploy", "ready")
+    with probe_of(stack.redis_url) as probe:
+        wait_until(lambda: probe.outbox_depth() == 0, 10, "the outbox to drain")
+        game.assert_complete(probe)
+    assert readyz(controller) == 200
+
+
+@pytest.mark.slow
+def test_broker_down_for_10s(stack: Stack) -> None:
+    """Not ready while the broker is gone; work accepted over HTTP meanwhile is committed
+    and its upstream messages wait in the outbox, then go out once the controller is back
+    on its own."""
+    cloud = stack.cloud
+    game = Round(stack)
+    game.prepare()
+    controller = stack.controller(env=QUIET_POLLS)
+    wait_ingress(controller, cloud)
+    game.create()
+
+    with probe_of(stack.redis_url) as probe:
+        stack.broker.stop()
+        down_at = time.monotonic()
+        wait_until(lambda: readyz(controller) == 503, 5, "/readyz to say not ready")
+
+        # the train worker reports over HTTP: accepted, applied, its messages queued
+        message = worker_message(JOB, "train", "completed", game.train_model())
+        assert controller.post_worker(message["name"], message) == (
+            200,
+            {"status": 200, "message": "OK"},
+        )
+        wait_until(lambda: probe.job(JOB).phase == "eval", 5, "the report to be applied")
+        wait_until(lambda: probe.job(JOB).step == "running", 5, "the eval data to be written")
+        queued = probe.outbox_depth()
+        assert queued >= 2, "the forwarded report and eval ready wait in the outbox"
+        assert cloud.status(JOB, "eval", "ready") is None
+        assert readyz(controller) == 503
+
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+        stack.broker.start()
+        wait_until(lambda: readyz(controller) == 200, 15, "/readyz to recover")
+        cloud.wait_status(JOB, "eval", "ready", timeout_s=15)
+        game.eval_completed()
+        cloud.wait_status(JOB, "deploy", "ready")
+        wait_until(lambda: probe.outbox_depth() == 0, 10, "the outbox to drain")
+        game.assert_complete(probe)

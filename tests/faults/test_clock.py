@@ -1,0 +1,85 @@
+"""Time comes from one injectable clock: the trigger's timer window and checkPeriodSeconds
+read it, so moving it (and only moving it) makes a waiting job train.
+
+The replica runs in this process with a `ManualClock` stopped at 09:00. The job may train
+only between 10:00 and 11:00, is checked every 60 s, and has samples pending from the
+start. Wall-clock seconds pass and nothing happens; the window opening on the clock alone
+does not fire either (the next check is still 60 clock-seconds away); moving the clock past
+the check period fires round 1 at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from service.state import JobState
+from tests.faults.conftest import DATASET, JOB, Probe, probe_of, replica_on, wait_until
+from tests.integration.conftest import Stack
+from tests.integration.harness import append_lines, dataset_resource, job_resource, lines
+
+START_MS = 1_700_000_000_000
+PERIOD_S = 60
+IDLE_S = 2.0  # wall-clock time the test lets pass to show it does not matter
+
+
+class ManualClock:
+    """A `service.runtime.Clock` the test moves by hand (threads read it concurrently)."""
+
+    def __init__(self, now_ms: int, minute_of_day: int) -> None:
+        self._lock = threading.Lock()
+        self._now_ms = now_ms
+        self._minute = minute_of_day
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return self._now_ms
+
+    def minute_of_day(self) -> int:
+        with self._lock:
+            return self._minute
+
+    def set(self, *, now_ms: int | None = None, minute_of_day: int | None = None) -> None:
+        with self._lock:
+            self._now_ms = self._now_ms if now_ms is None else now_ms
+            self._minute = self._minute if minute_of_day is None else minute_of_day
+
+
+def pending_check(probe: Probe) -> JobState | None:
+    """The job's state once it has samples and a check scheduled."""
+    job = probe.job_or_none(JOB)
+    return job if job is not None and job.taken and job.next_check_ms is not None else None
+
+
+def test_timer_window_and_check_period_follow_the_injected_clock(stack: Stack) -> None:
+    cloud = stack.cloud
+    clock = ManualClock(START_MS, minute_of_day=9 * 60)
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir(parents=True)
+    append_lines(data, lines(0, 10))
+    out = stack.workdir / "out"
+    trigger = {
+        "checkPeriodSeconds": PERIOD_S,
+        "timer": {"start": "10:00", "end": "11:00"},
+        "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
+    }
+    with replica_on(stack, clock=clock), probe_of(stack.redis_url) as probe:
+        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+        cloud.downstream(
+            "lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out), trigger=trigger)
+        )
+        waiting = wait_until(lambda: pending_check(probe), 10, "samples to be pending")
+        assert waiting.taken == 10 and waiting.version == 0
+        assert waiting.next_check_ms == START_MS + PERIOD_S * 1000, "the period is on the clock"
+
+        time.sleep(IDLE_S)  # wall time passes: the stopped clock says nothing is due
+        clock.set(minute_of_day=10 * 60 + 5)  # the window opens, the period has not passed
+        time.sleep(IDLE_S)
+        assert cloud.status(JOB, "train", "ready") is None
+        assert probe.job(JOB).version == 0
+
+        clock.set(now_ms=START_MS + PERIOD_S * 1000)  # the check falls due: it fires
+        ready = cloud.wait_status(JOB, "train", "ready", timeout_s=10)
+        assert ready["content"]["input"]["outputDir"] == f"{out}/train/1"
+        fired = probe.job(JOB)
+        assert (fired.version, fired.phase) == (1, "train")

@@ -1,0 +1,173 @@
+"""Hypothesis: no event, in any order, on any state, makes transition() raise.
+
+Events and states are built from strategies over the real types (msgspec structs), with
+names, versions, counts and phases drawn wide enough to hit every table entry and every
+"does not fit" path; each outcome must also serialise (it is committed to Redis as msgpack).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.state import (
+    Context,
+    DatasetApplied,
+    DatasetChanged,
+    DatasetDeleted,
+    DatasetInfo,
+    DatasetPolled,
+    Event,
+    JobApplied,
+    JobDeleted,
+    JobSpec,
+    ModelCopied,
+    ModelRef,
+    RoundWritten,
+    State,
+    Tick,
+    WorkerReported,
+    decode_state,
+    encode,
+)
+from service.transition import transition
+from service.triggers import OPERATORS, TriggerSpec
+from tests.unit.test_transition_table import SUBSTATES, reach
+
+NAMES = st.sampled_from(["job-a", "ds"])
+NS = st.just("default")
+COUNTS = st.integers(min_value=0, max_value=10**7)
+URLS = st.sampled_from(["/data/d.txt", "/data/d.csv", "s3://b/d.txt", "/rootfs/x/m.pkl", ""])
+FORMATS = st.sampled_from(["txt", "csv", "CSV", "weird"])
+
+triggers = st.builds(
+    TriggerSpec,
+    check_period_s=st.integers(1, 10**6),
+    window=st.none() | st.tuples(st.integers(0, 1440), st.integers(0, 1440)),
+    operator=st.sampled_from(["", *OPERATORS]),
+    threshold=st.floats(allow_nan=False, allow_infinity=False, width=32),
+    metric=st.sampled_from(["", "num_of_samples", "num_of_samples[0]", "other"]),
+)
+specs = st.builds(
+    JobSpec,
+    dataset=st.sampled_from(["ds", "other"]),
+    train_prob=st.sampled_from([0.0, 0.29, 0.5, 0.8, 1.0]),
+    trigger=triggers,
+    output_dir=st.sampled_from(["/output", "s3://bucket/out", "/rootfs/out"]),
+)
+models = st.lists(
+    st.builds(ModelRef, format=st.sampled_from(["pkl", "", "pb"]), url=URLS), max_size=3
+).map(tuple)
+infos = st.builds(DatasetInfo, url=URLS, format=FORMATS, present=st.booleans())
+
+_any_event: st.SearchStrategy[Event] = st.one_of(
+    st.builds(JobApplied, namespace=NS, name=NAMES, spec=specs, digest=st.sampled_from("abc")),
+    st.builds(JobDeleted, namespace=NS, name=NAMES),
+    st.builds(
+        DatasetApplied,
+        namespace=NS,
+        name=NAMES,
+        url=URLS,
+        format=FORMATS,
+        digest=st.sampled_from("abc"),
+    ),
+    st.builds(DatasetDeleted, namespace=NS, name=NAMES),
+    st.builds(
+        DatasetPolled,
+        namespace=NS,
+        name=NAMES,
+        url=URLS,
+        num_samples=COUNTS,
+        cursor=st.binary(max_size=8),
+        error=st.none() | st.just("boom"),
+    ),
+    st.builds(
+        DatasetChanged,
+        namespace=NS,
+        name=NAMES,
+        dataset=st.sampled_from(["ds", "x"]),
+        info=infos,
+        num_samples=st.none() | COUNTS,
+    ),
+    st.builds(
+        WorkerReported,
+        namespace=NS,
+        name=NAMES,
+        worker=st.just("w"),
+        kind=st.sampled_from(["train", "eval", "deploy", "inference"]),
+        status=st.sampled_from(["ready", "running", "completed", "failed"]),
+        models=models,
+        unusable=st.none() | st.just("no url"),
+    ),
+    st.builds(
+        Tick, kind=st.sampled_from(["job", "dataset"]), namespace=NS, name=NAMES, due_ms=COUNTS
+    ),
+    st.builds(
+        RoundWritten,
+        namespace=NS,
+        name=NAMES,
+        phase=st.sampled_from(["train", "eval"]),
+        version=st.integers(0, 5),
+        error=st.none() | st.just("disk full"),
+    ),
+    st.builds(
+        ModelCopied,
+        namespace=NS,
+        name=NAMES,
+        version=st.integers(0, 5),
+        error=st.none() | st.just("gone"),
+    ),
+)
+
+
+reports = st.builds(
+    WorkerReported,
+    namespace=NS,
+    name=NAMES,
+    worker=st.just("w"),
+    kind=st.sampled_from(["train", "eval"]),
+    status=st.sampled_from(["completed", "failed"]),
+    models=models,
+    unusable=st.none() | st.just("no url"),
+)
+results = st.builds(
+    RoundWritten,
+    namespace=NS,
+    name=NAMES,
+    phase=st.sampled_from(["train", "eval"]),
+    version=st.integers(0, 2),
+    error=st.none() | st.just("disk full"),
+) | st.builds(
+    ModelCopied,
+    namespace=NS,
+    name=NAMES,
+    version=st.integers(0, 2),
+    error=st.none() | st.just("gone"),
+)
+#: the events that move a round, drawn as often as all the others together
+events: st.SearchStrategy[Event] = st.one_of(_any_event, reports, results)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.sampled_from([None, *SUBSTATES]),
+    st.lists(events, min_size=1, max_size=40),
+    st.integers(0, 1439),
+    st.sampled_from(["", "/rootfs"]),
+)
+def test_no_event_sequence_makes_transition_raise(
+    start: tuple[str, str] | None, history: list[Event], minute: int, prefix: str
+) -> None:
+    """From nothing or from each real sub-state of a round (reached by the lifecycle itself),
+    any sequence of events."""
+    state: State | None = None if start is None else reach(*start).state
+    for i, event in enumerate(history):
+        ctx = Context(
+            now_ms=1_000 * i, minute_of_day=minute, event_id=f"e{i}", volume_prefix=prefix
+        )
+        outcome = transition(state, event, ctx)
+        state = outcome.state
+        if state is not None:
+            assert decode_state(encode(state)) == state
+        for effect in outcome.effects:
+            encode(effect)
