@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import boto3
 import pytest
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
 
@@ -31,3 +37,25 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def s3_endpoint(s3_server: Server) -> str:
     return f"http://127.0.0.1:{s3_server.port}"
+
+
+@pytest.fixture
+def s3c(s3_endpoint: str) -> Iterator[S3Client]:
+    """A boto3 client of the moto server (moto takes any credentials)."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def bucket(s3c: S3Client) -> str:
+    """A fresh bucket on the moto server."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    s3c.create_bucket(Bucket=name)
+    return name

@@ -32,6 +32,7 @@ from service.keys import NUM_SHARDS, Keys
 from service.runtime import Clock, Replica, Tuning
 from service.state import JobState, decode_state, job_key
 from tests.integration.conftest import Stack
+from tests.integration.conftest import stack_on as integration_stack_on
 from tests.integration.harness import (
     NODE,
     Cloud,
@@ -119,14 +120,9 @@ def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Sta
 
 @contextlib.contextmanager
 def stack_on(tmp_path: Path, broker: Server, redis: Server) -> Iterator[Stack]:
-    cloud = DurableCloud(broker.port)
-    s = Stack(tmp_path, broker, redis, cloud)
-    try:
+    """The integration `stack_on`, with a `DurableCloud` as the cloud."""
+    with integration_stack_on(tmp_path, broker, redis, DurableCloud) as s:
         yield s
-    finally:
-        for controller in s.controllers:
-            controller.stop()
-        cloud.close()
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ and the next round (the same samples, version + 1) succeeds once S3 is back.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 
 from service.embedded import Server
@@ -26,18 +24,6 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-@pytest.fixture
-def s3c(s3_endpoint: str) -> Iterator[S3Client]:
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client
-    client.close()
-
 
 @pytest.fixture
 def proxy(s3_server: Server) -> Iterator[FlakyProxy]:
@@ -45,12 +31,6 @@ def proxy(s3_server: Server) -> Iterator[FlakyProxy]:
     yield flaky
     flaky.close()
 
-
-@pytest.fixture
-def bucket(s3c: S3Client) -> str:
-    name = f"faults-{uuid.uuid4().hex[:12]}"
-    s3c.create_bucket(Bucket=name)
-    return name
 
 
 def start_job(stack: Stack, proxy: FlakyProxy, bucket: str) -> str:

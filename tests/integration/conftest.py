@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +42,22 @@ class Stack:
         return controller
 
 
-@pytest.fixture
-def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
-    cloud = Cloud(mosquitto.port)
-    s = Stack(tmp_path, mosquitto, redis_proc, cloud)
+@contextlib.contextmanager
+def stack_on(
+    tmp_path: Path, broker: Server, redis: Server, cloud_type: type[Cloud] = Cloud
+) -> Iterator[Stack]:
+    """A stack on these servers; every controller started in it is stopped at the end."""
+    cloud = cloud_type(broker.port)
+    s = Stack(tmp_path, broker, redis, cloud)
     try:
         yield s
     finally:
         for controller in s.controllers:
             controller.stop()
         cloud.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
+    with stack_on(tmp_path, mosquitto, redis_proc) as s:
+        yield s

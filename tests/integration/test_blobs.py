@@ -5,14 +5,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
@@ -208,24 +206,6 @@ def test_round_missing_source_leaves_nothing(
 # --- S3 -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def s3c(s3_endpoint: str) -> Iterator[S3Client]:
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def bucket(s3c: S3Client) -> str:
-    name = f"blobs-{uuid.uuid4().hex[:12]}"
-    s3c.create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture

@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 import tracemalloc
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import boto3
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -211,32 +208,14 @@ def test_million_lines_memory_stays_flat(reader: DatasetReader, tmp_path: Path) 
 # --- S3 -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def s3_put(s3_endpoint: str) -> Iterator[S3Client]:
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def bucket(s3_put: S3Client) -> str:
-    name = f"ds-{uuid.uuid4().hex[:12]}"
-    s3_put.create_bucket(Bucket=name)
-    return name
 
 
 def test_s3_incremental_ranged_reads(
-    reader: DatasetReader, s3_endpoint: str, bucket: str, s3_put: S3Client
+    reader: DatasetReader, s3_endpoint: str, bucket: str, s3c: S3Client
 ) -> None:
     cred = Cred(endpoint=s3_endpoint.removeprefix("http://"))
     url = f"s3://{bucket}/sets/data.csv"
-    put = s3_put.put_object
+    put = s3c.put_object
     body = b"h1,h2\n" + b"".join(b"%d,x\n" % i for i in range(500))
     put(Bucket=bucket, Key="sets/data.csv", Body=body)
     poll = reader.poll(url, "csv", Cursor(), cred)

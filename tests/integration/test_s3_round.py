@@ -7,13 +7,8 @@ no temporary file behind (the seed's bug 11, S3 side).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import boto3
-import pytest
 
 from service.embedded import Server
 from tests.integration.conftest import Stack
@@ -26,24 +21,6 @@ JOB = "s3-classifier"
 DATASET = "s3-dataset"
 
 
-@pytest.fixture
-def s3c(s3_endpoint: str) -> Iterator[S3Client]:
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def bucket(s3c: S3Client) -> str:
-    name = f"wire-{uuid.uuid4().hex[:12]}"
-    s3c.create_bucket(Bucket=name)
-    return name
 
 
 def text(rows: list[str]) -> bytes:
