@@ -66,10 +66,10 @@ def format_time_ms(at_ms: int) -> str:
 # ------------------------------------------------------------ views of stored state
 
 
-def records_of(history: Sequence[tuple[str, bytes]]) -> list[dict[str, Any]]:
-    """History entries as dicts, oldest first; unreadable ones are skipped."""
+def records_of(history: Sequence[bytes]) -> list[dict[str, Any]]:
+    """History records as dicts, oldest first; unreadable ones are skipped."""
     records = []
-    for _entry_id, data in history:
+    for data in history:
         try:
             record = json.loads(data)
         except ValueError:

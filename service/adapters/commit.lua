@@ -3,7 +3,7 @@
 -- KEYS[1] lease     {P}:{s<N>}:lease            string "<replica>:<fence>"
 -- KEYS[2] state     {P}:{s<N>}:state:<rkey>     string
 -- KEYS[3] resource  {P}:{s<N>}:resource:<rkey>  string
--- KEYS[4] history   {P}:{s<N>}:history:<rkey>   stream, field h
+-- KEYS[4] history   {P}:{s<N>}:history:<rkey>   list, capped (a list: a small stream costs ~4 KiB)
 -- KEYS[5] timers    {P}:{s<N>}:timers           zset rkey -> due ms
 -- KEYS[6] effects   {P}:{s<N>}:effects          hash effect id -> intent
 -- KEYS[7] index     {P}:{s<N>}:index            set of rkeys with state
@@ -18,7 +18,7 @@
 -- ARGV[6]  resource bytes  used when the mode is "set"
 -- ARGV[7]  timer           "" unchanged | "-1" cancel | due ms
 -- ARGV[8]  ingress consumer group
--- ARGV[9]  history MAXLEN (approximate)
+-- ARGV[9]  history length kept
 -- ARGV[10] n_ack   ARGV[11] n_outbox   ARGV[12] n_effects   ARGV[13] n_history
 -- ARGV[14...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
 --             n_effects (effect id, bytes) pairs, then n_history entries
@@ -83,11 +83,12 @@ for _ = 1, n_effects do
   i = i + 2
 end
 
-if mode ~= 'delete' then
+if mode ~= 'delete' and n_history > 0 then
   for _ = 1, n_history do
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'h', ARGV[i])
+    redis.call('RPUSH', KEYS[4], ARGV[i])
     i = i + 1
   end
+  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[9]), -1)
 end
 
 return outbox_ids

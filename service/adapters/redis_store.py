@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -329,8 +330,10 @@ class RedisStore:
         return dict(zip(rkeys, values, strict=True))
 
     def load_resource(self, rkey: str) -> bytes | None:
+        """The resource's canonical JSON as stored by its last insert (kept compressed)."""
         with _store_errors("load_resource"):
-            return self._client.get(self.keys.resource(rkey))
+            stored = self._client.get(self.keys.resource(rkey))
+        return None if stored is None else zlib.decompress(stored)
 
     def list_rkeys(self, kind: str | None = None) -> list[str]:
         """Every resource with state, sorted; ``kind`` (``job``/``dataset``) filters."""
@@ -347,11 +350,10 @@ class RedisStore:
             if rkey.startswith(prefix)
         )
 
-    def history(self, rkey: str, count: int = 100) -> list[tuple[str, bytes]]:
-        """The newest ``count`` history entries of a resource, oldest first."""
+    def history(self, rkey: str, count: int = 100) -> list[bytes]:
+        """The newest ``count`` history records of a resource, oldest first."""
         with _store_errors("history"):
-            entries = self._client.xrevrange(self.keys.history(rkey), count=count)
-        return [(_text(entry_id), fields[b"h"]) for entry_id, fields in reversed(entries)]
+            return list(self._client.lrange(self.keys.history(rkey), -count, -1))
 
     def commit(self, shard: int, token: str, commits: Sequence[Commit]) -> list[list[str]]:
         """Apply commits of one shard in one round trip, fenced by ``token``.
@@ -391,7 +393,7 @@ class RedisStore:
             mode,
             c.state if mode == "set" and c.state is not None else b"",
             "keep" if c.resource is None else "set",
-            c.resource or b"",
+            b"" if c.resource is None else zlib.compress(c.resource),
             timer,
             INGRESS_GROUP,
             HISTORY_MAXLEN,

@@ -93,7 +93,7 @@ class Probe:
     def events(self, name: str, namespace: str = "default") -> Counter[str]:
         """How many events of each type were applied to the job (its history stream)."""
         history = self.store.history(job_key(namespace, name), count=1000)
-        return Counter(json.loads(record)["event"] for _, record in history)
+        return Counter(json.loads(record)["event"] for record in history)
 
     def outbox_depth(self) -> int:
         return sum(len(self.store.outbox_read(shard)) for shard in range(NUM_SHARDS))

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,9 @@ def redis_dump(url: str) -> Iterator[tuple[str, str]]:
             key = raw_key.decode()
             kind = client.type(raw_key).decode()
             value: object
-            if kind == "string":
+            if kind == "string" and ":resource:" in key:
+                value = zlib.decompress(client.get(raw_key) or b"")  # the store compresses them
+            elif kind == "string":
                 value = client.get(raw_key)
             elif kind == "hash":
                 value = client.hgetall(raw_key)
