@@ -28,6 +28,7 @@ from service.adapters.datasets import (
     SampleBatch,
     SampleScanner,
     SourceMissing,
+    has_empty_lines,
     io_errors,
     iter_batches,
     open_source,
@@ -76,17 +77,28 @@ class _RoundWriter:
             self._index.write(b"\n".join(line.split(b" ", 1)[0] for line in lines) + b"\n")
         self.written += len(lines)
 
+    def whole(self, batch: SampleBatch) -> None:
+        """A batch with no empty line, all of it wanted: its body is already the output."""
+        if self._index is not None:
+            self.samples(sample_lines(batch.body))
+            return
+        self._data.write(batch.body)
+        self.written += batch.count
+
 
 def _take(batch: SampleBatch, run: list[SampleRange], i: int, writer: _RoundWriter) -> int:
     """Write the part of ``run`` (from range ``i``) that ``batch`` holds; return the new i."""
     low, high = batch.first, batch.first + batch.count
     if i >= len(run) or run[i][0] >= high:
         return i
-    lines = sample_lines(batch.body)
+    lines: list[bytes] | None = None
     while i < len(run) and run[i][0] < high:
         start, end = run[i]
         a, b = max(start, low), min(end, high)
-        if a < b:
+        if (a, b) == (low, high) and not has_empty_lines(batch.body):
+            writer.whole(batch)  # the common case: a block inside one range, no line work
+        elif a < b:
+            lines = sample_lines(batch.body) if lines is None else lines
             writer.samples(lines[a - low : b - low])
         if end > high:
             break
