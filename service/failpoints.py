@@ -8,7 +8,7 @@ then it writes one line to stderr and leaves with ``os._exit(137)``: no ``finall
 no atexit handlers, no buffered output flushed, no graceful disconnect. That is the death a
 SIGKILL or a power cut gives, which is what the durability design has to survive.
 
-Points (see docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
+Points (see the README, Reliability): ``intake-before-durable``, ``intake-before-ack``,
 ``process-before-commit``, ``process-before-effects``, ``outbox-before-publish``,
 ``blob-mid-write``, ``blob-mid-copy``.
 """
