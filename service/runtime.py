@@ -744,12 +744,13 @@ class Replica:
 
     # ================================================================ timers and outbox
     def _fire_timers(self) -> None:
-        now_ms = self.clock.now_ms()
-        for shard, token in self.leases.held().items():
-            try:
-                self.store.fire_due_timers(shard, token, now_ms)
-            except LeaseLost:
-                self.leases.lost(shard, token)
+        """Due trigger checks and dataset polls into the ingress, all owned shards at once."""
+        held = self.leases.held()
+        if not held:
+            return
+        for shard, fired in self.store.fire_due_timers(held, self.clock.now_ms()).items():
+            if fired is None:
+                self.leases.lost(shard, held[shard])
 
     def _outbox_once(self) -> None:
         self.outbox.run_once()

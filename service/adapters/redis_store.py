@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -192,7 +192,15 @@ class RedisStore:
     # -- scripts -----------------------------------------------------------------------
 
     def _eval(self, calls: Sequence[_Call], *, what: str, transaction: bool = False) -> list[Any]:
-        """Run scripts in one round trip; reload and retry once the calls refused NOSCRIPT."""
+        """Run scripts in one round trip; the first error reply is raised (fenced: LeaseLost)."""
+        with _store_errors(what):
+            return [_checked(r) for r in self._eval_raw(calls, what=what, transaction=transaction)]
+
+    def _eval_raw(
+        self, calls: Sequence[_Call], *, what: str, transaction: bool = False
+    ) -> list[Any]:
+        """Run scripts in one round trip, replies as they came (errors as values); reload and
+        retry once the calls refused NOSCRIPT."""
         with _store_errors(what):
             results = self._send(calls, transaction)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
@@ -201,7 +209,7 @@ class RedisStore:
                 retried = self._send([calls[i] for i in missing], transaction)
                 for i, result in zip(missing, retried, strict=True):
                     results[i] = result
-            return [_checked(r) for r in results]
+            return results
 
     def _load_scripts(self) -> None:
         """Load every script (after ``SCRIPT FLUSH``: reconnects already load them)."""
@@ -433,15 +441,30 @@ class RedisStore:
 
     # -- timers ------------------------------------------------------------------------
 
-    def fire_due_timers(self, shard: int, token: str, now_ms: int, limit: int = 500) -> int:
-        """Move timers due by ``now_ms`` into the shard's ingress (fenced); how many fired."""
+    def fire_due_timers(
+        self, tokens: Mapping[int, str], now_ms: int, limit: int = 500
+    ) -> dict[int, int | None]:
+        """Move timers due by ``now_ms`` into their shard's ingress, for every shard of
+        ``tokens`` (shard -> lease token) in one round trip. Per shard: how many fired, or
+        None when the lease is not held by that token (fenced: nothing moved)."""
         k = self.keys
-        call = _Call(
-            self._scripts["fire_timers"],
-            (k.lease(shard), k.timers(shard), k.ingress(shard)),
-            (token, now_ms, limit),
-        )
-        return int(self._eval([call], what="fire_due_timers")[0])
+        shards = sorted(tokens)
+        calls = [
+            _Call(
+                self._scripts["fire_timers"],
+                (k.lease(shard), k.timers(shard), k.ingress(shard)),
+                (tokens[shard], now_ms, limit),
+            )
+            for shard in shards
+        ]
+        results = self._eval_raw(calls, what="fire_due_timers")
+        fired: dict[int, int | None] = {}
+        for shard, result in zip(shards, results, strict=True):
+            try:
+                fired[shard] = int(_checked(result))
+            except LeaseLost:
+                fired[shard] = None
+        return fired
 
     def next_timer_ms(self, shard: int) -> int | None:
         """When the shard's earliest timer is due, or None without timers."""

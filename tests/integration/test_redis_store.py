@@ -202,8 +202,7 @@ def test_expired_lease_fences_the_old_owner(store: RedisStore) -> None:
     assert int(new.rsplit(":", 1)[1]) > int(old.rsplit(":", 1)[1])
     with pytest.raises(LeaseLost):
         store.commit(SHARD, old, [Commit(JOB, b"zombie")])
-    with pytest.raises(LeaseLost):
-        store.fire_due_timers(SHARD, old, now_ms=10**13)
+    assert store.fire_due_timers({SHARD: old}, now_ms=10**13) == {SHARD: None}
     with pytest.raises(LeaseLost):
         store.complete_effect(SHARD, old, "e", b"done")
     assert not store.renew(store.keys.lease(SHARD), old, TTL_MS)
@@ -285,14 +284,16 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
         ],
     )
     assert store.next_timer_ms(SHARD) == 1_700_000_000_100
-    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_000_200) == 1
-    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_000_200) == 0
+    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 1}
+    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 0}
     assert store.next_timer_ms(SHARD) == 1_700_000_000_300
     [fired] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert (fired.event, fired.timer_rkey, fired.timer_due_ms) == (None, JOB, 1_700_000_000_100)
-    with pytest.raises(LeaseLost):
-        store.fire_due_timers(SHARD, "r9:999", now_ms=1_700_000_001_000)
-    assert store.fire_due_timers(SHARD, token, now_ms=1_700_000_001_000) == 1
+    # one round trip for several shards: a fenced one moves nothing, the others fire
+    other_shard = (SHARD + 1) % NUM_SHARDS
+    both = {SHARD: "r9:999", other_shard: take_shard(store, shard=other_shard)}
+    assert store.fire_due_timers(both, now_ms=1_700_000_001_000) == {SHARD: None, other_shard: 0}
+    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_001_000) == {SHARD: 1}
     assert store.next_timer_ms(SHARD) is None
     [second] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert second.timer_rkey == other
