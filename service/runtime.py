@@ -24,7 +24,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,6 +147,7 @@ class Replica:
         self._pending_sweep_at_s = 0.0
         self._fresh_lock = threading.Lock()
         self._effects = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
+        self._states = ShardStates()
         self._running: set[str] = set()
         self._running_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -432,6 +433,7 @@ class Replica:
 
     def _process_once(self) -> None:
         held = self.leases.held()
+        self._states.keep_only(held)
         if not held:
             self._stop.wait(0.1)
             return
@@ -454,7 +456,14 @@ class Replica:
         self._apply(entries)
 
     def _recover(self, shards: list[int]) -> None:
-        """A shard just became ours (or a commit's fate is unknown): redo what is pending."""
+        """A shard just became ours (or a commit's fate is unknown): redo what is pending.
+
+        Pending entries are replayed against the states Redis holds, never cached ones: had
+        Redis lost a commit (its ack with it), the cache would already hold that commit's
+        result and the replay would apply the event twice.
+        """
+        for shard in shards:
+            self._states.forget(shard)
         try:
             while True:
                 # only shards still ours: a lost one's entries stay pending for its new owner
@@ -497,15 +506,27 @@ class Replica:
         for entry in entries:
             rkey, inbound = self._entry_event(entry)
             groups.setdefault(rkey, []).append((entry.entry_id, inbound))
-        loaded = self.store.load(list(groups))
+        states = self._states.of(shard, token)
+        missing = [rkey for rkey in groups if rkey not in states]
+        if missing:
+            states.update(self.store.load(missing))
         commits: list[Commit] = []
         work: list[tuple[str, Work]] = []
         for rkey, items in groups.items():
-            commit, todo = self._run_resource(shard, rkey, loaded[rkey], items)
+            commit, todo = self._run_resource(shard, rkey, states[rkey], items)
             commits.append(commit)
             work.extend(todo)
         failpoints.hit("process-before-commit")
-        outbox_ids = self.store.commit(shard, token, commits)
+        try:
+            outbox_ids = self.store.commit(shard, token, commits)
+        except BaseException:
+            self._states.forget(shard)  # fenced, or its fate unknown: Redis is the truth
+            raise
+        for commit in commits:
+            if commit.delete:
+                states[commit.rkey] = None
+            elif not commit.keep_state:
+                states[commit.rkey] = commit.state
         failpoints.hit("process-before-effects")
         for effect_id, item in work:
             self._submit(shard, effect_id, item)
@@ -755,6 +776,33 @@ class Replica:
     def _outbox_once(self) -> None:
         self.outbox.run_once()
         self.outbox.wait(self._stop)
+
+
+class ShardStates:
+    """The committed states of owned shards' resources, each shard's valid for one lease token.
+
+    While a replica holds a shard's lease it is the only writer of the shard's states (every
+    commit is fenced), so what it committed is what Redis holds and need not be read back. A
+    new token (the shard came back, maybe changed by another replica meanwhile) starts empty;
+    a commit that failed or whose fate is unknown empties it. Used by the processor thread only.
+    """
+
+    def __init__(self) -> None:
+        self._by_shard: dict[int, tuple[str, dict[str, bytes | None]]] = {}
+
+    def of(self, shard: int, token: str) -> dict[str, bytes | None]:
+        current = self._by_shard.get(shard)
+        if current is None or current[0] != token:
+            current = (token, {})
+            self._by_shard[shard] = current
+        return current[1]
+
+    def forget(self, shard: int) -> None:
+        self._by_shard.pop(shard, None)
+
+    def keep_only(self, shards: Collection[int]) -> None:
+        for shard in [s for s in self._by_shard if s not in shards]:
+            del self._by_shard[shard]
 
 
 def _material(state: State | None) -> State | None:
