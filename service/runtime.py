@@ -432,6 +432,15 @@ class Replica:
             self._fresh.add(shard)
 
     def _process_once(self) -> None:
+        try:
+            self._process_owned()
+        except StoreUnavailable:
+            # Redis may be restarting and come back having lost its last writes (an AOF
+            # fsynced every second): only what it holds then is the truth
+            self._states.clear()
+            raise
+
+    def _process_owned(self) -> None:
         held = self.leases.held()
         self._states.keep_only(held)
         if not held:
@@ -462,8 +471,7 @@ class Replica:
         Redis lost a commit (its ack with it), the cache would already hold that commit's
         result and the replay would apply the event twice.
         """
-        for shard in shards:
-            self._states.forget(shard)
+        replayed: set[int] = set()
         try:
             while True:
                 # only shards still ours: a lost one's entries stay pending for its new owner
@@ -471,6 +479,9 @@ class Replica:
                 entries = self.store.read_ingress(live, count=READ_BATCH, block_ms=0, pending=True)
                 if not entries:
                     break
+                for shard in {entry.shard for entry in entries} - replayed:
+                    self._states.forget(shard)
+                    replayed.add(shard)
                 self._apply(entries)
             for shard in shards:
                 token = self.leases.token(shard)
@@ -784,7 +795,8 @@ class ShardStates:
     While a replica holds a shard's lease it is the only writer of the shard's states (every
     commit is fenced), so what it committed is what Redis holds and need not be read back. A
     new token (the shard came back, maybe changed by another replica meanwhile) starts empty;
-    a commit that failed or whose fate is unknown empties it. Used by the processor thread only.
+    a commit that failed or whose fate is unknown empties it, replaying a shard's pending
+    entries empties it, and any Redis outage empties all. Used by the processor thread only.
     """
 
     def __init__(self) -> None:
@@ -799,6 +811,9 @@ class ShardStates:
 
     def forget(self, shard: int) -> None:
         self._by_shard.pop(shard, None)
+
+    def clear(self) -> None:
+        self._by_shard.clear()
 
     def keep_only(self, shards: Collection[int]) -> None:
         for shard in [s for s in self._by_shard if s not in shards]:
