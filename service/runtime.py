@@ -410,16 +410,7 @@ class Replica:
         self, topic: str, reason: str, payload: bytes, now_ms: int, *, publish: bool = True
     ) -> None:
         """Errors topic, dead-letter stream, a log line and a counter; then carry on."""
-        rejection = messages.make_rejection(
-            topic, reason, payload, datetime.fromtimestamp(now_ms / 1000, UTC)
-        )
-        data = messages.encode(rejection)
-        log.warning("rejected message on %s: %s", topic, reason, extra={"outcome": "rejected"})
-        self.metrics.rejections.labels(reason=_reason_class(reason)).inc()
-        try:
-            self.store.dead_letter(data)
-        except StoreUnavailable as e:
-            log.warning("dead-letter stream unavailable: %s", e)
+        data = self._record_rejection(topic, reason, payload, now_ms)
         if publish:
             try:
                 self.publisher.publish(self.config.errors_topic(), data)
@@ -652,18 +643,23 @@ class Replica:
         self, entry_id: str, inbound: Inbound, effect: Reject, now_ms: int
     ) -> OutboxEntry:
         topic = inbound.topic or "internal"
-        received = datetime.fromtimestamp((inbound.received_ms or now_ms) / 1000, UTC)
-        rejection = messages.make_rejection(topic, effect.reason, inbound.head, received)
-        data = messages.encode(rejection)
-        log.warning(
-            "rejected message on %s: %s", topic, effect.reason, extra={"outcome": "rejected"}
+        data = self._record_rejection(
+            topic, effect.reason, inbound.head, inbound.received_ms or now_ms
         )
-        self.metrics.rejections.labels(reason=_reason_class(effect.reason)).inc()
+        return OutboxEntry(f"{entry_id}/rejection", self.config.errors_topic(), data)
+
+    def _record_rejection(self, topic: str, reason: str, payload: bytes, at_ms: int) -> bytes:
+        """The Rejection record of a refused message: logged, counted, dead-lettered; returned
+        encoded for the errors topic (published at once or through the outbox by the caller)."""
+        received = datetime.fromtimestamp(at_ms / 1000, UTC)
+        data = messages.encode(messages.make_rejection(topic, reason, payload, received))
+        log.warning("rejected message on %s: %s", topic, reason, extra={"outcome": "rejected"})
+        self.metrics.rejections.labels(reason=_reason_class(reason)).inc()
         try:
             self.store.dead_letter(data)
         except StoreUnavailable as e:
             log.warning("dead-letter stream unavailable: %s", e)
-        return OutboxEntry(f"{entry_id}/rejection", self.config.errors_topic(), data)
+        return data
 
     def _count_dataset(self, effect: Publish) -> None:
         if effect.kind == "dataset":
