@@ -328,31 +328,40 @@ def _stale_round(job: JobState, event: RoundWritten | ModelCopied, out: _Out) ->
     return False
 
 
-def _train_data_written(job: JobState, event: Event, out: _Out) -> JobState:
+def _data_written(job: JobState, event: Event, out: _Out) -> JobState:
+    """A round's train or eval data is on disk: tell the worker (eval gets the train models)."""
     assert isinstance(event, RoundWritten)
     if _stale_round(job, event, out):
         return job
     if event.error is not None:
-        out.publish_job(job, {"phase": "train", "status": "failed", "reason": event.error})
+        out.publish_job(job, {"phase": event.phase, "status": "failed", "reason": event.error})
         return _back_to_train(job, out, event.error, retry_now=False)
-    out.publish_job(job, {"phase": "train", "status": "ready", "input": _round_input(job, "train")})
+    content = _round_input(job, event.phase)
+    if event.phase == "eval":
+        content = {"models": _models(job.train_models), **content}
+    out.publish_job(job, {"phase": event.phase, "status": "ready", "input": content})
     return replace(job, step="running")
+
+
+def _no_usable_model(job: JobState, event: WorkerReported, out: _Out) -> JobState:
+    """`completed` without a model to go on with: the round failed, and the cloud says why."""
+    reason = event.unusable or f"{event.kind} worker completed without a usable model"
+    out.publish_job(job, {"phase": event.kind, "status": "failed", "reason": reason})
+    return _back_to_train(job, out, reason, retry_now=True)
 
 
 def _train_completed(job: JobState, event: Event, out: _Out) -> JobState:
     assert isinstance(event, WorkerReported)
     if not event.models:
-        reason = event.unusable or "train worker completed without a usable model"
-        out.publish_job(job, {"phase": "train", "status": "failed", "reason": reason})
-        return _back_to_train(job, out, reason, retry_now=True)
+        return _no_usable_model(job, event, out)
     job = replace(job, phase="eval", step="preparing", train_models=event.models, round=())
     out.add(_write_round(job, "eval", job.eval_batches, out))
     return job
 
 
-def _train_failed(job: JobState, event: Event, out: _Out) -> JobState:
+def _worker_failed(job: JobState, event: Event, out: _Out) -> JobState:
     assert isinstance(event, WorkerReported)
-    return _back_to_train(job, out, f"train worker {event.worker} failed", retry_now=True)
+    return _back_to_train(job, out, f"{event.kind} worker {event.worker} failed", retry_now=True)
 
 
 def _back_to_train(job: JobState, out: _Out, reason: str, *, retry_now: bool) -> JobState:
@@ -379,24 +388,10 @@ def _back_to_train(job: JobState, out: _Out, reason: str, *, retry_now: bool) ->
     return replace(job, next_check_ms=due_ms)
 
 
-def _eval_data_written(job: JobState, event: Event, out: _Out) -> JobState:
-    assert isinstance(event, RoundWritten)
-    if _stale_round(job, event, out):
-        return job
-    if event.error is not None:
-        out.publish_job(job, {"phase": "eval", "status": "failed", "reason": event.error})
-        return _back_to_train(job, out, event.error, retry_now=False)
-    content = {"models": _models(job.train_models), **_round_input(job, "eval")}
-    out.publish_job(job, {"phase": "eval", "status": "ready", "input": content})
-    return replace(job, step="running")
-
-
 def _eval_completed(job: JobState, event: Event, out: _Out) -> JobState:
     assert isinstance(event, WorkerReported)
     if not event.models:
-        reason = event.unusable or "eval worker completed without a usable model"
-        out.publish_job(job, {"phase": "eval", "status": "failed", "reason": reason})
-        return _back_to_train(job, out, reason, retry_now=True)
+        return _no_usable_model(job, event, out)
     prefix = out.ctx.volume_prefix
     source = event.models[0].url
     out.add(
@@ -410,11 +405,6 @@ def _eval_completed(job: JobState, event: Event, out: _Out) -> JobState:
         )
     )
     return replace(job, phase="deploy", step="copying", eval_models=event.models)
-
-
-def _eval_failed(job: JobState, event: Event, out: _Out) -> JobState:
-    assert isinstance(event, WorkerReported)
-    return _back_to_train(job, out, f"eval worker {event.worker} failed", retry_now=True)
 
 
 def _model_copied(job: JobState, event: Event, out: _Out) -> JobState:
@@ -447,12 +437,12 @@ JobHandler = Callable[[JobState, Event, _Out], JobState]
 #: "kind/status"; effect results "train-written", "eval-written", "model-copied".
 JOB_TABLE: dict[tuple[str, str, str], JobHandler] = {
     ("train", "waiting", "tick"): _on_tick,
-    ("train", "preparing", "train-written"): _train_data_written,
+    ("train", "preparing", "train-written"): _data_written,
     ("train", "running", "train/completed"): _train_completed,
-    ("train", "running", "train/failed"): _train_failed,
-    ("eval", "preparing", "eval-written"): _eval_data_written,
+    ("train", "running", "train/failed"): _worker_failed,
+    ("eval", "preparing", "eval-written"): _data_written,
     ("eval", "running", "eval/completed"): _eval_completed,
-    ("eval", "running", "eval/failed"): _eval_failed,
+    ("eval", "running", "eval/failed"): _worker_failed,
     ("deploy", "copying", "model-copied"): _model_copied,
 }
 
