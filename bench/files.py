@@ -130,6 +130,7 @@ def round_file(s: Stack, *, samples: int, repeats: int = 3) -> list[Result]:
     write_s: list[float] = []
     cp_s: list[float] = []
     for _ in range(repeats):
+        out.unlink(missing_ok=True)  # both write a new file: neither pays for freeing the last
         started = time.perf_counter()
         written = blobs.write_round(
             source_url=str(source),

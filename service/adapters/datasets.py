@@ -17,15 +17,17 @@ Python loop per line, and memory stays at a few blocks whatever the file size.
 from __future__ import annotations
 
 import errno
+import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import boto3.exceptions
 import botocore.exceptions
 import msgspec
+import numpy as np
 
 from service.adapters import s3
 from service.adapters.s3 import S3Clients, S3CredentialLike
@@ -37,9 +39,7 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 1 << 20
 TAIL_BYTES = 64
 
-# Every byte except b"\n" becomes b"x": a non-empty line then ends in b"x\n", and those
-# occurrences cannot overlap, so bytes.count counts non-empty lines exactly.
-_MARK_TABLE = bytes(0x0A if i == 0x0A else 0x78 for i in range(256))
+CENSUS_CHUNK = 1 << 18
 
 _PERMANENT_ERRNOS = frozenset(
     {
@@ -61,8 +61,12 @@ BOTO_ERRORS = (
     boto3.exceptions.Boto3Error,
 )
 
-Read = Callable[[int], bytes]
-"""Reads up to n bytes (fewer only at the end); b"" at the end of the range."""
+Chunk = bytes | memoryview
+"""Bytes read or scanned; a memoryview is a window on a reused buffer (see where it is made)."""
+ReadInto = Callable[[memoryview], int]
+"""Fills a prefix of the view with the next bytes of a range; returns how many (0 at the
+end). Reading into the caller's buffer, not into new bytes objects, is what keeps big scans
+free of allocations."""
 
 
 class SourceMissing(PermanentError):
@@ -97,38 +101,70 @@ class SampleBatch:
     """Complete lines of one block: samples ``first .. first+count``.
 
     ``body`` is b"\\n"-terminated lines with CRLF folded; it may still contain empty lines
-    (``sample_lines`` drops them) and never contains the csv header.
+    (``sample_lines`` drops them) and never contains the csv header. It is usually a view of
+    the scanner's buffer: valid until the scanner's next ``feed``.
     """
 
     first: int
     count: int
-    body: bytes
+    body: Chunk
+    clean: bool = True
+    """No empty line in ``body``: it is exactly the samples, one per line."""
 
 
-def sample_lines(body: bytes) -> list[bytes]:
+def sample_lines(body: Chunk) -> list[bytes]:
     """The samples of a batch body, in order."""
-    return [line for line in body.split(b"\n") if line]
+    return [line for line in bytes(body).split(b"\n") if line]
 
 
-def _fold_crlf(lines: bytes) -> bytes:
-    """Strip one b"\\r" before each b"\\n" (a replace pass consumes each CR at most once).
+class LineCensus:
+    """Counts lines of newline-terminated bytes with numpy, one chunk at a time.
 
-    The single-byte test first: it runs at memchr speed, the two-byte search of `replace`
-    at a fraction of it, and most files have no CR at all.
+    About 0.15 ms per MiB, where the bytes methods this replaced (``count(b"\\n")`` and a
+    two-byte ``b"\\n\\n" in``) took 1.3 ms. The scratch arrays are allocated once per
+    census and reused: fresh large temporaries cost more in page faults than the comparison.
+    Not thread-safe; each scanner owns one.
     """
-    return lines.replace(b"\r\n", b"\n") if b"\r" in lines else lines
 
+    def __init__(self) -> None:
+        # _newline[0] is "the byte before this chunk was a newline"; the chunk's own
+        # comparison lands in _newline[1:].
+        self._newline = np.empty(CENSUS_CHUNK + 1, np.bool_)
+        self._pair = np.empty(CENSUS_CHUNK, np.bool_)
 
-def has_empty_lines(folded: bytes) -> bool:
-    """Whether newline-terminated ``folded`` holds an empty line (rare: the fast paths skip
-    the per-line work when it does not)."""
-    return folded.startswith(b"\n") or b"\n\n" in folded
+    def count(self, folded: Chunk) -> tuple[int, int]:
+        """``(lines, empty)``: the b"\\n" count of ``folded`` and how many of those end an
+        empty line (one at the very start, or right after another b"\\n")."""
+        newline, pair = self._newline, self._pair
+        lines = empty = 0
+        after_newline = True
+        for _, n in self._chunks(folded):
+            newline[0] = after_newline
+            lines += int(np.count_nonzero(newline[1 : n + 1]))
+            np.logical_and(newline[:n], newline[1 : n + 1], out=pair[:n])
+            empty += int(np.count_nonzero(pair[:n]))
+            after_newline = bool(newline[n])
+        return lines, empty
 
+    def end_of_line(self, folded: Chunk, k: int) -> int:
+        """The offset just past the ``k``-th b"\\n" of ``folded`` (0 for k = 0)."""
+        if k == 0:
+            return 0
+        seen = 0
+        for start, n in self._chunks(folded):
+            here = int(np.count_nonzero(self._newline[1 : n + 1]))
+            if seen + here >= k:
+                return start + int(np.flatnonzero(self._newline[1 : n + 1])[k - seen - 1]) + 1
+            seen += here
+        raise ValueError(f"line {k} asked of bytes holding {seen}")
 
-def _count_non_empty(folded: bytes) -> int:
-    if not has_empty_lines(folded):
-        return folded.count(b"\n")
-    return folded.translate(_MARK_TABLE).count(b"x\n")
+    def _chunks(self, folded: Chunk) -> Iterator[tuple[int, int]]:
+        """Compare each chunk with b"\\n" into ``_newline[1:]``; yield its start and size."""
+        data = np.frombuffer(folded, np.uint8)
+        for start in range(0, len(data), CENSUS_CHUNK):
+            chunk = data[start : start + CENSUS_CHUNK]
+            np.equal(chunk, 0x0A, out=self._newline[1 : len(chunk) + 1])
+            yield start, len(chunk)
 
 
 def _split_header(folded: bytes) -> tuple[bytes, bytes]:
@@ -164,55 +200,97 @@ class SampleScanner:
         self._header_seen = header_seen or fmt != "csv"
         self._recent = self.tail
         self._position = offset
-        self._carry = b""
+        self._buf = bytearray()
+        self._carry_at = 0  # the partial last line is _buf[_carry_at : _carry_at + _carry_len]
+        self._carry_len = 0
         self._keep_lines = keep_lines
+        self.census = LineCensus()
 
-    def feed(self, block: bytes) -> SampleBatch | None:
-        """Take the next block; return the batch of lines it completed, if any."""
+    def read_from(self, read_into: ReadInto) -> tuple[int, SampleBatch | None]:
+        """Read the next block; return its size (0 at the end) and the batch of lines it
+        completed, if any.
+
+        The block is read straight into the scanner's reused buffer, behind the partial line
+        left over, so no large object is allocated per block (fresh megabytes cost page
+        faults that outweigh the scan); the batch body is a view of that buffer.
+        """
+        buf = self._make_room(BLOCK_BYTES)
+        carry = self._carry_len
+        size = read_into(memoryview(buf)[carry : carry + BLOCK_BYTES])
+        if size == 0:
+            return 0, None
         base = self._position
-        self._position += len(block)
-        end = block.rfind(b"\n")
+        self._position += size
+        total = carry + size
+        end = buf.rfind(b"\n", carry, total)
         if end < 0:
-            self._carry = self._shorten(self._carry + block)
-            self._recent = (self._recent + block)[-TAIL_BYTES:]
-            return None
-        if end + 1 >= TAIL_BYTES:
-            self.tail = block[end + 1 - TAIL_BYTES : end + 1]
+            self._carry_len = self._shortened(total)
+            self._recent = (self._recent + bytes(buf[max(total - TAIL_BYTES, carry) : total]))[
+                -TAIL_BYTES:
+            ]
+            return size, None
+        line_end = end + 1
+        if line_end - carry >= TAIL_BYTES:
+            self.tail = bytes(buf[line_end - TAIL_BYTES : line_end])
         else:
-            self.tail = (self._recent + block[: end + 1])[-TAIL_BYTES:]
-        self._recent = (self._recent + block[-TAIL_BYTES:])[-TAIL_BYTES:]
-        folded = _fold_crlf(self._carry + block[: end + 1])
-        self._carry = self._shorten(block[end + 1 :])
-        self.offset = base + end + 1
-        return self._batch(folded)
+            self.tail = (self._recent + bytes(buf[carry:line_end]))[-TAIL_BYTES:]
+        self._recent = (self._recent + bytes(buf[max(total - TAIL_BYTES, carry) : total]))[
+            -TAIL_BYTES:
+        ]
+        self._carry_at, self._carry_len = line_end, self._shortened(total - line_end)
+        self.offset = base + line_end - carry
+        folded: Chunk = memoryview(buf)[:line_end]
+        if buf.find(b"\r", 0, line_end) >= 0:  # memchr speed; most files have no CR at all
+            folded = bytes(folded).replace(b"\r\n", b"\n")
+        return size, self._batch(folded)
 
     def finish(self) -> SampleBatch | None:
         """The unterminated last line as a one-sample batch (not consumed), if it is one."""
-        line = self._carry[:-1] if self._carry.endswith(b"\r") else self._carry
+        at = self._carry_at
+        line = bytes(self._buf[at : at + self._carry_len])
+        line = line[:-1] if line.endswith(b"\r") else line
         if not line or not self._header_seen:
             return None
         return SampleBatch(self.samples, 1, line + b"\n")
 
-    def _batch(self, folded: bytes) -> SampleBatch:
+    def _make_room(self, size: int) -> bytearray:
+        """Move the partial line to the buffer's front (the previous batch is done with it)
+        and make sure ``size`` more bytes fit behind it."""
+        buf, at, carry = self._buf, self._carry_at, self._carry_len
+        if carry + size > len(buf):
+            grown = bytearray(max(carry + size, 2 * len(buf)))
+            grown[:carry] = buf[at : at + carry]
+            self._buf = buf = grown
+        elif at:
+            buf[:carry] = buf[at : at + carry]
+        self._carry_at = 0
+        return buf
+
+    def _batch(self, folded: Chunk) -> SampleBatch:
         first = self.samples
-        count = _count_non_empty(folded)
+        lines, empty = self.census.count(folded)
+        count = lines - empty
         if not self._header_seen and count:
-            self.header, folded = _split_header(folded)
+            self.header, folded = _split_header(bytes(folded))
             self._header_seen = True
             count -= 1
+            empty = self.census.count(folded)[1]  # the empty lines before the header are gone
         self.samples += count
-        return SampleBatch(first, count, folded)
+        return SampleBatch(first, count, folded, clean=empty == 0)
 
-    def _shorten(self, carry: bytes) -> bytes:
-        if self._keep_lines or not self._header_seen or len(carry) <= 2:
+    def _shortened(self, carry: int) -> int:
+        """The partial line's kept length (its first two bytes when only counting)."""
+        if self._keep_lines or not self._header_seen:
             return carry
-        return carry[:2]
+        return min(carry, 2)
 
 
-def iter_batches(read: Read, scanner: SampleScanner) -> Iterator[SampleBatch]:
-    """Feed ``read`` to ``scanner`` block by block; the unterminated last line comes last."""
-    while block := read(BLOCK_BYTES):
-        batch = scanner.feed(block)
+def iter_batches(read_into: ReadInto, scanner: SampleScanner) -> Iterator[SampleBatch]:
+    """Scan the whole range block by block; the unterminated last line comes last."""
+    while True:
+        size, batch = scanner.read_from(read_into)
+        if not size:
+            break
         if batch is not None:
             yield batch
     last = scanner.finish()
@@ -220,19 +298,19 @@ def iter_batches(read: Read, scanner: SampleScanner) -> Iterator[SampleBatch]:
         yield last
 
 
-def read_exact(read: Read, n: int) -> bytes:
+def read_exact(read_into: ReadInto, n: int) -> bytes:
     """Up to ``n`` bytes, fewer only when the range ends first."""
-    parts: list[bytes] = []
-    while n > 0 and (part := read(n)):
-        parts.append(part)
-        n -= len(part)
-    return b"".join(parts)
+    view = memoryview(bytearray(n))
+    got = 0
+    while got < n and (part := read_into(view[got:])):
+        got += part
+    return bytes(view[:got])
 
 
 class LocalSource:
     """An open local file, its size and identity taken from the same descriptor."""
 
-    def __init__(self, file: BinaryIO, context: str) -> None:
+    def __init__(self, file: io.BufferedReader, context: str) -> None:
         st = os.fstat(file.fileno())
         self.size = st.st_size
         self.identity = f"{st.st_dev}:{st.st_ino}"
@@ -240,20 +318,20 @@ class LocalSource:
         self._context = context
 
     @contextmanager
-    def range(self, start: int) -> Iterator[Read]:
+    def range(self, start: int) -> Iterator[ReadInto]:
         """Read from ``start`` up to the size seen at open (later appends wait a poll)."""
         remaining = max(self.size - start, 0)
         with io_errors(self._context):
             self._file.seek(start)
 
-        def read(n: int) -> bytes:
+        def read_into(view: memoryview) -> int:
             nonlocal remaining
             with io_errors(self._context):
-                data = self._file.read(min(n, remaining))
-            remaining -= len(data)
-            return data
+                got = self._file.readinto(view[:remaining])
+            remaining -= got
+            return got
 
-        yield read
+        yield read_into
 
 
 class S3Source:
@@ -274,10 +352,10 @@ class S3Source:
         self._etag = head.get("ETag", "")
 
     @contextmanager
-    def range(self, start: int) -> Iterator[Read]:
+    def range(self, start: int) -> Iterator[ReadInto]:
         """Stream ``[start, size)`` with one ranged GET (nothing at all for an empty range)."""
         if start >= self.size:
-            yield lambda _n: b""
+            yield lambda _view: 0
             return
         loc = self._location
         with io_errors(self._context):
@@ -287,12 +365,14 @@ class S3Source:
             )
         body = response["Body"]
 
-        def read(n: int) -> bytes:
+        def read_into(view: memoryview) -> int:
             with io_errors(self._context):
-                return body.read(n)
+                data = body.read(len(view))
+            view[: len(data)] = data
+            return len(data)
 
         try:
-            yield read
+            yield read_into
         finally:
             body.close()
 
@@ -365,32 +445,31 @@ class DatasetReader:
     def _poll_open(self, source: LocalSource | S3Source, fmt: str, cursor: Cursor) -> Poll:
         replaced = bool(cursor.identity) and cursor.identity != source.identity
         if not replaced and source.size >= cursor.offset:
-            with source.range(cursor.offset - len(cursor.tail)) as read:
-                before = read_exact(read, len(cursor.tail))
+            with source.range(cursor.offset - len(cursor.tail)) as read_into:
+                before = read_exact(read_into, len(cursor.tail))
                 if before == cursor.tail:
                     scanner = SampleScanner(
                         fmt, offset=cursor.offset, samples=cursor.samples,
                         header_seen=cursor.header is not None, tail=cursor.tail,
                         keep_lines=False,
                     )
-                    scanned = _scan(read, scanner)
+                    scanned = _scan(read_into, scanner)
                     return _poll_of(scanner, cursor.header, source.identity,
                                     len(before) + scanned, rewritten=False)
             bytes_before = len(before)
         else:
             bytes_before = 0
         scanner = SampleScanner(fmt, keep_lines=False)
-        with source.range(0) as read:
-            scanned = _scan(read, scanner)
+        with source.range(0) as read_into:
+            scanned = _scan(read_into, scanner)
         return _poll_of(scanner, None, source.identity, bytes_before + scanned, rewritten=True)
 
 
-def _scan(read: Read, scanner: SampleScanner) -> int:
-    """Feed everything ``read`` yields to ``scanner``; return the number of bytes read."""
+def _scan(read_into: ReadInto, scanner: SampleScanner) -> int:
+    """Scan the whole range (counting only); return the number of bytes read."""
     total = 0
-    while block := read(BLOCK_BYTES):
-        total += len(block)
-        scanner.feed(block)
+    while size := scanner.read_from(read_into)[0]:
+        total += size
     return total
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.adapters import datasets
 from service.adapters.datasets import (
     TAIL_BYTES,
-    Read,
+    ReadInto,
     SampleScanner,
     iter_batches,
     read_exact,
@@ -25,18 +28,21 @@ def reference(data: bytes, fmt: str) -> tuple[bytes | None, list[bytes]]:
     return None, samples
 
 
-def chunked(data: bytes, sizes: list[int]) -> Read:
-    """A reader that returns ``data`` in the given (cycled) chunk sizes, ignoring ``n``."""
+def chunked(data: bytes, sizes: list[int]) -> ReadInto:
+    """A reader that returns ``data`` in the given (cycled) chunk sizes, or less when the
+    view is smaller."""
     state = {"pos": 0, "i": 0}
 
-    def read(_n: int) -> bytes:
+    def read_into(view: memoryview) -> int:
         size = sizes[state["i"] % len(sizes)] if sizes else len(data)
         state["i"] += 1
         start = state["pos"]
-        state["pos"] = start + max(size, 1)
-        return data[start : state["pos"]]
+        part = data[start : start + min(max(size, 1), len(view))]
+        view[: len(part)] = part
+        state["pos"] = start + len(part)
+        return len(part)
 
-    return read
+    return read_into
 
 
 def scan(data: bytes, fmt: str, sizes: list[int]) -> tuple[SampleScanner, list[bytes]]:
@@ -87,8 +93,10 @@ def test_unterminated_line_is_a_sample_but_not_consumed() -> None:
 
 def test_counting_mode_shortens_a_long_partial_line_but_counts_it() -> None:
     scanner = SampleScanner("txt", keep_lines=False)
-    for _ in range(50):
-        scanner.feed(b"x" * 1000)
+    read_into = chunked(b"x" * 50_000, [1000])
+    while scanner.read_from(read_into)[0]:
+        partial = scanner.finish()
+        assert partial is not None and len(partial.body) <= 3
     finished = scanner.finish()
     assert finished is not None and finished.count == 1
     assert len(finished.body) <= 3
@@ -125,3 +133,45 @@ def test_scanner_matches_reference(
     assert scanner.header == reference(data[:last_newline], fmt)[0]
     if header is None:
         assert scanner.header is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=60).map(lambda b: b.replace(b"\x00", b"\n")),
+    chunk=st.integers(1, 7),
+)
+def test_line_census_matches_a_byte_by_byte_count(data: bytes, chunk: int) -> None:
+    """Chunk boundaries anywhere: counts, empty lines and line ends agree with a plain loop."""
+    data = data + b"\n"
+    ends = [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
+    empty = sum(1 for end in ends if end == 1 or data[end - 2] == 0x0A)
+    with mock.patch.object(datasets, "CENSUS_CHUNK", chunk):
+        census = datasets.LineCensus()
+        assert census.count(data) == (len(ends), empty)
+        assert census.count(memoryview(bytearray(data))) == (len(ends), empty)
+        assert [census.end_of_line(data, k) for k in range(len(ends) + 1)] == [0, *ends]
+        with pytest.raises(ValueError, match="line"):
+            census.end_of_line(data, len(ends) + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=lines_st,
+    block=st.integers(1, 12),
+    chunk=st.integers(1, 5),
+    fmt=st.sampled_from(["txt", "csv"]),
+)
+def test_batches_say_whether_they_are_clean(
+    lines: list[bytes], block: int, chunk: int, fmt: str
+) -> None:
+    """A clean batch's body is exactly its samples; others hold an empty line."""
+    data = b"\n".join(lines) + b"\n"
+    with (
+        mock.patch.object(datasets, "BLOCK_BYTES", block),
+        mock.patch.object(datasets, "CENSUS_CHUNK", chunk),
+    ):
+        for batch in iter_batches(chunked(data, [block]), SampleScanner(fmt)):
+            body = bytes(batch.body)
+            assert batch.clean == (not body.startswith(b"\n") and b"\n\n" not in body)
+            if batch.clean:
+                assert body.count(b"\n") == batch.count
