@@ -16,6 +16,7 @@ import os
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 T = TypeVar("T")
+#: Writes at least this big go to the round writer's helper thread.
+PIPELINED_MIN_BYTES = 1 << 16
 SampleRange = tuple[int, int]
 """Half-open sample indices ``[start, end)``."""
 
@@ -66,7 +69,9 @@ def _ascending_runs(ranges: Sequence[SampleRange]) -> list[list[SampleRange]]:
 class _RoundWriter:
     """Writes the csv header once, then sample lines (and their index entries)."""
 
-    def __init__(self, data: BinaryIO, index: BinaryIO | None, needs_header: bool) -> None:
+    def __init__(
+        self, data: BinaryIO | _Pipelined, index: BinaryIO | None, needs_header: bool
+    ) -> None:
         self.needs_header = needs_header
         self.written = 0
         self._data = data
@@ -164,7 +169,8 @@ class BlobStore:
 
         def once() -> int:
             with ExitStack() as stack:
-                data = stack.enter_context(self._staged(data_url, dest_cred))
+                data_file = stack.enter_context(self._staged(data_url, dest_cred))
+                data = stack.enter_context(_Pipelined(data_file))
                 index = None
                 if index_url is not None:
                     index = stack.enter_context(self._staged(index_url, dest_cred))
@@ -186,9 +192,9 @@ class BlobStore:
         writer: _RoundWriter,
     ) -> None:
         """One forward scan of the source serving an ascending run of ranges."""
-        scanner = SampleScanner(fmt)
         i = 0
         with open_source(self._s3, url, cred) as source, source.range(0) as read_into:
+            scanner = SampleScanner(fmt, expected_bytes=source.size)
             for batch in iter_batches(read_into, scanner):
                 if writer.needs_header and scanner.header is not None:
                     writer.header(scanner.header)
@@ -302,6 +308,62 @@ class BlobStore:
     def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
         location = s3.parse_s3_url(url)
         self._s3.client(cred).upload_file(path, location.bucket, location.key)
+
+
+class _Pipelined:
+    """A file whose big writes run on a helper thread, so that reading and scanning the next
+    block overlaps writing this one (a round file then costs about the larger of the two,
+    not their sum).
+
+    Each big write is first copied into one of two reused buffers (the caller's bytes are a
+    view of the scanner's buffer, which the next read overwrites); at most one write is in
+    flight and writes land in order. Small writes go straight to the file, after the one in
+    flight. An error from the helper comes out of the next call, or of the with block.
+    """
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._buffers = [bytearray(), bytearray()]
+        self._turn = 0
+        self._helper: ThreadPoolExecutor | None = None
+        self._in_flight: Future[int] | None = None
+
+    def __enter__(self) -> _Pipelined:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None:
+                self._drain()
+        finally:
+            if self._helper is not None:  # waits for a write still in flight
+                self._helper.shutdown(wait=True)
+                self._helper = None
+
+    def write(self, data: Chunk) -> int:
+        size = len(data)
+        if size < PIPELINED_MIN_BYTES:
+            self._drain()
+            return self._file.write(data)
+        buffer = self._buffers[self._turn]
+        if len(buffer) < size:
+            buffer = self._buffers[self._turn] = bytearray(size)
+        buffer[:size] = data
+        self._turn ^= 1
+        self._drain()
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="round-writer")
+        self._in_flight = self._helper.submit(self._file.write, memoryview(buffer)[:size])
+        return size
+
+    def flush(self) -> None:
+        self._drain()
+        self._file.flush()
+
+    def _drain(self) -> None:
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
 
 
 class _WriteBehind(io.BufferedWriter):

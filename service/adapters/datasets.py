@@ -192,7 +192,13 @@ class SampleScanner:
         header_seen: bool = False,
         tail: bytes = b"",
         keep_lines: bool = True,
+        expected_bytes: int | None = None,
     ) -> None:
+        # Blocks no bigger than what the range holds: a fresh megabyte costs page faults,
+        # which would dominate a poll that finds a few kilobytes appended.
+        self._block = (
+            BLOCK_BYTES if expected_bytes is None else max(1, min(BLOCK_BYTES, expected_bytes))
+        )
         self.offset = offset
         self.samples = samples
         self.header: bytes | None = None
@@ -214,9 +220,9 @@ class SampleScanner:
         left over, so no large object is allocated per block (fresh megabytes cost page
         faults that outweigh the scan); the batch body is a view of that buffer.
         """
-        buf = self._make_room(BLOCK_BYTES)
+        buf = self._make_room(self._block)
         carry = self._carry_len
-        size = read_into(memoryview(buf)[carry : carry + BLOCK_BYTES])
+        size = read_into(memoryview(buf)[carry : carry + self._block])
         if size == 0:
             return 0, None
         base = self._position
@@ -451,7 +457,7 @@ class DatasetReader:
                     scanner = SampleScanner(
                         fmt, offset=cursor.offset, samples=cursor.samples,
                         header_seen=cursor.header is not None, tail=cursor.tail,
-                        keep_lines=False,
+                        keep_lines=False, expected_bytes=source.size - cursor.offset,
                     )
                     scanned = _scan(read_into, scanner)
                     return _poll_of(scanner, cursor.header, source.identity,
@@ -459,7 +465,7 @@ class DatasetReader:
             bytes_before = len(before)
         else:
             bytes_before = 0
-        scanner = SampleScanner(fmt, keep_lines=False)
+        scanner = SampleScanner(fmt, keep_lines=False, expected_bytes=source.size)
         with source.range(0) as read_into:
             scanned = _scan(read_into, scanner)
         return _poll_of(scanner, None, source.identity, bytes_before + scanned, rewritten=True)
