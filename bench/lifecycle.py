@@ -3,7 +3,6 @@ Redis commands per report, and failover after a SIGKILL."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import redis
 
 from bench.baselines import Floors
@@ -38,24 +38,60 @@ from service.keys import NUM_SHARDS, shard_of
 MONITOR_STOP = "bench-monitor-stop"
 
 
+class _OwnerInfo(msgspec.Struct):
+    seq: int = 0
+
+
+class _Output(msgspec.Struct):
+    ownerInfo: _OwnerInfo = msgspec.field(default_factory=_OwnerInfo)  # noqa: N815
+
+
+class _Content(msgspec.Struct):
+    status: str = ""
+    phase: str = ""
+    input: dict[str, Any] | None = None
+    output: _Output | None = None
+
+
+class _Header(msgspec.Struct):
+    resourceName: str = ""  # noqa: N815
+
+
+class _Upstream(msgspec.Struct):
+    header: _Header
+    content: _Content
+
+
+_decode_upstream = msgspec.json.Decoder(_Upstream).decode
+
+
 @dataclass
 class Upstream:
     """What the cloud saw upstream: `ready` arrivals per (job, phase) and forwarded reports
-    by their `seq`, each with its arrival time."""
+    by their `seq`, each with its arrival time.
+
+    The handler runs on the measuring process's paho thread for every message, so it reads
+    only the fields it needs, and during a burst wakes the waiter only once the burst is all
+    in (`forwarded_target`): a wake-up per message would make the measuring process, which
+    shares the machine's two cores with the controller, the cost being measured.
+    """
 
     cond: threading.Condition = field(default_factory=threading.Condition)
     ready: dict[tuple[str, str], float] = field(default_factory=dict)
     forwarded: dict[int, float] = field(default_factory=dict)
+    forwarded_target: int | None = None
 
     def handle(self, _topic: str, payload: bytes, t: float) -> None:
-        message = json.loads(payload)
-        name, content = message["header"]["resourceName"], message["content"]
+        message = _decode_upstream(payload)
+        name, content = message.header.resourceName, message.content
         with self.cond:
-            if content.get("status") == "ready" and "input" in content:
-                self.ready.setdefault((name, content["phase"]), t)
-            output = content.get("output")
-            if output is not None:
-                self.forwarded.setdefault(int(output["ownerInfo"].get("seq", 0)), t)
+            if content.status == "ready" and content.input is not None:
+                self.ready.setdefault((name, content.phase), t)
+            if content.output is not None:
+                self.forwarded.setdefault(content.output.ownerInfo.seq, t)
+                target = self.forwarded_target
+                if target is not None and len(self.forwarded) < target:
+                    return
             self.cond.notify_all()
 
     def wait(self, predicate: Any, timeout_s: float, what: str) -> None:
@@ -160,14 +196,19 @@ class Burst:
         ]
         with self.seen.cond:
             expected = len(self.seen.forwarded) + count  # seqs are new: each adds one key
+            self.seen.forwarded_target = expected
         started = time.perf_counter()
         for topic, payload in payloads:
             self.peer.publish(topic, payload)
-        # O(1) per wake-up: this predicate runs on every arriving message, and a scan of
-        # `count` entries there would make the measuring process the bottleneck
-        self.seen.wait(
-            lambda: len(self.seen.forwarded) >= expected, timeout_s, f"{count} forwarded reports"
-        )
+        try:
+            self.seen.wait(
+                lambda: len(self.seen.forwarded) >= expected,
+                timeout_s,
+                f"{count} forwarded reports",
+            )
+        finally:
+            with self.seen.cond:
+                self.seen.forwarded_target = None
         missing = [q for q in seqs if q not in self.seen.forwarded]
         if missing:
             raise AssertionError(f"{len(missing)} reports never forwarded, e.g. seq {missing[0]}")
@@ -238,6 +279,8 @@ def client_commands_per_event(
 
 
 def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Result]:
+    """Each rate is the best of three bursts, as the relay's baseline rate is: on a shared
+    machine a single burst mostly measures the neighbours."""
     seen = Upstream()
     peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
     r1 = s.controller("r1")
@@ -248,7 +291,7 @@ def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Res
     wait_ingress(peer, seen, names[0])
     burst = Burst(peer, seen, names)
     burst.run(min(500, reports))  # warm-up
-    one_rate, _ = burst.run(reports)
+    one_rate = max(burst.run(reports)[0] for _ in range(3))
     net, raw, top = commands_per_event(client, burst, reports)
     monitored = client_commands_per_event(client, burst, min(reports, 1000))
     s.controller("r2")
@@ -258,7 +301,7 @@ def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Res
         "two replicas splitting the shards 8/8",
     )
     burst.run(min(500, reports))
-    two_rate, _ = burst.run(reports)
+    two_rate = max(burst.run(reports)[0] for _ in range(3))
     peer.close()
     client.close()
     assert r1.proc is not None

@@ -147,6 +147,8 @@ class OutboxPublisher:
             if now - self._last_sweep >= SWEEP_INTERVAL_S:
                 shards |= set(self._held_shards())
                 self._last_sweep = now
-        for shard in sorted(shards):
-            for stream_id, entry in self._store.outbox_read(shard):
+        if not shards:
+            return
+        for shard, entries in self._store.outbox_read(sorted(shards)).items():
+            for stream_id, entry in entries:
                 self._publish((shard, stream_id), entry, now)

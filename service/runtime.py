@@ -474,11 +474,9 @@ class Replica:
                     self._states.forget(shard)
                     replayed.add(shard)
                 self._apply(entries)
-            for shard in shards:
-                token = self.leases.token(shard)
-                if token is None:
-                    continue
-                for effect_id, data in self.store.pending_effects(shard).items():
+            live = [shard for shard in shards if self.leases.token(shard) is not None]
+            for shard, intents in self.store.pending_effects(live).items():
+                for effect_id, data in intents.items():
                     self._submit(shard, effect_id, decode_work(data))
         except StoreUnavailable:
             with self._fresh_lock:

@@ -420,17 +420,26 @@ class RedisStore:
 
     # -- outbox ------------------------------------------------------------------------
 
-    def outbox_read(self, shard: int, count: int = 1000) -> list[tuple[str, OutboxEntry]]:
-        """Unpublished upstream messages, oldest first, with their stream ids."""
+    def outbox_read(
+        self, shards: Sequence[int], count: int = 1000
+    ) -> dict[int, list[tuple[str, OutboxEntry]]]:
+        """Per shard, unpublished upstream messages, oldest first, with their stream ids; all
+        shards in one round trip."""
         with _store_errors("outbox_read"):
-            entries = self._client.xrange(self.keys.outbox(shard), count=count)
-        return [
-            (
-                _text(entry_id),
-                OutboxEntry(_text(f[b"id"]), _text(f[b"topic"]), f[b"payload"]),
-            )
-            for entry_id, f in entries
-        ]
+            pipe = self._client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.xrange(self.keys.outbox(shard), count=count)
+            replies = pipe.execute()
+        return {
+            shard: [
+                (
+                    _text(entry_id),
+                    OutboxEntry(_text(f[b"id"]), _text(f[b"topic"]), f[b"payload"]),
+                )
+                for entry_id, f in entries
+            ]
+            for shard, entries in zip(shards, replies, strict=True)
+        }
 
     def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
         """Forget published messages (after the broker's PUBACK)."""
@@ -474,11 +483,18 @@ class RedisStore:
 
     # -- effects -----------------------------------------------------------------------
 
-    def pending_effects(self, shard: int) -> dict[str, bytes]:
-        """Effect intents committed but not yet completed (a new owner redoes them)."""
+    def pending_effects(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
+        """Per shard, the effect intents committed but not yet completed (a new owner redoes
+        them), in one round trip."""
         with _store_errors("pending_effects"):
-            intents = self._client.hgetall(self.keys.effects(shard))
-        return {_text(effect_id): intent for effect_id, intent in intents.items()}
+            pipe = self._client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hgetall(self.keys.effects(shard))
+            replies = pipe.execute()
+        return {
+            shard: {_text(effect_id): intent for effect_id, intent in intents.items()}
+            for shard, intents in zip(shards, replies, strict=True)
+        }
 
     def complete_effect(
         self, shard: int, token: str, effect_id: str, result_event: bytes | None

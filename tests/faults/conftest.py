@@ -96,10 +96,10 @@ class Probe:
         return Counter(json.loads(record)["event"] for record in history)
 
     def outbox_depth(self) -> int:
-        return sum(len(self.store.outbox_read(shard)) for shard in range(NUM_SHARDS))
+        return sum(map(len, self.store.outbox_read(range(NUM_SHARDS)).values()))
 
     def pending_effects(self) -> int:
-        return sum(len(self.store.pending_effects(shard)) for shard in range(NUM_SHARDS))
+        return sum(map(len, self.store.pending_effects(range(NUM_SHARDS)).values()))
 
 
 @contextlib.contextmanager

@@ -123,12 +123,12 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     assert store.list_rkeys("job") == [JOB]
     assert store.list_rkeys("dataset") == []
     assert store.next_timer_ms(SHARD) == 5_000
-    assert store.pending_effects(SHARD) == {"e-1": b"write samples"}
+    assert store.pending_effects([SHARD])[SHARD] == {"e-1": b"write samples"}
     assert store.history(JOB) == [b"h-1", b"h-2"]
-    [(stream_id, entry)] = store.outbox_read(SHARD)
+    [(stream_id, entry)] = store.outbox_read([SHARD])[SHARD]
     assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
     store.outbox_done(SHARD, [stream_id])
-    assert store.outbox_read(SHARD) == []
+    assert store.outbox_read([SHARD])[SHARD] == []
 
 
 def test_keep_state_leaves_state_and_timer_cancel(
@@ -167,8 +167,8 @@ def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Re
     with pytest.raises(LeaseLost):
         store.commit(SHARD, token + "0", batch)
     assert store.load([JOB, other]) == {JOB: None, other: None}
-    assert store.outbox_read(SHARD) == []
-    assert store.pending_effects(SHARD) == {}
+    assert store.outbox_read([SHARD])[SHARD] == []
+    assert store.pending_effects([SHARD])[SHARD] == {}
     assert store.next_timer_ms(SHARD) is None
     assert store.history(JOB) == []
     assert pending_ids(raw, store) == {entry_id}
@@ -308,7 +308,7 @@ def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisSto
     assert store.complete_effect(SHARD, token, "e-1", b"result-1")
     assert not store.complete_effect(SHARD, token, "e-1", b"result-1")
     assert store.complete_effect(SHARD, token, "e-2", None)  # no event to report
-    assert store.pending_effects(SHARD) == {}
+    assert store.pending_effects([SHARD])[SHARD] == {}
     got = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert [e.event for e in got] == [b"result-1"]
 
