@@ -108,6 +108,7 @@ def mosquitto_server(workdir: Path, extra_conf: str = "", port: int | None = Non
         + f"persistence_location {workdir}/\n"
         + "autosave_interval 1\n"
         + "max_queued_messages 100000\n"
+        + "max_inflight_messages 100\n"  # as the configs we ship
         # as root, mosquitto drops to the `mosquitto` user, who cannot write a 0700 temp dir
         + ("user root\n" if os.geteuid() == 0 and "user " not in extra_conf else "")
         + extra_conf

@@ -537,7 +537,10 @@ def decode_json_object(data: bytes, path: str = "$") -> dict[str, Any]:
 
 
 def _nesting_depth(data: bytes) -> int:
-    """Bracket depth outside strings, found without parsing."""
+    """Bracket depth outside strings, found without parsing (an upper bound when small)."""
+    opened = data.count(b"[") + data.count(b"{")
+    if opened <= MAX_NESTING_DEPTH:
+        return opened  # brackets inside strings included: still an upper bound, and small
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     opened = brackets.count(b"[") + brackets.count(b"{")
     if opened <= MAX_NESTING_DEPTH:
@@ -547,10 +550,27 @@ def _nesting_depth(data: bytes) -> int:
 
 def _check_integers(obj: object, path: str = "$") -> None:
     """Refuse integers beyond 64 bits: msgpack, which the state store may use, cannot hold
-    them, and a resource that cannot be stored must not get past the door."""
+    them, and a resource that cannot be stored must not get past the door.
+
+    A plain walk first; only a message that holds such an integer pays for the paths."""
+    if not _has_big_integer(obj):
+        return
     for value, where in _walk(obj, path):
         if isinstance(value, int) and not _INT64_MIN <= value <= _UINT64_MAX:
             raise InvalidMessage("integer out of 64-bit range", where)
+
+
+def _has_big_integer(obj: object) -> bool:
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, int) and not _INT64_MIN <= value <= _UINT64_MAX:
+            return True
+    return False
 
 
 def _walk(obj: object, path: str) -> Iterator[tuple[object, str]]:

@@ -737,7 +737,7 @@ def _mqtt(
     timeout_s: float,
     *,
     subscriptions: Sequence[str] = (),
-    inbound: queue.Queue[Inbound] | None = None,
+    inbound: queue.SimpleQueue[Inbound] | None = None,
 ) -> Iterator[MqttClient]:
     """A connected broker session under a fresh client id, closed on the way out."""
     client_id = f"lifelong-{verb}-{secrets.token_hex(3)}"
@@ -930,7 +930,7 @@ def _watch(args: argparse.Namespace) -> int:
         upstream_filter(cfg.upstream_topic, cfg.topic_prefix, node),
         f"{cfg.topic_prefix}/{node}/errors",
     ]
-    inbound: queue.Queue[Inbound] = queue.Queue()
+    inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
     connect_s = args.timeout or DEFAULT_TIMEOUT_S
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     seen = 0

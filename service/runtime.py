@@ -142,7 +142,7 @@ class Replica:
         )
         self.executor = Executor(self.store, blobs, DatasetReader(s3))
         self._stop = threading.Event()
-        self._inbound: queue.Queue[MqttInbound] = queue.Queue()
+        self._inbound: queue.SimpleQueue[MqttInbound] = queue.SimpleQueue()
         self._fresh: set[int] = set()
         self._pending_sweep_at_s = 0.0
         self._fresh_lock = threading.Lock()

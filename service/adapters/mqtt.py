@@ -297,14 +297,16 @@ class MqttClient:
         settings: MqttSettings,
         *,
         subscriptions: Sequence[str] = (),
-        inbound: queue.Queue[Inbound] | None = None,
+        inbound: queue.SimpleQueue[Inbound] | None = None,
         on_connection_change: Callable[[bool], None] | None = None,
     ) -> None:
         _check_settings(settings)
         self._settings = settings
         self._endpoint = parse_mqtt_url(settings.url)
         self._subscriptions = tuple(subscriptions)
-        self._inbound: queue.Queue[Inbound] = inbound if inbound is not None else queue.Queue()
+        self._inbound: queue.SimpleQueue[Inbound] = (
+            inbound if inbound is not None else queue.SimpleQueue()
+        )
         self._on_connection_change = on_connection_change
         # Guards which paho client is current and the start/stop flags. The client changes
         # only on protocol fallback, before the first CONNACK; until then publish() holds
@@ -326,7 +328,7 @@ class MqttClient:
         self._paho = self._build_paho(self._protocol)
 
     @property
-    def inbound(self) -> queue.Queue[Inbound]:
+    def inbound(self) -> queue.SimpleQueue[Inbound]:
         """Where received messages are put (the queue passed in, or one made here)."""
         return self._inbound
 
@@ -622,15 +624,7 @@ class MqttClient:
             received_at=time.time(),
             connection_seq=self._connection_seq,
         )
-        try:
-            self._inbound.put_nowait(item)
-        except queue.Full:
-            log.error(
-                "inbound queue full: dropped mid %d on %s (unacked: redelivered with a "
-                "persistent session)",
-                msg.mid,
-                msg.topic,
-            )
+        self._inbound.put(item)  # unbounded: the broker's receive maximum bounds it
 
     def _on_publish(
         self,

@@ -91,11 +91,11 @@ def client_for(
         client.stop()
 
 
-def get(q: queue.Queue[Inbound], timeout_s: float = 5.0) -> Inbound:
+def get(q: queue.SimpleQueue[Inbound], timeout_s: float = 5.0) -> Inbound:
     return q.get(timeout=timeout_s)
 
 
-def assert_nothing(q: queue.Queue[Inbound], wait_s: float) -> None:
+def assert_nothing(q: queue.SimpleQueue[Inbound], wait_s: float) -> None:
     with pytest.raises(queue.Empty):
         item = q.get(timeout=wait_s)
         pytest.fail(f"unexpected message {item}")
