@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -485,53 +485,66 @@ class Replica:
         self.outbox.wake(set(shards))
 
     def _apply(self, entries: list[IngressEntry]) -> None:
-        by_shard: dict[int, list[IngressEntry]] = {}
+        """Apply a read's entries, every owned shard's commits in one round trip."""
+        by_shard: dict[int, dict[str, list[tuple[str, Inbound | None]]]] = {}
         for entry in entries:
-            by_shard.setdefault(entry.shard, []).append(entry)
-        for shard, shard_entries in by_shard.items():
+            rkey, inbound = self._entry_event(entry)
+            groups = by_shard.setdefault(entry.shard, {})
+            groups.setdefault(rkey, []).append((entry.entry_id, inbound))
+        batches: list[_ShardBatch] = []
+        for shard, groups in by_shard.items():
             token = self.leases.token(shard)
             if token is None:
                 continue  # no longer ours: the entries stay pending for the next owner
-            try:
-                self._apply_shard(shard, token, shard_entries)
-            except LeaseLost:
-                self.leases.lost(shard, token)
-            except StoreUnavailable:
-                with self._fresh_lock:
-                    self._fresh.add(shard)  # the commit may or may not have happened
-                raise
-
-    def _apply_shard(self, shard: int, token: str, entries: list[IngressEntry]) -> None:
-        groups: dict[str, list[tuple[str, Inbound | None]]] = {}
-        for entry in entries:
-            rkey, inbound = self._entry_event(entry)
-            groups.setdefault(rkey, []).append((entry.entry_id, inbound))
-        states = self._states.of(shard, token)
-        missing = [rkey for rkey in groups if rkey not in states]
-        if missing:
-            states.update(self.store.load(missing))
-        commits: list[Commit] = []
-        work: list[tuple[str, Work]] = []
-        for rkey, items in groups.items():
-            commit, todo = self._run_resource(shard, rkey, states[rkey], items)
-            commits.append(commit)
-            work.extend(todo)
-        failpoints.hit("process-before-commit")
+            batches.append(_ShardBatch(shard, token, self._states.of(shard, token), groups))
+        if not batches:
+            return
         try:
-            outbox_ids = self.store.commit(shard, token, commits)
-        except BaseException:
-            self._states.forget(shard)  # fenced, or its fate unknown: Redis is the truth
+            self._load_missing(batches)
+            for batch in batches:
+                for rkey, items in batch.groups.items():
+                    commit, todo = self._run_resource(batch.shard, rkey, batch.states[rkey], items)
+                    batch.commits.append(commit)
+                    batch.work.extend(todo)
+            failpoints.hit("process-before-commit")
+            outcomes = self.store.commit([(b.shard, b.token, b.commits) for b in batches])
+        except BaseException as e:
+            for batch in batches:
+                self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
+            if isinstance(e, StoreUnavailable):
+                with self._fresh_lock:  # the commit may or may not have happened
+                    self._fresh.update(batch.shard for batch in batches)
             raise
-        for commit in commits:
-            if commit.delete:
-                states[commit.rkey] = None
-            elif not commit.keep_state:
-                states[commit.rkey] = commit.state
+        done: list[tuple[_ShardBatch, list[list[str]]]] = []
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._states.forget(batch.shard)
+                self.leases.lost(batch.shard, batch.token)
+                continue
+            for commit in batch.commits:
+                if commit.delete:
+                    batch.states[commit.rkey] = None
+                elif not commit.keep_state:
+                    batch.states[commit.rkey] = commit.state
+            done.append((batch, outcome))
         failpoints.hit("process-before-effects")
-        for effect_id, item in work:
-            self._submit(shard, effect_id, item)
-        for commit, ids in zip(commits, outbox_ids, strict=True):
-            self.outbox.send(shard, list(zip(ids, commit.outbox, strict=True)))
+        for batch, _ in done:
+            for effect_id, item in batch.work:
+                self._submit(batch.shard, effect_id, item)
+        for batch, outbox_ids in done:
+            for commit, ids in zip(batch.commits, outbox_ids, strict=True):
+                self.outbox.send(batch.shard, list(zip(ids, commit.outbox, strict=True)))
+
+    def _load_missing(self, batches: list[_ShardBatch]) -> None:
+        """Read the states the cache lacks, every shard's in one round trip."""
+        missing = [rkey for b in batches for rkey in b.groups if rkey not in b.states]
+        if not missing:
+            return
+        loaded = self.store.load(missing)
+        for batch in batches:
+            for rkey in batch.groups:
+                if rkey not in batch.states:
+                    batch.states[rkey] = loaded[rkey]
 
     def _entry_event(self, entry: IngressEntry) -> tuple[str, Inbound | None]:
         if entry.timer_rkey is not None:
@@ -781,6 +794,18 @@ class Replica:
     def _outbox_once(self) -> None:
         self.outbox.run_once()
         self.outbox.wait(self._stop)
+
+
+@dataclass
+class _ShardBatch:
+    """One shard's part of a read: its events by resource and what applying them produced."""
+
+    shard: int
+    token: str
+    states: dict[str, bytes | None]
+    groups: dict[str, list[tuple[str, Inbound | None]]]
+    commits: list[Commit] = field(default_factory=list)
+    work: list[tuple[str, Work]] = field(default_factory=list)
 
 
 class ShardStates:

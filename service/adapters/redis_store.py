@@ -366,22 +366,38 @@ class RedisStore:
         with _store_errors("history"):
             return list(self._client.lrange(self.keys.history(rkey), -count, -1))
 
-    def commit(self, shard: int, token: str, commits: Sequence[Commit]) -> list[list[str]]:
-        """Apply commits of one shard in one round trip, fenced by ``token``.
+    def commit(
+        self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
+    ) -> list[list[list[str]] | LeaseLost]:
+        """Apply (shard, token, commits) batches, every shard's in one round trip.
 
-        Each commit is one script run, all-or-nothing; the batch runs in MULTI/EXEC so no
-        other client's write (a new owner's) can land between them. Raises ``LeaseLost``
-        when the lease is not held by ``token``: then nothing was written. Returns, per
-        commit, the outbox stream ids of its entries (for ``outbox_done`` after PUBACK).
+        Each commit is one script run, all-or-nothing, fenced by its shard's token; all of
+        them run in one MULTI/EXEC, so no other client's write (a new owner's) lands between
+        them. Per batch, in order: the outbox stream ids of each commit's entries (for
+        ``outbox_done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
+        by its token, in which case none of that shard's commits wrote anything (the lease
+        cannot change inside the transaction) while the other shards' went through.
         """
-        if not commits:
-            return []
-        for c in commits:
-            if shard_of(c.rkey) != shard:
-                raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
-        calls = [self._commit_call(shard, token, c) for c in commits]
-        results = self._eval(calls, what="commit", transaction=len(calls) > 1)
-        return [[_text(stream_id) for stream_id in ids] for ids in results]
+        calls: list[_Call] = []
+        spans: list[tuple[int, int]] = []
+        for shard, token, commits in batches:
+            for c in commits:
+                if shard_of(c.rkey) != shard:
+                    raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
+            start = len(calls)
+            calls.extend(self._commit_call(shard, token, c) for c in commits)
+            spans.append((start, len(calls)))
+        results = self._eval_raw(calls, what="commit", transaction=len(calls) > 1) if calls else []
+        outcomes: list[list[list[str]] | LeaseLost] = []
+        with _store_errors("commit"):
+            for start, end in spans:
+                try:
+                    replies = [_checked(r) for r in results[start:end]]
+                except LeaseLost as e:
+                    outcomes.append(e)
+                    continue
+                outcomes.append([[_text(stream_id) for stream_id in ids] for ids in replies])
+        return outcomes
 
     def _commit_call(self, shard: int, token: str, c: Commit) -> _Call:
         k = self.keys

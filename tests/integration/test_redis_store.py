@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import redis
@@ -19,6 +19,16 @@ JOB = rkey("job", "default", "fruits")
 SHARD = shard_of(JOB)
 TTL_MS = 10_000
 
+
+
+def commit(
+    store: RedisStore, shard: int, token: str, commits: Sequence[Commit]
+) -> list[list[str]]:
+    """One shard's batch through the store's multi-shard commit; LeaseLost raised."""
+    [outcome] = store.commit([(shard, token, commits)])
+    if isinstance(outcome, LeaseLost):
+        raise outcome
+    return outcome
 
 def url_of(server: Server) -> str:
     return f"redis://127.0.0.1:{server.port}/0"
@@ -114,7 +124,7 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     assert [e.event for e in read] == [b"ev-0", b"ev-1", b"ev-2"]
     assert pending_ids(raw, store) == set(ids)
 
-    store.commit(SHARD, token, [full_commit(ack_ids=(ids[0], ids[1]))])
+    commit(store, SHARD, token, [full_commit(ack_ids=(ids[0], ids[1]))])
 
     assert pending_ids(raw, store) == {ids[2]}
     assert store.load([JOB]) == {JOB: b"state-1"}
@@ -135,10 +145,11 @@ def test_keep_state_leaves_state_and_timer_cancel(
     store: RedisStore, raw: redis.Redis[bytes]
 ) -> None:
     token = take_shard(store)
-    store.commit(SHARD, token, [full_commit()])
+    commit(store, SHARD, token, [full_commit()])
     entry_id = appended(store, b"rejected")
     store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
-    store.commit(
+    commit(
+        store,
         SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
     )
     assert store.load([JOB]) == {JOB: b"state-1"}
@@ -148,8 +159,8 @@ def test_keep_state_leaves_state_and_timer_cancel(
 
 def test_delete_removes_everything_of_the_resource(store: RedisStore) -> None:
     token = take_shard(store)
-    store.commit(SHARD, token, [full_commit()])
-    store.commit(SHARD, token, [Commit(JOB, None, delete=True)])
+    commit(store, SHARD, token, [full_commit()])
+    commit(store, SHARD, token, [Commit(JOB, None, delete=True)])
     assert store.load([JOB]) == {JOB: None}
     assert store.load_resource(JOB) is None
     assert store.list_rkeys() == []
@@ -165,7 +176,7 @@ def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Re
     batch = [full_commit(ack_ids=(entry_id,))]
     batch += [Commit(other, b"x")] if shard_of(other) == SHARD else []
     with pytest.raises(LeaseLost):
-        store.commit(SHARD, token + "0", batch)
+        commit(store, SHARD, token + "0", batch)
     assert store.load([JOB, other]) == {JOB: None, other: None}
     assert store.outbox_read([SHARD])[SHARD] == []
     assert store.pending_effects([SHARD])[SHARD] == {}
@@ -177,7 +188,7 @@ def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Re
 def test_commit_of_a_batch_is_one_transaction(store: RedisStore) -> None:
     token = take_shard(store)
     rkeys = [k for k in (rkey("job", "ns", f"j{i}") for i in range(200)) if shard_of(k) == SHARD]
-    store.commit(SHARD, token, [Commit(k, k.encode(), timer_due_ms=7) for k in rkeys])
+    commit(store, SHARD, token, [Commit(k, k.encode(), timer_due_ms=7) for k in rkeys])
     assert store.load(rkeys) == {k: k.encode() for k in rkeys}
     assert store.list_rkeys("job") == sorted(rkeys)
 
@@ -185,7 +196,7 @@ def test_commit_of_a_batch_is_one_transaction(store: RedisStore) -> None:
 def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
     token = take_shard(store)
     with pytest.raises(ValueError):
-        store.commit((SHARD + 1) % NUM_SHARDS, token, [Commit(JOB, b"x")])
+        commit(store, (SHARD + 1) % NUM_SHARDS, token, [Commit(JOB, b"x")])
     with pytest.raises(ValueError):
         Commit(JOB, None)
     with pytest.raises(ValueError):
@@ -194,21 +205,44 @@ def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
 
 def test_expired_lease_fences_the_old_owner(store: RedisStore) -> None:
     old = take_shard(store, replica="r1", ttl_ms=200)
-    store.commit(SHARD, old, [Commit(JOB, b"v1", effects=(("e", b"i"),))])
+    commit(store, SHARD, old, [Commit(JOB, b"v1", effects=(("e", b"i"),))])
     time.sleep(0.3)
     with pytest.raises(LeaseLost):  # expired, not yet taken: still refused
-        store.commit(SHARD, old, [Commit(JOB, b"zombie")])
+        commit(store, SHARD, old, [Commit(JOB, b"zombie")])
     new = take_shard(store, replica="r2")
     assert int(new.rsplit(":", 1)[1]) > int(old.rsplit(":", 1)[1])
     with pytest.raises(LeaseLost):
-        store.commit(SHARD, old, [Commit(JOB, b"zombie")])
+        commit(store, SHARD, old, [Commit(JOB, b"zombie")])
     assert store.fire_due_timers({SHARD: old}, now_ms=10**13) == {SHARD: None}
     with pytest.raises(LeaseLost):
         store.complete_effect(SHARD, old, "e", b"done")
     assert not store.renew(store.keys.lease(SHARD), old, TTL_MS)
     assert store.load([JOB]) == {JOB: b"v1"}
-    store.commit(SHARD, new, [Commit(JOB, b"v2")])
+    commit(store, SHARD, new, [Commit(JOB, b"v2")])
     assert store.load([JOB]) == {JOB: b"v2"}
+
+
+def test_one_round_trip_commits_several_shards_and_fences_each_alone(
+    store: RedisStore,
+) -> None:
+    """A fenced shard's commits write nothing; the other shards' in the same call go through."""
+    jobs = {shard_of(k): k for k in (rkey("job", "ns", f"m{i}") for i in range(200))}
+    held, lost = sorted(jobs)[:2]
+    token = take_shard(store, held)
+    stale = take_shard(store, lost, ttl_ms=100)
+    time.sleep(0.2)
+    take_shard(store, lost, replica="r2")
+    outbox = (OutboxEntry("m-1", "sedna/n/upstream", b"{}"),)
+    outcomes = store.commit(
+        [
+            (lost, stale, [Commit(jobs[lost], b"zombie")]),
+            (held, token, [Commit(jobs[held], b"kept", outbox=outbox)]),
+        ]
+    )
+    assert isinstance(outcomes[0], LeaseLost)
+    assert isinstance(outcomes[1], list) and len(outcomes[1][0]) == 1
+    assert store.load([jobs[held], jobs[lost]]) == {jobs[held]: b"kept", jobs[lost]: None}
+    assert store.commit([]) == []
 
 
 # -- ingress ---------------------------------------------------------------------------
@@ -220,7 +254,7 @@ def test_new_owner_reads_the_previous_owners_unacked_entries(
     old = take_shard(store, replica="r1", ttl_ms=200)
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
     assert len(store.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
-    store.commit(SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
+    commit(store, SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
     time.sleep(0.3)
 
     successor = RedisStore(url_of(redis_proc), Keys("t"))
@@ -275,7 +309,8 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
     other = next(
         k for k in (rkey("job", "ns", f"t{i}") for i in range(500)) if shard_of(k) == SHARD
     )
-    store.commit(
+    commit(
+        store,
         SHARD,
         token,
         [
@@ -304,7 +339,7 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
 
 def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisStore) -> None:
     token = take_shard(store)
-    store.commit(SHARD, token, [Commit(JOB, b"s", effects=(("e-1", b"a"), ("e-2", b"b")))])
+    commit(store, SHARD, token, [Commit(JOB, b"s", effects=(("e-1", b"a"), ("e-2", b"b")))])
     assert store.complete_effect(SHARD, token, "e-1", b"result-1")
     assert not store.complete_effect(SHARD, token, "e-1", b"result-1")
     assert store.complete_effect(SHARD, token, "e-2", None)  # no event to report
@@ -389,7 +424,7 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
     assert not store.ping()
     calls: list[Callable[[], object]] = [
         lambda: store.load([JOB]),
-        lambda: store.commit(SHARD, "r1:1", [Commit(JOB, b"x")]),
+        lambda: commit(store, SHARD, "r1:1", [Commit(JOB, b"x")]),
         lambda: store.acquire(store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", TTL_MS),
         lambda: store.read_ingress([SHARD], count=1, block_ms=0, pending=False),
         lambda: store.append_ingress(SHARD, b"x"),
@@ -406,16 +441,16 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
     entry_id = store.append_ingress(SHARD, b"after")  # stream re-created without a group
     [entry] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert entry.entry_id == entry_id
-    store.commit(SHARD, token, [Commit(JOB, b"after", ack_ids=(entry.entry_id,))])
+    commit(store, SHARD, token, [Commit(JOB, b"after", ack_ids=(entry.entry_id,))])
     assert store.load([JOB]) == {JOB: b"after"}
 
 
 def test_flushed_scripts_are_reloaded(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     token = take_shard(store)
     raw.script_flush()
-    store.commit(SHARD, token, [Commit(JOB, b"a"), Commit(JOB, b"b")])  # transaction path
+    commit(store, SHARD, token, [Commit(JOB, b"a"), Commit(JOB, b"b")])  # transaction path
     raw.script_flush()
-    store.commit(SHARD, token, [Commit(JOB, b"c")])  # single-call path
+    commit(store, SHARD, token, [Commit(JOB, b"c")])  # single-call path
     raw.script_flush()
     assert store.append_many([(SHARD, b"e", "k", False), (SHARD, b"e", "k", True)])[1] is None
     assert store.load([JOB]) == {JOB: b"c"}
@@ -428,7 +463,7 @@ def test_frozen_redis_is_store_unavailable(redis_proc: Server) -> None:
         redis_proc.freeze()
         try:
             with pytest.raises(StoreUnavailable):
-                s.commit(SHARD, token, [Commit(JOB, b"x")])
+                commit(s, SHARD, token, [Commit(JOB, b"x")])
             with pytest.raises(StoreUnavailable):
                 s.load([JOB])
         finally:
@@ -445,7 +480,7 @@ def test_history_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     token = take_shard(store)
     for i in range(5):
         entries = tuple(f"h-{i}-{j}".encode() for j in range(100))
-        store.commit(SHARD, token, [Commit(JOB, b"s", history=entries)])
+        commit(store, SHARD, token, [Commit(JOB, b"s", history=entries)])
     assert raw.llen(store.keys.history(JOB)) == 100
     assert store.history(JOB, count=3) == [b"h-4-97", b"h-4-98", b"h-4-99"]
 
