@@ -533,7 +533,8 @@ class Replica:
                 self._submit(batch.shard, effect_id, item)
         for batch, outbox_ids in done:
             for commit, ids in zip(batch.commits, outbox_ids, strict=True):
-                self.outbox.send(batch.shard, list(zip(ids, commit.outbox, strict=True)))
+                if ids:
+                    self.outbox.send(batch.shard, list(zip(ids, commit.outbox, strict=True)))
 
     def _load_missing(self, batches: list[_ShardBatch]) -> None:
         """Read the states the cache lacks, every shard's in one round trip."""
