@@ -9,7 +9,10 @@ import re
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from service import logs
 from service.logs import redact, setup_logging
 
 Install = Callable[[str], io.StringIO]
@@ -135,3 +138,38 @@ def test_log_records_are_redacted(install: Install) -> None:
     assert second["broker"] == "mqtts://u:***@h"
     assert second["password"] == "***"
     assert second["credential"] == {"ACCESS_KEY_ID": "***", "s3-endpoint": "minio"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from(
+            [" ", "=", ":", '"', "'", "\\", "@", "/", "x", "Pass", "WORD", "wd", "secret_",
+             "ACCESS", "_key", "_id", "Session", "_token", "://", "mqtt", "user", "\u017f",
+             "\u212a", "\u0130", "é"]
+        ),
+        max_size=20,
+    ).map("".join)
+)
+def test_the_quick_path_masks_exactly_what_the_patterns_mask(text: str) -> None:
+    """The substring pre-check skips only lines the patterns would leave as they are."""
+    assert redact(text) == logs._redact_all(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Session_Token=abc",
+        "x SECRET_ACCESS_KEY: abc",
+        "access_key_id='abc'",
+        "PassWd=abc",
+        "password = abc",
+        "https://u:p@host",
+        "pa\u017f\u017fword=abc",  # long s: IGNORECASE matches it to s
+        "access_\u212aey_id=abc",  # Kelvin sign: matched to k
+        "sess\u0130on_token=abc",  # dotted capital I: matched to i
+    ],
+)
+def test_the_quick_path_lets_every_kind_of_secret_through_to_the_patterns(text: str) -> None:
+    assert logs._redact_all(text) != text
+    assert redact(text) == logs._redact_all(text)
