@@ -37,4 +37,4 @@ bench: install
 	$(BIN)/python -m bench
 
 bench-full: install
-	$(BIN)/python -m bench --full
+	$(BIN)/python -m bench --full --out bench/results-full.json
