@@ -501,11 +501,7 @@ class Replica:
             return
         try:
             self._load_missing(batches)
-            for batch in batches:
-                for rkey, items in batch.groups.items():
-                    commit, todo = self._run_resource(batch.shard, rkey, batch.states[rkey], items)
-                    batch.commits.append(commit)
-                    batch.work.extend(todo)
+            batches = [batch for batch in batches if self._run_shard(batch)]
             failpoints.hit("process-before-commit")
             outcomes = self.store.commit([(b.shard, b.token, b.commits) for b in batches])
         except BaseException as e:
@@ -535,6 +531,20 @@ class Replica:
             for commit, ids in zip(batch.commits, outbox_ids, strict=True):
                 if ids:
                     self.outbox.send(batch.shard, list(zip(ids, commit.outbox, strict=True)))
+
+    def _run_shard(self, batch: _ShardBatch) -> bool:
+        """Run the transitions of one shard's events; False if that failed (a bug): its
+        entries then stay pending, and the other shards of the read still commit."""
+        try:
+            for rkey, items in batch.groups.items():
+                commit, todo = self._run_resource(batch.shard, rkey, batch.states[rkey], items)
+                batch.commits.append(commit)
+                batch.work.extend(todo)
+        except Exception:
+            log.exception("shard %d: applying its events failed; they stay pending", batch.shard)
+            self._states.forget(batch.shard)
+            return False
+        return True
 
     def _load_missing(self, batches: list[_ShardBatch]) -> None:
         """Read the states the cache lacks, every shard's in one round trip."""
