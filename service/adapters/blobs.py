@@ -41,7 +41,7 @@ from service.adapters.s3 import S3Clients, S3CredentialLike
 from service.errors import PermanentError, TransientError
 
 T = TypeVar("T")
-#: Writes at least this big go to the round writer's helper thread.
+#: Writes at least this big go to the blob writer's helper thread.
 PIPELINED_MIN_BYTES = 1 << 16
 SampleRange = tuple[int, int]
 """Half-open sample indices ``[start, end)``."""

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 1 << 20
 TAIL_BYTES = 64
 
+#: Bytes a census compares at a time, into scratch arrays it reuses (256 KiB: big enough
+#: that numpy's per-call cost vanishes, small enough to stay in cache).
 CENSUS_CHUNK = 1 << 18
 
 _PERMANENT_ERRNOS = frozenset(
@@ -102,7 +104,7 @@ class SampleBatch:
 
     ``body`` is b"\\n"-terminated lines with CRLF folded; it may still contain empty lines
     (``sample_lines`` drops them) and never contains the csv header. It is usually a view of
-    the scanner's buffer: valid until the scanner's next ``feed``.
+    the scanner's buffer: valid until the scanner's next ``read_from``.
     """
 
     first: int
@@ -231,18 +233,14 @@ class SampleScanner:
         end = buf.rfind(b"\n", carry, total)
         if end < 0:
             self._carry_len = self._shortened(total)
-            self._recent = (self._recent + bytes(buf[max(total - TAIL_BYTES, carry) : total]))[
-                -TAIL_BYTES:
-            ]
+            self._remember(buf, carry, total)
             return size, None
         line_end = end + 1
         if line_end - carry >= TAIL_BYTES:
             self.tail = bytes(buf[line_end - TAIL_BYTES : line_end])
         else:
             self.tail = (self._recent + bytes(buf[carry:line_end]))[-TAIL_BYTES:]
-        self._recent = (self._recent + bytes(buf[max(total - TAIL_BYTES, carry) : total]))[
-            -TAIL_BYTES:
-        ]
+        self._remember(buf, carry, total)
         self._carry_at, self._carry_len = line_end, self._shortened(total - line_end)
         self.offset = base + line_end - carry
         folded: Chunk = memoryview(buf)[:line_end]
@@ -258,6 +256,12 @@ class SampleScanner:
         if not line or not self._header_seen:
             return None
         return SampleBatch(self.samples, 1, line + b"\n")
+
+    def _remember(self, buf: bytearray, start: int, end: int) -> None:
+        """Keep the last TAIL_BYTES of the stream read so far (the block is buf[start:end])."""
+        self._recent = (self._recent + bytes(buf[max(end - TAIL_BYTES, start) : end]))[
+            -TAIL_BYTES:
+        ]
 
     def _make_room(self, size: int) -> bytearray:
         """Move the partial line to the buffer's front (the previous batch is done with it)

@@ -624,7 +624,7 @@ class MqttClient:
             received_at=time.time(),
             connection_seq=self._connection_seq,
         )
-        self._inbound.put(item)  # unbounded: the broker's receive maximum bounds it
+        self._inbound.put(item)  # unbounded; with manual acks the broker's in-flight cap bounds it
 
     def _on_publish(
         self,
