@@ -50,8 +50,15 @@ client.start()
 if not client.wait_connected(10):
     sys.exit("holder could not connect")
 print("ready", flush=True)
+subscribed = False
 while True:
     msg = client.inbound.get()
+    if msg.payload == b"probe":  # the test proving the subscription active: ack, say so once
+        client.ack(msg)
+        if not subscribed:
+            subscribed = True
+            print("subscribed", flush=True)
+        continue
     print("got", msg.payload.decode(), msg.dup, flush=True)
 """
 
@@ -139,6 +146,18 @@ class Holder:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         assert ready, "holder printed nothing"
         return self.proc.stdout.readline().strip()
+
+    def wait_subscribed(self, pub: MqttClient, topic: str) -> None:
+        """Probe until the holder's subscription is active: SUBSCRIBE goes out on CONNACK,
+        after "ready", and a message published before the broker took it would be lost."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert pub.publish(topic, b"probe").wait(5)
+            if select.select([self.proc.stdout], [], [], 0.2)[0]:
+                assert self.proc.stdout.readline().strip() == "subscribed"
+                return
+        pytest.fail(f"the holder's subscription to {topic} never became active")
 
     def kill(self) -> None:
         self.proc.kill()
@@ -410,6 +429,7 @@ def test_unacked_message_redelivered_to_next_holder_and_not_after_ack(
     holder = holder_factory(url, client_id, topic)
     assert holder.line() == "ready"
     with client_for(url) as pub:
+        holder.wait_subscribed(pub, topic)
         assert pub.publish(topic, b"m1").wait(5)
         assert holder.line() == "got m1 False"
         holder.kill()  # never acked, no DISCONNECT
