@@ -466,16 +466,16 @@ class Replica:
         try:
             while True:
                 # only shards still ours: a lost one's entries stay pending for its new owner
-                live = [shard for shard in shards if self.leases.token(shard) is not None]
-                entries = self.store.read_ingress(live, count=READ_BATCH, block_ms=0, pending=True)
+                entries = self.store.read_ingress(
+                    self._still_ours(shards), count=READ_BATCH, block_ms=0, pending=True
+                )
                 if not entries:
                     break
                 for shard in {entry.shard for entry in entries} - replayed:
                     self._states.forget(shard)
                     replayed.add(shard)
                 self._apply(entries)
-            live = [shard for shard in shards if self.leases.token(shard) is not None]
-            for shard, intents in self.store.pending_effects(live).items():
+            for shard, intents in self.store.pending_effects(self._still_ours(shards)).items():
                 for effect_id, data in intents.items():
                     self._submit(shard, effect_id, decode_work(data))
         except StoreUnavailable:
@@ -483,6 +483,9 @@ class Replica:
                 self._fresh.update(shards)
             raise
         self.outbox.wake(set(shards))
+
+    def _still_ours(self, shards: list[int]) -> list[int]:
+        return [shard for shard in shards if self.leases.token(shard) is not None]
 
     def _apply(self, entries: list[IngressEntry]) -> None:
         """Apply a read's entries, every owned shard's commits in one round trip."""
