@@ -72,6 +72,25 @@ class OutboxPublisher:
         self._sweep()
         self._on_depth(self.depth)
 
+    def finish(self, timeout_s: float) -> None:
+        """On a graceful stop: wait up to ``timeout_s`` for what is in flight to be
+        acknowledged, then forget what was, so the next owner's sweep does not send it again
+        (the thread that deletes acknowledged entries has already stopped)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            tickets = [ticket for ticket, _ in self._inflight.values()]
+        for ticket in tickets:
+            if not ticket.wait(max(0.0, deadline - time.monotonic())):
+                break
+        with self._lock:  # done, but its callback may not have recorded it yet
+            recorded = set(self._acked)
+            self._acked += [
+                key
+                for key, (ticket, _) in self._inflight.items()
+                if ticket.done and key not in recorded
+            ]
+        self._forget_acknowledged()
+
     def wait(self, stop: threading.Event) -> None:
         self._wake.wait(0.05 if self.depth else 1.0)
         if stop.is_set():

@@ -82,6 +82,7 @@ TIMER_INTERVAL_S = 0.25
 EFFECT_WORKERS = 4
 EFFECT_RETRY_S = 1.0
 SESSION_EXPIRY_S = 7 * 24 * 3600
+OUTBOX_FINISH_S = 2.0
 
 
 class Clock(Protocol):
@@ -220,6 +221,10 @@ class Replica:
         for thread in self._threads:
             thread.join(timeout=10)
         self._effects.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.outbox.finish(OUTBOX_FINISH_S)
+        except ServiceError as e:
+            log.warning("could not forget acknowledged upstream messages: %s", e)
         try:
             self.leases.release_all()
         except ServiceError as e:
