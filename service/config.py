@@ -19,6 +19,7 @@ from typing import Literal, cast
 from urllib.parse import SplitResult, urlsplit
 
 from service.errors import ConfigError
+from service.urls import redact_url
 
 LogFormat = Literal["text", "json"]
 
@@ -140,18 +141,8 @@ def _lookup(
     return None, setting.env
 
 
-def _redacted_url(url: str) -> str:
-    """The URL with any userinfo password replaced, safe for an error message."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url if not at else f"{scheme}{sep}***@{hostpart}"
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{hostpart}"
-
-
 def _split_url(value: str, source: str, schemes: tuple[str, ...]) -> SplitResult:
-    shown = _redacted_url(value)
+    shown = redact_url(value)
     try:
         parts = urlsplit(value)
         port = parts.port
@@ -174,7 +165,7 @@ def _no_secret(error: ValueError) -> str:
 def _parse_mqtt_url(value: str, source: str) -> str:
     parts = _split_url(value, source, _MQTT_SCHEMES)
     if not parts.hostname:
-        raise ConfigError(f"{source}: {_redacted_url(value)!r} names no broker host")
+        raise ConfigError(f"{source}: {redact_url(value)!r} names no broker host")
     if parts.path not in ("", "/"):
         raise ConfigError(f"{source}: an MQTT URL takes no path")
     return value
@@ -187,7 +178,7 @@ def _parse_redis_url(value: str, source: str) -> str:
             raise ConfigError(f"{source}: a unix:// Redis URL needs an absolute socket path")
         return value
     if not parts.hostname:
-        raise ConfigError(f"{source}: {_redacted_url(value)!r} names no Redis host")
+        raise ConfigError(f"{source}: {redact_url(value)!r} names no Redis host")
     database = parts.path.lstrip("/")
     if database and not database.isdigit():
         raise ConfigError(f"{source}: Redis database {database!r} is not a number")

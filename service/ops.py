@@ -37,7 +37,7 @@ import yaml
 
 from service import config as config_mod
 from service import messages
-from service.adapters.mqtt import Inbound, MqttClient, MqttSettings, redact_url
+from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.errors import (
     BrokerUnavailable,
@@ -61,6 +61,7 @@ from service.tables import (
     render,
     watch_line,
 )
+from service.urls import redact_url
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

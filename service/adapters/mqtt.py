@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import socket
 import ssl
 import threading
@@ -46,6 +45,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from service.errors import BrokerUnavailable, ConfigError, PermanentError
+from service.urls import redact_url
 
 log = logging.getLogger("service.mqtt")
 
@@ -62,7 +62,6 @@ _V311_REFUSED_PROTOCOL_VERSION = 1
 _TLS_QUERY_KEYS = frozenset({"ca", "cert", "key", "insecure"})
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
-_USERINFO_PASSWORD = re.compile(r"(//[^/@:]*:)[^@]*@")
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,6 @@ class MqttEndpoint(NamedTuple):
     password: str | None
     tls: bool
     tls_options: TlsOptions
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, fit for logs and error messages."""
-    return _USERINFO_PASSWORD.sub(r"\1***@", url)
 
 
 def _url_error(url: str, problem: str) -> ConfigError:

@@ -28,9 +28,9 @@ from service.adapters.mqtt import (
     TlsOptions,
     fallback_protocol,
     parse_mqtt_url,
-    redact_url,
 )
 from service.errors import ConfigError
+from service.urls import redact_url
 from tests.servers import Server, free_port, mosquitto_server, running
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
