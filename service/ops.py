@@ -46,6 +46,7 @@ from service.errors import (
     PermanentError,
     StoreUnavailable,
 )
+from service.history import decode_records, last_change_ms
 from service.keys import DATASET_KIND, JOB_KIND, Keys, rkey
 from service.logs import redact, setup_logging
 from service.messages import Dataset, LifelongLearningJob
@@ -56,8 +57,6 @@ from service.tables import (
     describe_job,
     history_lines,
     job_row,
-    last_change_ms,
-    records_of,
     render,
     watch_line,
 )
@@ -859,7 +858,9 @@ def _get(args: argparse.Namespace) -> int:
     with _store(cfg) as store:
         keys = [k for k in store.list_rkeys(store_kind) if _in_namespace(k, args.namespace)]
         raw_states = store.load(keys)
-        changed = {k: last_change_ms(records_of(store.history(k, HISTORY_FOR_AGE))) for k in keys}
+        changed = {
+            k: last_change_ms(decode_records(store.history(k, HISTORY_FOR_AGE))) for k in keys
+        }
     now_ms = time.time_ns() // 1_000_000
     rows = []
     for key, raw in raw_states.items():
@@ -900,7 +901,7 @@ def _describe(args: argparse.Namespace) -> int:
         if raw is None:
             raise PermanentError(f"{args.kind} {args.namespace}/{args.name} not found")
         resource = store.load_resource(key)
-        records = records_of(store.history(key, max(args.history, HISTORY_FOR_AGE)))
+        records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
         users = store.dataset_jobs(key) if args.kind == DATASET_WIRE_KIND else []
     state = _state_or_none(key, raw)
     if state is None:

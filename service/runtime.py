@@ -32,7 +32,7 @@ from typing import Protocol
 
 import msgspec
 
-from service import failpoints, messages
+from service import failpoints, history, messages
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
 from service.adapters.http import HttpServer
@@ -545,7 +545,9 @@ class Replica:
         entries then stay pending, and the other shards of the read still commit."""
         try:
             for rkey, items in batch.groups.items():
-                commit, todo = self._run_resource(batch.shard, rkey, batch.states[rkey], items)
+                commit, todo = self._run_resource(
+                    batch.shard, batch.token, rkey, batch.states[rkey], items
+                )
                 batch.commits.append(commit)
                 batch.work.extend(todo)
         except Exception:
@@ -586,7 +588,12 @@ class Replica:
         return target_of(inbound.event), inbound
 
     def _run_resource(
-        self, shard: int, rkey: str, raw: bytes | None, items: list[tuple[str, Inbound | None]]
+        self,
+        shard: int,
+        token: str,
+        rkey: str,
+        raw: bytes | None,
+        items: list[tuple[str, Inbound | None]],
     ) -> tuple[Commit, list[tuple[str, Work]]]:
         """Apply a resource's events in order; one commit carries all of it.
 
@@ -630,8 +637,9 @@ class Replica:
                 elif not isinstance(effect, Note):
                     work.append((effect.id, effect))
             record = self._history(
-                rkey, inbound.event, outcome.effects, before=before, state=state, now_ms=now_ms
-            )
+                rkey, inbound.event, outcome.effects,
+                before=before, state=state, now_ms=now_ms, token=token,
+            )  # fmt: skip
             if record is not None:
                 history.append(record)
         if state is None and initial is None:
@@ -708,6 +716,7 @@ class Replica:
         before: State | None,
         state: State | None,
         now_ms: int,
+        token: str,
     ) -> bytes | None:
         """A counter increment, a log line and a history record per event.
 
@@ -715,39 +724,48 @@ class Replica:
         found nothing new) and says nothing is counted only: 10,000 idle jobs must not fill
         the logs and Redis with their heartbeats.
         """
-        notes = [e.reason for e in effects if isinstance(e, Note | Reject)]
-        record: dict[str, object] = {"at": now_ms, "event": type(event).__name__, "notes": notes}
-        if isinstance(state, JobState):
-            record.update(phase=state.phase, step=state.step, version=state.version)
-        elif isinstance(state, DatasetState):
-            record.update(samples=state.num_samples)
+        notes = tuple(e.reason for e in effects if isinstance(e, Note | Reject))
         if any(isinstance(e, Reject) for e in effects):
-            outcome = "rejected"
+            outcome: history.Outcome = "rejected"
         elif _material(before) == _material(state) and not any(
             isinstance(e, Publish) for e in effects
         ):
             outcome = "ignored"
         else:
             outcome = "applied"
-        record["outcome"] = outcome
-        self.metrics.events.labels(type=type(event).__name__, outcome=outcome).inc()
+        event_type = type(event).__name__
+        if isinstance(state, JobState):
+            record = history.HistoryRecord(
+                at_ms=now_ms, event=event_type, outcome=outcome, notes=notes, token=token,
+                phase=state.phase, step=state.step, version=state.version,
+            )  # fmt: skip
+        elif isinstance(state, DatasetState) and state.num_samples >= 0:
+            record = history.HistoryRecord(
+                at_ms=now_ms, event=event_type, outcome=outcome, notes=notes, token=token,
+                samples=state.num_samples,
+            )  # fmt: skip
+        else:
+            record = history.HistoryRecord(
+                at_ms=now_ms, event=event_type, outcome=outcome, notes=notes, token=token
+            )
+        self.metrics.events.labels(type=event_type, outcome=outcome).inc()
         if outcome == "ignored" and not notes:
             return None
+        view = {"phase": record.phase, "step": record.step, "version": record.version,
+                "samples": record.samples}  # fmt: skip
         log.info(
             "%s %s -> %s%s",
-            type(event).__name__,
+            event_type,
             outcome,
-            " ".join(
-                f"{k}={record[k]}" for k in ("phase", "step", "version", "samples") if k in record
-            ),
+            " ".join(f"{k}={v}" for k, v in view.items() if v is not None),
             ("; " + "; ".join(notes)) if notes else "",
             extra={
                 "job" if rkey.startswith("job:") else "dataset": rkey.partition(":")[2],
-                "event": type(event).__name__,
+                "event": event_type,
                 "outcome": outcome,
             },
         )
-        return msgspec.json.encode(record)
+        return history.encode_record(record)
 
     # ================================================================ effects
     def _submit(self, shard: int, effect_id: str, work: Work) -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service import messages, paths, samples
+from service.history import HistoryRecord, last_change_ms
 from service.logs import redact
 from service.messages import LifelongLearningJob, rfc3339_utc
 from service.state import DatasetState, JobState, ModelRef
@@ -64,31 +65,6 @@ def format_time_ms(at_ms: int) -> str:
 
 
 # ------------------------------------------------------------ views of stored state
-
-
-def records_of(history: Sequence[bytes]) -> list[dict[str, Any]]:
-    """History records as dicts, oldest first; unreadable ones are skipped."""
-    records = []
-    for data in history:
-        try:
-            record = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("at"), int):
-            records.append(record)
-    return records
-
-
-def last_change_ms(records: Sequence[dict[str, Any]]) -> int | None:
-    """When the resource last changed phase, step or version (or sample count): the newest
-    record whose view differs from the one before it; the oldest record if none does."""
-    changed: int | None = None
-    previous: tuple[object, ...] | None = None
-    for record in records:
-        view = tuple(record.get(k) for k in ("phase", "step", "version", "samples"))
-        if view != previous:
-            changed, previous = record["at"], view
-    return changed
 
 
 def job_state_word(state: JobState) -> str:
@@ -188,12 +164,12 @@ def _credential(job: LifelongLearningJob | None) -> str:
     return ", ".join(parts) or "none (default AWS chain for s3://)"
 
 
-def round_files(state: JobState, records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+def round_files(state: JobState, records: Sequence[HistoryRecord]) -> list[tuple[str, str]]:
     """The files of the latest round, for the phases it reached (from state and history)."""
     if state.version < 1 or state.dataset is None:
         return []
     version, out, fmt = state.version, state.spec.output_dir, state.dataset.format
-    reached = {r.get("phase") for r in records if r.get("version") == version} | {state.phase}
+    reached = {r.phase for r in records if r.version == version} | {state.phase}
     files = []
     for phase in ("train", "eval"):
         if phase not in reached:
@@ -211,7 +187,7 @@ def round_files(state: JobState, records: Sequence[dict[str, Any]]) -> list[tupl
 def describe_job(
     state: JobState,
     job: LifelongLearningJob | None,
-    records: Sequence[dict[str, Any]],
+    records: Sequence[HistoryRecord],
     now_ms: int,
 ) -> list[str]:
     """`describe job`: spec summary, progress, models, last error and the round's files."""
@@ -243,7 +219,7 @@ def describe_job(
 
 
 def describe_dataset(
-    state: DatasetState, users: Sequence[str], records: Sequence[dict[str, Any]], now_ms: int
+    state: DatasetState, users: Sequence[str], records: Sequence[HistoryRecord], now_ms: int
 ) -> list[str]:
     """`describe dataset`: source, sample count and the jobs using it."""
     changed = last_change_ms(records)
@@ -260,24 +236,23 @@ def describe_dataset(
     ]
 
 
-def history_lines(records: Sequence[dict[str, Any]], now_ms: int) -> list[str]:
+def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:
     """Transition history, oldest first: when, event, outcome, resulting view, and reasons."""
     if not records:
         return ["History:       -"]
     lines = [f"History (last {len(records)} events, oldest first):"]
     for record in records:
-        at = record["at"]
+        at = record.at_ms
         view = ""
-        if "phase" in record:
-            view = f"{record['phase']}/{record.get('step', '?')} v{record.get('version', 0)}"
-        elif "samples" in record:
-            view = f"samples={record['samples']}"
+        if record.phase is not None:
+            view = f"{record.phase}/{record.step or '?'} v{record.version or 0}"
+        elif record.samples is not None:
+            view = f"samples={record.samples}"
         lines.append(
             f"  {format_time_ms(at)}  {format_age(now_ms - at) + ' ago':>9}  "
-            f"{record.get('event', '?'):<15} {record.get('outcome', '?'):<8} {view}".rstrip()
+            f"{record.event:<15} {record.outcome:<8} {view}".rstrip()
         )
-        notes = record.get("notes")
-        lines += [f"      {note}" for note in notes if isinstance(note, str)] if notes else []
+        lines += [f"      {note}" for note in record.notes]
     return lines
 
 

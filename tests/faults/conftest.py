@@ -6,7 +6,6 @@ id, no transition applied twice)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import struct
 import threading
@@ -28,6 +27,7 @@ from paho.mqtt.properties import Properties
 from service.adapters.redis_store import RedisStore
 from service.config import Config
 from service.embedded import Server, free_port, wait_port
+from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys
 from service.runtime import Clock, Replica, Tuning
 from service.state import JobState, decode_state, job_key
@@ -93,7 +93,7 @@ class Probe:
     def events(self, name: str, namespace: str = "default") -> Counter[str]:
         """How many events of each type were applied to the job (its history stream)."""
         history = self.store.history(job_key(namespace, name), count=1000)
-        return Counter(json.loads(record)["event"] for record in history)
+        return Counter(record.event for record in decode_records(history))
 
     def outbox_depth(self) -> int:
         return sum(map(len, self.store.outbox_read(range(NUM_SHARDS)).values()))

@@ -30,11 +30,12 @@ def test_a_failing_transition_holds_back_only_its_shard(
     run_resource = Replica._run_resource
     fixed = False
 
-    def buggy(self: Replica, shard: int, key: str, raw: Any, items: Any) -> Any:
+    def buggy(self: Replica, *args: Any) -> Any:
+        key, items = args[2], args[4]
         reports = [i for _, i in items if i is not None and isinstance(i.event, WorkerReported)]
         if key == broken_key and reports and not fixed:
             raise RuntimeError("a bug in the lifecycle")
-        return run_resource(self, shard, key, raw, items)
+        return run_resource(self, *args)
 
     monkeypatch.setattr(Replica, "_run_resource", buggy)
     cloud = stack.cloud

@@ -10,6 +10,7 @@ import pytest
 
 from service import cli, messages, ops, tables
 from service.errors import InvalidMessage
+from service.history import HistoryRecord, decode_records, encode_record, last_change_ms
 from service.state import DatasetInfo, DatasetState, JobSpec, JobState, ModelRef
 from service.triggers import TriggerSpec
 
@@ -239,28 +240,28 @@ def job_state(**changes: Any) -> JobState:
 
 
 RECORDS = [
-    {"at": 1_000, "event": "JobApplied", "notes": ["job created"], "outcome": "applied",
-     "phase": "train", "step": "waiting", "version": 0},
-    {"at": 2_000, "event": "Tick", "notes": [], "outcome": "ignored",
-     "phase": "train", "step": "waiting", "version": 0},
-    {"at": 3_000, "event": "DatasetChanged", "notes": [], "outcome": "applied",
-     "phase": "train", "step": "running", "version": 2},
-    {"at": 4_000, "event": "WorkerReported", "notes": [], "outcome": "applied",
-     "phase": "eval", "step": "running", "version": 2},
-    {"at": 5_000, "event": "Tick", "notes": [], "outcome": "ignored",
-     "phase": "eval", "step": "running", "version": 2},
+    HistoryRecord(at_ms=1_000, event="JobApplied", notes=("job created",), outcome="applied",
+                  phase="train", step="waiting", version=0),
+    HistoryRecord(at_ms=2_000, event="Tick", outcome="ignored",
+                  phase="train", step="waiting", version=0),
+    HistoryRecord(at_ms=3_000, event="DatasetChanged", outcome="applied",
+                  phase="train", step="running", version=2),
+    HistoryRecord(at_ms=4_000, event="WorkerReported", outcome="applied",
+                  phase="eval", step="running", version=2),
+    HistoryRecord(at_ms=5_000, event="Tick", outcome="ignored",
+                  phase="eval", step="running", version=2),
 ]  # fmt: skip
 
 
 def test_last_change_skips_events_that_changed_nothing() -> None:
-    assert tables.last_change_ms(RECORDS) == 4_000
-    assert tables.last_change_ms(RECORDS[:2]) == 1_000
-    assert tables.last_change_ms([]) is None
+    assert last_change_ms(RECORDS) == 4_000
+    assert last_change_ms(RECORDS[:2]) == 1_000
+    assert last_change_ms([]) is None
 
 
 def test_records_skip_unreadable_history() -> None:
-    history = [json.dumps(RECORDS[0]).encode(), b"not json", b"[]"]
-    assert tables.records_of(history) == [RECORDS[0]]
+    history = [encode_record(RECORDS[0]), b"not json", b"[]", b'{"at": "x"}']
+    assert decode_records(history) == [RECORDS[0]]
 
 
 def test_job_row_and_state_word() -> None:

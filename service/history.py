@@ -1,0 +1,68 @@
+"""The history of a job or dataset: one typed record per event that changed or said something.
+
+Written by the processor in the same commit as the state the event produced, read back by the
+CLI (`describe`, `get`); kept as JSON so a record is readable in Redis as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+Outcome = Literal["applied", "ignored", "rejected"]
+
+
+class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one event did to a resource.
+
+    ``phase``/``step``/``version`` describe a job after the event, ``samples`` a dataset's
+    count (absent until it was first read). ``token`` is the lease token the commit was made
+    under, so a history shows which replica wrote each record.
+    """
+
+    at_ms: int = msgspec.field(name="at")
+    event: str
+    outcome: Outcome
+    notes: tuple[str, ...] = ()
+    phase: str | None = None
+    step: str | None = None
+    version: int | None = None
+    samples: int | None = None
+    token: str | None = None
+
+    def view(self) -> tuple[str | int | None, ...]:
+        """What `last change` compares between records: phase, step, version, samples."""
+        return (self.phase, self.step, self.version, self.samples)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(HistoryRecord)
+
+
+def encode_record(record: HistoryRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_records(stored: Iterable[bytes]) -> list[HistoryRecord]:
+    """Stored records in order; unreadable ones (from another version) are skipped."""
+    records = []
+    for data in stored:
+        try:
+            records.append(_decoder.decode(data))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    return records
+
+
+def last_change_ms(records: Iterable[HistoryRecord]) -> int | None:
+    """When the resource last changed phase, step, version or sample count: the newest record
+    whose view differs from the one before it; the oldest record if none does."""
+    changed: int | None = None
+    previous: tuple[str | int | None, ...] | None = None
+    for record in records:
+        view = record.view()
+        if view != previous:
+            changed, previous = record.at_ms, view
+    return changed
