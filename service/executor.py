@@ -12,15 +12,12 @@ import logging
 
 import msgspec
 
-from service import messages, paths
+from service import messages
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
 from service.adapters.redis_store import RedisStore
-from service.errors import InvalidMessage, PermanentError, TransientError
-from service.ingress import Inbound, encode_inbound
-from service.keys import shard_of
-from service.logs import redact
-from service.state import (
+from service.core import paths
+from service.core.state import (
     AttachDataset,
     CopyModel,
     DatasetChanged,
@@ -39,6 +36,10 @@ from service.state import (
     decode_state,
     job_key,
 )
+from service.errors import InvalidMessage, PermanentError, TransientError
+from service.ingress import Inbound, encode_inbound
+from service.keys import shard_of
+from service.logs import redact
 
 log = logging.getLogger("service.executor")
 

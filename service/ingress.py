@@ -15,8 +15,7 @@ from typing import Literal
 import msgspec
 
 from service import messages
-from service.errors import InvalidMessage
-from service.state import (
+from service.core.state import (
     DatasetApplied,
     DatasetDeleted,
     DatasetPolled,
@@ -30,7 +29,8 @@ from service.state import (
     dataset_key,
     job_key,
 )
-from service.triggers import TriggerSpec, parse_hhmm
+from service.core.triggers import TriggerSpec, parse_hhmm
+from service.errors import InvalidMessage
 
 Source = Literal["downstream", "worker"]
 

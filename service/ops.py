@@ -39,6 +39,7 @@ from service import config as config_mod
 from service import messages
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
+from service.core.state import DatasetState, JobState, State, decode_state
 from service.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -50,7 +51,6 @@ from service.history import decode_records, last_change_ms
 from service.keys import DATASET_KIND, JOB_KIND, Keys, rkey
 from service.logs import redact, setup_logging
 from service.messages import Dataset, LifelongLearningJob
-from service.state import DatasetState, JobState, State, decode_state
 from service.tables import (
     dataset_row,
     describe_dataset,

@@ -12,7 +12,7 @@ One `Replica` per process. Its threads each do one job:
 - outbox: publishes committed upstream messages and forgets them after PUBACK.
 - effects: a small pool runs effect intents and reports their outcome as events.
 
-Nothing in the lifecycle is decided here: that is `service.transition`.
+Nothing in the lifecycle is decided here: that is `service.core.transition`.
 """
 
 from __future__ import annotations
@@ -41,21 +41,7 @@ from service.adapters.mqtt import MqttClient, MqttSettings
 from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
-from service.errors import InvalidMessage, LeaseLost, ServiceError, StoreUnavailable
-from service.executor import Executor
-from service.ingress import (
-    Inbound,
-    decode_inbound,
-    encode_inbound,
-    take_in,
-    target_of,
-    worker_topic_name,
-)
-from service.keys import Keys, shard_of
-from service.leases import LeaseKeeper
-from service.metrics import Metrics
-from service.outbox import OutboxPublisher
-from service.state import (
+from service.core.state import (
     Context,
     DatasetState,
     Effect,
@@ -72,7 +58,21 @@ from service.state import (
     decode_work,
     encode,
 )
-from service.transition import transition
+from service.core.transition import transition
+from service.errors import InvalidMessage, LeaseLost, ServiceError, StoreUnavailable
+from service.executor import Executor
+from service.ingress import (
+    Inbound,
+    decode_inbound,
+    encode_inbound,
+    take_in,
+    target_of,
+    worker_topic_name,
+)
+from service.keys import Keys, shard_of
+from service.leases import LeaseKeeper
+from service.metrics import Metrics
+from service.outbox import OutboxPublisher
 
 log = logging.getLogger("service.runtime")
 

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from service import messages, paths, samples
+from service import messages
+from service.core import paths, samples
+from service.core.state import DatasetState, JobState, ModelRef
 from service.history import HistoryRecord, last_change_ms
 from service.logs import redact
 from service.messages import LifelongLearningJob, rfc3339_utc
-from service.state import DatasetState, JobState, ModelRef
 
 COLUMN_GAP = "   "
 _SECOND_MS = 1000

@@ -26,11 +26,11 @@ from paho.mqtt.properties import Properties
 
 from service.adapters.redis_store import RedisStore
 from service.config import Config
+from service.core.state import JobState, decode_state, job_key
 from service.embedded import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys
 from service.runtime import Clock, Replica, Tuning
-from service.state import JobState, decode_state, job_key
 from tests.integration.conftest import Stack
 from tests.integration.conftest import stack_on as integration_stack_on
 from tests.integration.harness import (

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from service.core.state import WorkerReported
 from service.keys import rkey, shard_of
 from service.runtime import Replica
-from service.state import WorkerReported
 from tests.faults.conftest import probe_of, replica_on, wait_until
 from tests.integration.conftest import Stack
 from tests.integration.harness import job_resource

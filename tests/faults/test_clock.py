@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from service.state import JobState
+from service.core.state import JobState
 from tests.faults.conftest import DATASET, JOB, Probe, probe_of, replica_on, wait_until
 from tests.integration.conftest import Stack
 from tests.integration.harness import append_lines, dataset_resource, job_resource, lines

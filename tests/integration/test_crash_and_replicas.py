@@ -30,8 +30,8 @@ import pytest
 import redis
 from paho.mqtt.enums import CallbackAPIVersion
 
+from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from service.state import JobState, decode_state
 from tests.integration.conftest import Stack
 from tests.integration.harness import (
     NODE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.state import (
+from service.core.state import (
     Context,
     CopyModel,
     DatasetChanged,
@@ -29,8 +29,8 @@ from service.state import (
     WorkerReported,
     WriteRound,
 )
-from service.transition import transition
-from service.triggers import TriggerSpec
+from service.core.transition import transition
+from service.core.triggers import TriggerSpec
 
 NS = "default"
 JOB = "job-a"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.state import (
+from service.core.state import (
     Context,
     DatasetApplied,
     DatasetChanged,
@@ -30,8 +30,8 @@ from service.state import (
     decode_state,
     encode,
 )
-from service.transition import transition
-from service.triggers import OPERATORS, TriggerSpec
+from service.core.transition import transition
+from service.core.triggers import OPERATORS, TriggerSpec
 from tests.unit.test_transition_table import SUBSTATES, reach
 
 NAMES = st.sampled_from(["job-a", "ds"])

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from service.core.state import JobApplied, WorkerReported
 from service.errors import InvalidMessage
 from service.ingress import take_in, target_of, worker_topic_name
 from service.messages import make_rejection
-from service.state import JobApplied, WorkerReported
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",

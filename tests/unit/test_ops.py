@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from service import cli, messages, ops, tables
+from service.core.state import DatasetInfo, DatasetState, JobSpec, JobState, ModelRef
+from service.core.triggers import TriggerSpec
 from service.errors import InvalidMessage
 from service.history import HistoryRecord, decode_records, encode_record, last_change_ms
-from service.state import DatasetInfo, DatasetState, JobSpec, JobState, ModelRef
-from service.triggers import TriggerSpec
 
 DATASET: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import samples
-from service.state import JobApplied, WriteRound, encode
-from service.triggers import TriggerSpec
+from service.core import samples
+from service.core.state import JobApplied, WriteRound, encode
+from service.core.triggers import TriggerSpec
 from tests.unit.driver import JOB, NS, Driver, info, report, spec
 
 ACTIONS = st.sampled_from(

@@ -5,8 +5,8 @@ Each would fail on the seed's behaviour; the comment says what the seed did.
 
 from __future__ import annotations
 
-from service import samples
-from service.state import (
+from service.core import samples
+from service.core.state import (
     Context,
     DatasetInfo,
     JobApplied,
@@ -16,8 +16,8 @@ from service.state import (
     ScheduleCheck,
     WorkerReported,
 )
-from service.transition import transition
-from service.triggers import TriggerSpec, parse_hhmm
+from service.core.transition import transition
+from service.core.triggers import TriggerSpec, parse_hhmm
 from tests.unit.driver import JOB, NS, Driver, info, report, spec
 
 

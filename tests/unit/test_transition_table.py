@@ -12,7 +12,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from service.state import (
+from service.core.state import (
     CopyModel,
     Event,
     JobApplied,
@@ -25,8 +25,8 @@ from service.state import (
     Tick,
     WriteRound,
 )
-from service.transition import JOB_TABLE
-from service.triggers import TriggerSpec
+from service.core.transition import JOB_TABLE
+from service.core.triggers import TriggerSpec
 from tests.unit.driver import JOB, NS, Driver, report, spec
 
 SUBSTATES = [

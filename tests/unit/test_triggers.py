@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.triggers import (
+from service.core.triggers import (
     EPSILON,
     TriggerSpec,
     in_window,

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 import msgspec
 
-from service import paths, samples
-from service.state import (
+from service.core import paths, samples
+from service.core.state import (
     AttachDataset,
     Context,
     CopyModel,
@@ -52,7 +52,7 @@ from service.state import (
     WorkerReported,
     WriteRound,
 )
-from service.triggers import NUM_OF_SAMPLES, should_fire
+from service.core.triggers import NUM_OF_SAMPLES, should_fire
 
 JOB_KIND: Final = "lifelonglearningjob"
 DATASET_KIND: Final = "dataset"

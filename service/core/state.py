@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from service.samples import Ranges
-from service.triggers import TriggerSpec
+from service.core.samples import Ranges
+from service.core.triggers import TriggerSpec
 
 Phase = Literal["train", "eval", "deploy"]
 #: waiting: trigger armed, no worker; preparing: round data being written; running: a worker
