@@ -10,6 +10,22 @@ Adapters translate their library's exceptions into these at the boundary
 
 from __future__ import annotations
 
+from typing import Literal
+
+#: Why a message or an event was refused: the label of the rejections counter. Intake codes
+#: come from decoding; `unknown_job` and `immutable_field` from the lifecycle.
+RejectCode = Literal[
+    "invalid",
+    "invalid_json",
+    "invalid_utf8",
+    "too_large",
+    "too_deep",
+    "name_mismatch",
+    "unknown_topic",
+    "unknown_job",
+    "immutable_field",
+]
+
 
 class ServiceError(Exception):
     """Root of every error the service raises on purpose."""
@@ -18,13 +34,20 @@ class ServiceError(Exception):
 class InvalidMessage(ServiceError):
     """A message could not be decoded or failed validation.
 
-    ``path`` names the offending field (``$.spec.dataset.trainProb``); ``reason`` says why.
+    ``path`` names the offending field (``$.spec.dataset.trainProb``); ``reason`` says why;
+    ``code`` classifies it for metrics.
     """
 
-    def __init__(self, reason: str, path: str = "$") -> None:
+    def __init__(self, reason: str, path: str = "$", *, code: RejectCode = "invalid") -> None:
         super().__init__(f"{path}: {reason}" if path else reason)
         self.path = path
         self.reason = reason
+        self.code: RejectCode = code
+
+    @property
+    def detail(self) -> str:
+        """``path: reason``, or the reason alone when the message as a whole is at fault."""
+        return f"{self.path}: {self.reason}" if self.path else self.reason
 
 
 class ConfigError(ServiceError):

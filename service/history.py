@@ -7,11 +7,11 @@ CLI (`describe`, `get`); kept as JSON so a record is readable in Redis as it is.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 import msgspec
 
-Outcome = Literal["applied", "ignored", "rejected"]
+from service.core.outcome import Outcome, Verdict
+from service.core.state import DatasetState, JobState, State
 
 
 class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -24,7 +24,7 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
     at_ms: int = msgspec.field(name="at")
     event: str
-    outcome: Outcome
+    outcome: Verdict
     notes: tuple[str, ...] = ()
     phase: str | None = None
     step: str | None = None
@@ -35,6 +35,28 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     def view(self) -> tuple[str | int | None, ...]:
         """What `last change` compares between records: phase, step, version, samples."""
         return (self.phase, self.step, self.version, self.samples)
+
+
+def record_of(event: str, outcome: Outcome, *, at_ms: int, token: str) -> HistoryRecord:
+    """The record of one transition: its verdict, what it said, and the view it left."""
+    record = HistoryRecord(
+        at_ms=at_ms, event=event, outcome=outcome.verdict, notes=outcome.notes, token=token
+    )
+    state: State | None = outcome.state
+    if isinstance(state, JobState):
+        return msgspec.structs.replace(
+            record, phase=state.phase, step=state.step, version=state.version
+        )
+    if isinstance(state, DatasetState) and state.num_samples >= 0:
+        return msgspec.structs.replace(record, samples=state.num_samples)
+    return record
+
+
+def worth_keeping(record: HistoryRecord) -> bool:
+    """Whether a record is stored: an event that changed nothing but bookkeeping and said
+    nothing (an idle trigger check, a poll that found nothing new) is only counted, so
+    10,000 idle jobs do not fill Redis with their heartbeats."""
+    return record.outcome != "ignored" or bool(record.notes)
 
 
 _encoder = msgspec.json.Encoder()

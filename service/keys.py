@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, NamedTuple
 
 NUM_SHARDS = 16
 DEFAULT_PREFIX = "lifelong"
-JOB_KIND = "job"
-DATASET_KIND = "dataset"
+
+#: The two kinds of resource, as resource keys spell them.
+Kind = Literal["job", "dataset"]
+JOB_KIND: Kind = "job"
+DATASET_KIND: Kind = "dataset"
+#: The `resourceKind` of each kind on the wire (envelope headers).
+WIRE_KINDS: Mapping[Kind, str] = MappingProxyType(
+    {JOB_KIND: "lifelonglearningjob", DATASET_KIND: "dataset"}
+)
 # The ingress streams' consumer group and its one consumer: shard leases already guarantee a
 # single reader, and a fixed consumer name lets the next owner read its predecessor's
 # un-acknowledged entries with id "0".
@@ -21,11 +31,52 @@ INGRESS_GROUP = "lifelong"
 INGRESS_CONSUMER = "owner"
 
 
+class ResourceKey(NamedTuple):
+    """A job or dataset; its text form ``<kind>:<namespace>/<name>`` names it in Redis."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.namespace}/{self.name}"
+
+    @property
+    def path(self) -> str:
+        """``<namespace>/<name>``, as logs and the CLI show it."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def wire_kind(self) -> str:
+        return WIRE_KINDS[self.kind]
+
+
 def rkey(kind: str, namespace: str, name: str) -> str:
     """The resource key ``<kind>:<namespace>/<name>`` (kind is ``job`` or ``dataset``)."""
-    if kind not in (JOB_KIND, DATASET_KIND):
+    if kind not in WIRE_KINDS:
         raise ValueError(f"unknown resource kind {kind!r}")
     return f"{kind}:{namespace}/{name}"
+
+
+def job_key(namespace: str, name: str) -> str:
+    return f"{JOB_KIND}:{namespace}/{name}"
+
+
+def dataset_key(namespace: str, name: str) -> str:
+    return f"{DATASET_KIND}:{namespace}/{name}"
+
+
+def parse_rkey(text: str) -> ResourceKey:
+    """The parts of a resource key; ValueError when ``text`` is not one."""
+    kind, colon, path = text.partition(":")
+    namespace, slash, name = path.partition("/")
+    if not colon or not slash or not namespace or not name:
+        raise ValueError(f"not a resource key: {text!r}")
+    if kind == JOB_KIND:
+        return ResourceKey(JOB_KIND, namespace, name)
+    if kind == DATASET_KIND:
+        return ResourceKey(DATASET_KIND, namespace, name)
+    raise ValueError(f"unknown resource kind in {text!r}")
 
 
 def shard_of(resource_key: str) -> int:

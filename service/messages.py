@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from service.errors import InvalidMessage
+from service.errors import InvalidMessage, RejectCode
 from service.logs import redact
 
 MAX_PAYLOAD_BYTES = 1 << 20
@@ -330,11 +330,14 @@ class Rejection(_Wire, frozen=True, kw_only=True):
     received_at: str
 
 
+PresenceState = Literal["online", "offline"]
+
+
 class Presence(_Wire, frozen=True, kw_only=True):
     """A replica's retained presence (its last will says offline)."""
 
     replica: str
-    state: Literal["online", "offline"]
+    state: PresenceState
     since: str
 
 
@@ -429,7 +432,8 @@ def credential_of(meta: ObjectMeta) -> S3Credential | None:
             raise InvalidMessage('must be "0" or "1"', error.path) from None
         raise error from None
     except (msgspec.DecodeError, RecursionError):
-        raise InvalidMessage("must be a JSON object of strings", path) from None
+        reason = "must be a JSON object of strings"
+        raise InvalidMessage(reason, path, code="invalid_json") from None
     if (wire.access_key_id is None) != (wire.secret_access_key is None):
         raise InvalidMessage("ACCESS_KEY_ID and SECRET_ACCESS_KEY must be given together", path)
     return S3Credential(
@@ -524,15 +528,22 @@ def decode_json_object(data: bytes, path: str = "$") -> dict[str, Any]:
     """
     data = bytes(data)
     if len(data) > MAX_PAYLOAD_BYTES:
-        raise InvalidMessage(f"payload too large: {len(data)} bytes > {MAX_PAYLOAD_BYTES}", path)
+        raise InvalidMessage(
+            f"payload too large: {len(data)} bytes > {MAX_PAYLOAD_BYTES}", path, code="too_large"
+        )
     if _nesting_depth(data) > MAX_NESTING_DEPTH:
-        raise InvalidMessage(f"nesting deeper than {MAX_NESTING_DEPTH} levels", path)
+        raise InvalidMessage(
+            f"nesting deeper than {MAX_NESTING_DEPTH} levels", path, code="too_deep"
+        )
     try:
         obj = msgspec.json.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
-        raise InvalidMessage(f"not valid JSON: {e}", path) from None
+        code: RejectCode = "invalid_utf8" if "utf-8" in str(e).lower() else "invalid_json"
+        raise InvalidMessage(f"not valid JSON: {e}", path, code=code) from None
     if not isinstance(obj, dict):
-        raise InvalidMessage(f"expected a JSON object, got {_json_type(obj)}", path)
+        raise InvalidMessage(
+            f"expected a JSON object, got {_json_type(obj)}", path, code="invalid_json"
+        )
     return obj
 
 
@@ -756,10 +767,10 @@ def _finite(value: str | int | float) -> bool:
 def _check_matches_header(metadata: ObjectMeta, header: Header) -> None:
     if metadata.namespace != header.namespace:
         reason = f"{_quoted(metadata.namespace)} does not match header namespace"
-        raise InvalidMessage(reason, "$.metadata.namespace")
+        raise InvalidMessage(reason, "$.metadata.namespace", code="name_mismatch")
     if metadata.name != header.resource_name:
         reason = f"{_quoted(metadata.name)} does not match header resourceName"
-        raise InvalidMessage(reason, "$.metadata.name")
+        raise InvalidMessage(reason, "$.metadata.name", code="name_mismatch")
 
 
 # --- decoding: worker messages ----------------------------------------------------------------
@@ -782,29 +793,3 @@ def decode_worker_message(data: bytes) -> WorkerMessage:
     message = _convert(obj, WorkerMessage)
     _check_integers(obj)
     return msgspec.structs.replace(message, owner_kind=message.owner_kind.lower())
-
-
-_STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
-
-
-def usable_models(results: list[dict[str, Any]]) -> tuple[Model, ...]:
-    """The results that describe a model the lifecycle can use, in order.
-
-    A usable model has a string `format` (may be empty or absent) and a `url` that is an
-    s3:// URL or an absolute local path without `..`: a worker is not trusted to point the
-    deploy copy at arbitrary files.
-    """
-    return tuple(model for model in map(_model_of, results) if model is not None)
-
-
-def _model_of(result: object) -> Model | None:
-    if not isinstance(result, dict):
-        return None
-    url, model_format, metrics = result.get("url"), result.get("format", ""), result.get("metrics")
-    if not isinstance(url, str) or not isinstance(model_format, str):
-        return None
-    if not _STORAGE_URL.search(url):
-        return None
-    return Model(
-        format=model_format, url=url, metrics=metrics if isinstance(metrics, dict) else None
-    )

@@ -26,11 +26,13 @@ from paho.mqtt.properties import Properties
 
 from service.adapters.redis_store import RedisStore
 from service.config import Config
-from service.core.state import JobState, decode_state, job_key
+from service.core.state import JobState, decode_state
+from service.core.transition import transition
 from service.embedded import Server, free_port, wait_port
 from service.history import decode_records
-from service.keys import NUM_SHARDS, Keys
+from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
+from service.runtime.processor import Transition
 from tests.integration.conftest import Stack
 from tests.integration.conftest import stack_on as integration_stack_on
 from tests.integration.harness import (
@@ -389,10 +391,14 @@ class InProcess:
 
 @contextlib.contextmanager
 def replica_on(
-    stack: Stack, *, clock: Clock | None = None, tuning: Tuning | None = None
+    stack: Stack,
+    *,
+    clock: Clock | None = None,
+    tuning: Tuning | None = None,
+    transition: Transition = transition,
 ) -> Iterator[Replica]:
-    """A `Replica` in this process (so the test can hand it a clock or shrink its retry
-    budget), started, ready and taking in MQTT; stopped gracefully afterwards."""
+    """A `Replica` in this process (so the test can hand it a clock, shrink its retry budget
+    or wrap its core), started, ready and taking in MQTT; stopped gracefully afterwards."""
     http_port = free_port()
     config = Config.from_env(
         {
@@ -404,7 +410,9 @@ def replica_on(
             "LIFELONG_DATASET_POLL_SECONDS": "1",
         }
     )
-    replica = Replica(config, replica_id="in-process", clock=clock, tuning=tuning)
+    replica = Replica(
+        config, replica_id="in-process", clock=clock, tuning=tuning, transition=transition
+    )
     replica.start()
     try:
         wait_until(lambda: replica.ready()[0], 15, "the in-process replica to be ready")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from service.core.state import WorkerReported
-from service.keys import rkey, shard_of
-from service.runtime import Replica
+from service.core.events import Event, WorkerReported
+from service.core.outcome import Context, Outcome
+from service.core.state import State
+from service.core.transition import transition
+from service.keys import job_key, shard_of
 from tests.faults.conftest import probe_of, replica_on, wait_until
 from tests.integration.conftest import Stack
 from tests.integration.harness import job_resource
@@ -22,25 +22,18 @@ def forwarded(stack: Stack, job: str) -> list[dict[str, Any]]:
     return [m for m in stack.cloud.upstream(job) if "output" in m["content"]]
 
 
-def test_a_failing_transition_holds_back_only_its_shard(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    broken_key = rkey("job", "default", BROKEN)
-    assert shard_of(broken_key) != shard_of(rkey("job", "default", HEALTHY))
-    run_resource = Replica._run_resource
+def test_a_failing_transition_holds_back_only_its_shard(stack: Stack) -> None:
+    assert shard_of(job_key("default", BROKEN)) != shard_of(job_key("default", HEALTHY))
     fixed = False
 
-    def buggy(self: Replica, *args: Any) -> Any:
-        key, items = args[2], args[4]
-        reports = [i for _, i in items if i is not None and isinstance(i.event, WorkerReported)]
-        if key == broken_key and reports and not fixed:
+    def buggy(state: State | None, event: Event, ctx: Context) -> Outcome:
+        if isinstance(event, WorkerReported) and event.name == BROKEN and not fixed:
             raise RuntimeError("a bug in the lifecycle")
-        return run_resource(self, *args)
+        return transition(state, event, ctx)
 
-    monkeypatch.setattr(Replica, "_run_resource", buggy)
     cloud = stack.cloud
     out = stack.workdir / "out"
-    with replica_on(stack), probe_of(stack.redis_url) as probe:
+    with replica_on(stack, transition=buggy), probe_of(stack.redis_url) as probe:
         for job in (BROKEN, HEALTHY):
             cloud.downstream("lifelonglearningjob", "insert", job_resource(job, "none", str(out)))
         wait_until(

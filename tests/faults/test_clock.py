@@ -39,6 +39,10 @@ class ManualClock:
         with self._lock:
             return self._minute
 
+    def monotonic_s(self) -> float:
+        """Only lifecycle time stands still: the replica's own deadlines run as usual."""
+        return time.monotonic()
+
     def set(self, *, now_ms: int | None = None, minute_of_day: int | None = None) -> None:
         with self._lock:
             self._now_ms = self._now_ms if now_ms is None else now_ms

@@ -9,7 +9,8 @@ import queue
 from service.adapters.mqtt import MqttClient, MqttSettings
 from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
 from service.keys import Keys, rkey, shard_of
-from service.outbox import OutboxPublisher
+from service.runtime.clock import SystemClock
+from service.runtime.outbox import OutboxPublisher
 from tests.servers import Server
 
 JOB = rkey("job", "default", "outbox-job")
@@ -43,7 +44,7 @@ def test_finish_forgets_what_the_broker_acknowledged(
                 continue
         entry = OutboxEntry("m-1", TOPIC, b'{"deploy":"ready"}')
         [[ids]] = store.commit([(SHARD, token, [Commit(JOB, b"s", outbox=(entry,))])])
-        outbox = OutboxPublisher(store, publisher, lambda: [SHARD])
+        outbox = OutboxPublisher(store, publisher, lambda: [SHARD], clock=SystemClock())
         outbox.send(SHARD, [(stream_id, entry) for stream_id in ids])
         assert inbound.get(timeout=5).payload == entry.payload
         # acknowledged, but no outbox thread ran to delete it: a stop now would leave it

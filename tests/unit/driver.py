@@ -9,26 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.core.state import (
-    Context,
-    CopyModel,
+import msgspec
+
+from service.core.effects import CopyModel, Effect, Note, Publish, WriteRound
+from service.core.events import (
     DatasetChanged,
-    DatasetInfo,
-    Effect,
     Event,
     JobApplied,
-    JobSpec,
-    JobState,
     ModelCopied,
-    ModelRef,
-    Note,
-    Publish,
     RoundWritten,
-    State,
     Tick,
     WorkerReported,
-    WriteRound,
 )
+from service.core.outcome import Context
+from service.core.state import DatasetInfo, JobSpec, JobState, State
 from service.core.transition import transition
 from service.core.triggers import TriggerSpec
 
@@ -61,19 +55,15 @@ def report(
     status: str,
     *urls: str,
     results: list[dict[str, Any]] | None = None,
-    unusable: str | None = None,
 ) -> WorkerReported:
-    models = tuple(ModelRef(format="pkl", url=url) for url in urls)
     raw = results if results is not None else [{"format": "pkl", "url": url} for url in urls]
     return WorkerReported(
         namespace=NS,
         name=JOB,
         worker=f"{JOB}-{kind}",
         kind=kind,  # type: ignore[arg-type]
-        status=status,
-        models=models,
-        results=tuple(raw),  # type: ignore[arg-type]
-        unusable=unusable,
+        status=status,  # type: ignore[arg-type]
+        results=tuple(raw),
     )
 
 
@@ -149,7 +139,7 @@ class Driver:
         return [e for e in self.effects if isinstance(e, kind)]
 
     def published(self) -> list[dict[str, Any]]:
-        return [e.content for e in self.of(Publish)]
+        return [content(e) for e in self.of(Publish)]
 
     def notes(self) -> list[str]:
         return [e.reason for e in self.of(Note)]
@@ -163,3 +153,10 @@ class Driver:
         copies = self.of(CopyModel)
         assert copies, "no CopyModel effect"
         return copies[-1]  # type: ignore[no-any-return]
+
+
+def content(publish: Publish) -> dict[str, Any]:
+    """The upstream message's content as it goes on the wire."""
+    wire = msgspec.to_builtins(publish.status)
+    assert isinstance(wire, dict)
+    return wire

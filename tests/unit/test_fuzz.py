@@ -7,29 +7,26 @@ names, versions, counts and phases drawn wide enough to hit every table entry an
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.state import (
-    Context,
+from service.core.effects import Publish
+from service.core.events import (
     DatasetApplied,
     DatasetChanged,
     DatasetDeleted,
-    DatasetInfo,
     DatasetPolled,
     Event,
     JobApplied,
     JobDeleted,
-    JobSpec,
     ModelCopied,
-    ModelRef,
     RoundWritten,
-    State,
     Tick,
     WorkerReported,
-    decode_state,
-    encode,
 )
+from service.core.outcome import Context
+from service.core.state import DatasetInfo, JobSpec, State, decode_state, encode_state
 from service.core.transition import transition
 from service.core.triggers import OPERATORS, TriggerSpec
 from tests.unit.test_transition_table import SUBSTATES, reach
@@ -37,6 +34,7 @@ from tests.unit.test_transition_table import SUBSTATES, reach
 NAMES = st.sampled_from(["job-a", "ds"])
 NS = st.just("default")
 COUNTS = st.integers(min_value=0, max_value=10**7)
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)  # what decoding lets through
 URLS = st.sampled_from(["/data/d.txt", "/data/d.csv", "s3://b/d.txt", "/rootfs/x/m.pkl", ""])
 FORMATS = st.sampled_from(["txt", "csv", "CSV", "weird"])
 
@@ -55,8 +53,14 @@ specs = st.builds(
     trigger=triggers,
     output_dir=st.sampled_from(["/output", "s3://bucket/out", "/rootfs/out"]),
 )
-models = st.lists(
-    st.builds(ModelRef, format=st.sampled_from(["pkl", "", "pb"]), url=URLS), max_size=3
+#: worker results: models with good and bad urls, and things that are no model at all
+model_results = st.lists(
+    st.fixed_dictionaries(
+        {"url": URLS | INT64 | st.none()},
+        optional={"format": st.sampled_from(["pkl", "", "pb"]) | INT64},
+    )
+    | st.dictionaries(st.sampled_from(["x", "metrics"]), INT64),
+    max_size=3,
 ).map(tuple)
 infos = st.builds(DatasetInfo, url=URLS, format=FORMATS, present=st.booleans())
 
@@ -96,8 +100,7 @@ _any_event: st.SearchStrategy[Event] = st.one_of(
         worker=st.just("w"),
         kind=st.sampled_from(["train", "eval", "deploy", "inference"]),
         status=st.sampled_from(["ready", "running", "completed", "failed"]),
-        models=models,
-        unusable=st.none() | st.just("no url"),
+        results=model_results,
     ),
     st.builds(
         Tick, kind=st.sampled_from(["job", "dataset"]), namespace=NS, name=NAMES, due_ms=COUNTS
@@ -127,8 +130,7 @@ reports = st.builds(
     worker=st.just("w"),
     kind=st.sampled_from(["train", "eval"]),
     status=st.sampled_from(["completed", "failed"]),
-    models=models,
-    unusable=st.none() | st.just("no url"),
+    results=model_results,
 )
 results = st.builds(
     RoundWritten,
@@ -168,6 +170,8 @@ def test_no_event_sequence_makes_transition_raise(
         outcome = transition(state, event, ctx)
         state = outcome.state
         if state is not None:
-            assert decode_state(encode(state)) == state
+            assert decode_state(encode_state(state)) == state
         for effect in outcome.effects:
-            encode(effect)
+            msgspec.msgpack.encode(effect)
+            if isinstance(effect, Publish):
+                msgspec.json.encode(effect.status)

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from service.core.state import JobApplied, WorkerReported
+from service.core import reports
+from service.core.events import JobApplied, WorkerReported
 from service.errors import InvalidMessage
-from service.ingress import take_in, target_of, worker_topic_name
 from service.messages import make_rejection
+from service.runtime.accept import accept_downstream, accept_report, target_of, worker_topic_name
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -47,7 +48,7 @@ def envelope(resource: dict[str, Any]) -> bytes:
 
 
 def applied(resource: dict[str, Any]) -> JobApplied:
-    event = take_in("downstream", "t", envelope(resource), 0).event
+    event = accept_downstream("t", envelope(resource), 0).event
     assert isinstance(event, JobApplied)
     return event
 
@@ -103,16 +104,27 @@ def test_worker_report_without_usable_model_says_why() -> None:
         "status": "completed",
         "results": [{"format": "pkl"}, {"url": 3}],
     }
-    event = take_in("worker", "t", json.dumps(report).encode(), 0).event
+    event = accept_report("t", "w1", json.dumps(report).encode(), 0).event
     assert isinstance(event, WorkerReported)
-    assert event.models == () and event.unusable and "usable model" in event.unusable
+    assert reports.model_refs(event) == ()
+    assert "usable model" in reports.no_usable_model(event)
+
+
+def test_worker_name_must_match_the_topic_or_path() -> None:
+    report = {
+        "name": "w1", "namespace": "default", "ownerName": "job-a",
+        "ownerKind": "lifelonglearningjob", "kind": "train", "status": "running",
+    }  # fmt: skip
+    with pytest.raises(InvalidMessage) as caught:
+        accept_report("t", "w2", json.dumps(report).encode(), 0)
+    assert caught.value.path == "$.name" and caught.value.code == "name_mismatch"
 
 
 def test_bad_credential_is_rejected_without_echoing_it() -> None:
     bad = copy.deepcopy(JOB)
     bad["metadata"]["annotations"] = {"sedna.io/credential": '{"SECRET_ACCESS_KEY": "s3cr3t"}'}
     with pytest.raises(InvalidMessage) as caught:
-        take_in("downstream", "t", envelope(bad), 0)
+        accept_downstream("t", envelope(bad), 0)
     assert "s3cr3t" not in str(caught.value)
 
 
@@ -132,7 +144,7 @@ def test_rejections_never_carry_the_secret() -> None:
     }
     payload = envelope(bad)
     with pytest.raises(InvalidMessage) as caught:
-        take_in("downstream", "t", payload, 0)
+        accept_downstream("t", payload, 0)
     rejection = make_rejection("t", caught.value.reason, payload, datetime.now(UTC))
     text = base64.b64decode(rejection.payload).decode()
     assert "s3cr3t-canary" not in text and "s3cr3t-canary" not in rejection.reason

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from service.errors import StoreUnavailable
 from service.keys import Keys
-from service.leases import LeaseKeeper, fair_share, plan
+from service.runtime.leases import LeaseKeeper, fair_share, plan
 
 
 def test_fair_share_and_plan() -> None:
@@ -43,23 +42,36 @@ class FlakyStore:
         return f"r:{self.fence}"
 
 
+class StepClock:
+    """A clock the test moves: no sleeping for lease deadlines."""
+
+    def __init__(self) -> None:
+        self.monotonic = 100.0
+
+    def now_ms(self) -> int:
+        return int(self.monotonic * 1000)
+
+    def minute_of_day(self) -> int:
+        return 0
+
+    def monotonic_s(self) -> float:
+        return self.monotonic
+
+
 def test_leases_and_ingress_given_up_when_redis_unreachable_past_most_of_ttl() -> None:
     store = FlakyStore()
+    clock = StepClock()
     ingress: list[bool] = []
     keeper = LeaseKeeper(
-        store,
-        "r",
-        ttl_ms=200,
-        now_ms=lambda: 0,  # type: ignore[arg-type]
-        on_acquired=lambda _s: None,
-        on_ingress=ingress.append,
+        store, "r", ttl_ms=200, clock=clock, on_acquired=lambda _s: None, on_ingress=ingress.append
     )
     keeper.tick()
     assert len(keeper.held()) == 16 and keeper.holds_ingress and ingress == [True]
     store.down = True
-    keeper.tick()  # a blip: keep going
+    clock.monotonic += 0.15  # unrenewed for 150 of 200 ms: a blip, keep going
+    keeper.tick()
     assert len(keeper.held()) == 16 and keeper.holds_ingress
-    time.sleep(0.2)
+    clock.monotonic += 0.02  # now 170 ms, past 80% of the TTL: as good as gone
     keeper.tick()
     assert keeper.held() == {} and not keeper.holds_ingress
     assert ingress == [True, False], "the ingress client is stopped: no fight for its id"

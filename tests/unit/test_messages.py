@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service import messages
+from service.core import reports
 from service.errors import InvalidMessage
 from service.messages import (
     DatasetDelete,
@@ -513,7 +514,7 @@ def test_worker_message_decodes_and_round_trips() -> None:
     assert message.owner_name == "atcii-classifier-demo"
     assert decode_worker_message(messages.encode(message)) == message
     assert json.loads(messages.encode(message))["ownerName"] == "atcii-classifier-demo"
-    (model,) = messages.usable_models(message.results)
+    (model,) = reports.usable_models(message.results)
     assert model == messages.Model(
         format="pkl", url="/output/train/1/model.pkl", metrics={"acc": 0.9}
     )
@@ -525,7 +526,7 @@ def test_two_models_are_both_usable() -> None:
         {"format": "ckpt", "url": "/output/train/1/model.ckpt"},
         {"url": "/output/train/1/plain"},
     ]
-    models = messages.usable_models(decode_worker_message(worker_with(results=results)).results)
+    models = reports.usable_models(decode_worker_message(worker_with(results=results)).results)
     assert [(m.format, m.url) for m in models] == [
         ("pb", "s3://models/train/1/saved_model"),
         ("ckpt", "/output/train/1/model.ckpt"),
@@ -548,7 +549,7 @@ def test_two_models_are_both_usable() -> None:
 def test_malformed_results_decode_but_give_no_usable_model(results: Any) -> None:
     message = decode_worker_message(worker_with(results=results))
     assert message.status == "completed"
-    assert messages.usable_models(message.results) == ()
+    assert reports.usable_models(message.results) == ()
 
 
 def test_null_owner_info_reads_as_empty() -> None:
@@ -825,5 +826,5 @@ def test_mutated_worker_messages_raise_only_invalid_message(worker: dict[str, An
         message = decode_worker_message(data)
     except InvalidMessage:
         return
-    messages.usable_models(message.results)  # never raises either
+    reports.usable_models(message.results)  # never raises either
     assert msgspec.json.decode(messages.encode(message))["name"] == message.name

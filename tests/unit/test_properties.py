@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.core import samples
-from service.core.state import JobApplied, WriteRound, encode
+from service.core.effects import WriteRound
+from service.core.events import JobApplied
+from service.core.state import encode_state
 from service.core.triggers import TriggerSpec
 from tests.unit.driver import JOB, NS, Driver, info, report, spec
 
@@ -140,5 +142,5 @@ def test_state_stays_small_after_10000_rounds_over_10_million_samples() -> None:
     for extra in range(1, 21):
         d.dataset(10_000_000 + extra * 1_000)
     assert len(d.job.pending) == 20
-    size = len(encode(d.job))
+    size = len(encode_state(d.job))
     assert size < 4096, size

@@ -6,19 +6,13 @@ Each would fail on the seed's behaviour; the comment says what the seed did.
 from __future__ import annotations
 
 from service.core import samples
-from service.core.state import (
-    Context,
-    DatasetInfo,
-    JobApplied,
-    Note,
-    Publish,
-    Reject,
-    ScheduleCheck,
-    WorkerReported,
-)
+from service.core.effects import Note, Publish, Reject, ScheduleCheck
+from service.core.events import JobApplied, WorkerReported
+from service.core.outcome import Context
+from service.core.state import DatasetInfo
 from service.core.transition import transition
 from service.core.triggers import TriggerSpec, parse_hhmm
-from tests.unit.driver import JOB, NS, Driver, info, report, spec
+from tests.unit.driver import JOB, NS, Driver, content, info, report, spec
 
 
 def started(train_prob: float = 0.8, trigger: TriggerSpec | None = None, **kw: object) -> Driver:
@@ -109,13 +103,17 @@ def test_bug06_malformed_results_do_not_crash() -> None:
     d.dataset(10)
     d.written("train")
     bad = [{"format": 3, "url": None}, "not an object", {"url": ["x"]}]
-    d.apply(report("train", "completed", results=bad, unusable="results hold no model url"))  # type: ignore[list-item]
+    d.apply(report("train", "completed", results=bad))  # type: ignore[arg-type]
     assert d.job.phase == "train"
-    assert any("no model url" in n for n in d.notes())
+    assert any("without a usable model" in n for n in d.notes())
     forwarded = [p for p in d.published() if "output" in p]
     assert forwarded[-1]["output"]["models"] == bad
     failed = [p for p in d.published() if p.get("status") == "failed"]
-    assert failed == [{"phase": "train", "status": "failed", "reason": "results hold no model url"}]
+    reason = (
+        "train worker job-a-train completed without a usable model "
+        "(3 results; each model needs a string url)"
+    )
+    assert failed == [{"phase": "train", "status": "failed", "reason": reason}]
 
 
 def test_bug07_deploy_does_not_prefix_the_model_url_again() -> None:
@@ -289,7 +287,7 @@ def test_worker_messages_are_forwarded_with_owner_info() -> None:
         namespace=NS, name=JOB, worker="w", kind="train", status="running", owner_info={"a": 1}
     )
     effects = d.apply(msg)
-    assert [e.content for e in effects if isinstance(e, Publish)] == [
+    assert [content(e) for e in effects if isinstance(e, Publish)] == [
         {"phase": "train", "status": "running", "output": {"models": [], "ownerInfo": {"a": 1}}}
     ]
     assert not any(isinstance(e, Note) for e in effects)

@@ -12,22 +12,12 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from service.core.state import (
-    CopyModel,
-    Event,
-    JobApplied,
-    JobState,
-    ModelCopied,
-    Note,
-    Publish,
-    RoundWritten,
-    ScheduleCheck,
-    Tick,
-    WriteRound,
-)
-from service.core.transition import JOB_TABLE
+from service.core.effects import CopyModel, Note, Publish, ScheduleCheck, WriteRound
+from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
+from service.core.jobs import JOB_TABLE
+from service.core.state import JobState
 from service.core.triggers import TriggerSpec
-from tests.unit.driver import JOB, NS, Driver, report, spec
+from tests.unit.driver import JOB, NS, Driver, content, report, spec
 
 SUBSTATES = [
     ("train", "waiting"),
@@ -94,7 +84,7 @@ EVENTS: dict[str, Callable[[Driver], Event]] = {
     ),
     "train/completed": lambda d: report("train", "completed", "/output/train/1/m.pkl"),
     "train/completed-no-model": lambda d: report(
-        "train", "completed", results=[{"x": 1}], unusable="results[0] has no url"
+        "train", "completed", results=[{"x": 1}]
     ),
     "train/failed": lambda d: report("train", "failed"),
     "train/running": lambda d: report("train", "running"),
@@ -156,10 +146,10 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
     assert isinstance(after, JobState)
     expected = EXPECTED.get((substate, event_name))
     is_report = event_name.count("/") == 1
-    forwards = [e for e in effects if isinstance(e, Publish) and "output" in e.content]
+    forwards = [e for e in effects if isinstance(e, Publish) and "output" in content(e)]
     if is_report:
         assert len(forwards) == 1, "every worker message for a known job is forwarded"
-        assert forwards[0].content["phase"] == event_name.split("/", maxsplit=1)[0]
+        assert content(forwards[0])["phase"] == event_name.split("/", maxsplit=1)[0]
     if expected is None:
         # illegal or informational: state unchanged (a tick only forgets its timer)
         assert msgspec.structs.replace(after, next_check_ms=before.next_check_ms) == before

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 
-from service.adapters.redis_store import RedisStore
 from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
+from service.runtime.clock import Clock
+from service.runtime.ports import LeaseStore
 
-log = logging.getLogger("service.leases")
+log = logging.getLogger(__name__)
 
 #: Give leases up locally once renewal has failed for this fraction of the TTL, before the
 #: store lets them expire and another replica may take them.
@@ -45,25 +45,25 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: RedisStore,
+        store: LeaseStore,
         replica: str,
         ttl_ms: int,
         *,
-        now_ms: Callable[[], int],
+        clock: Clock,
         on_acquired: Callable[[int], None],
         on_ingress: Callable[[bool], None],
     ) -> None:
         self._store = store
         self._replica = replica
         self._ttl_ms = ttl_ms
-        self._now_ms = now_ms
+        self._clock = clock
         self._on_acquired = on_acquired
         self._on_ingress = on_ingress
         self._lock = threading.Lock()
         self._tokens: dict[int, str] = {}
         self._ingress_token: str | None = None
         self.store_ok = False
-        self._renewed_at = time.monotonic()
+        self._renewed_at_s = clock.monotonic_s()
 
     def token(self, shard: int) -> str | None:
         with self._lock:
@@ -92,16 +92,17 @@ class LeaseKeeper:
     def tick(self) -> None:
         """One round of heartbeat, renewal, rebalancing and the ingress lease."""
         try:
-            live = self._store.heartbeat(self._replica, self._now_ms(), self._ttl_ms)
+            live = self._store.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
             self._renew_all()
-            self._renewed_at = time.monotonic()
+            self._renewed_at_s = self._clock.monotonic_s()
             self._rebalance(len(live))
             self._keep_ingress()
             self.store_ok = True
         except StoreUnavailable as e:
             self.store_ok = False
             log.warning("lease keeping paused: %s", e)
-            if time.monotonic() - self._renewed_at > self._ttl_ms * GIVE_UP_FRACTION / 1000:
+            unrenewed_s = self._clock.monotonic_s() - self._renewed_at_s
+            if unrenewed_s > self._ttl_ms * GIVE_UP_FRACTION / 1000:
                 self._give_up()
 
     def _give_up(self) -> None:
@@ -126,17 +127,19 @@ class LeaseKeeper:
     def _rebalance(self, live: int) -> None:
         keys = self._store.keys
         wanted, release = plan(list(self.held()), live)
+        released = []
         for shard in release:
             token = self.token(shard)
             if token is not None:
                 with self._lock:
                     self._tokens.pop(shard, None)
                 self._store.release(keys.lease(shard), token)
-                log.info("released shard %d (fair share with %d replicas)", shard, live)
-        if wanted <= 0:
-            return
+                released.append(shard)
+        if released:
+            log.info("released shards %s (fair share with %d replicas)", _listed(released), live)
+        acquired: dict[int, str] = {}
         for shard in self._free_shards():
-            if wanted == 0:
+            if len(acquired) >= wanted:
                 break
             token = self._store.acquire(
                 keys.lease(shard), keys.fence(shard), self._replica, self._ttl_ms
@@ -145,9 +148,11 @@ class LeaseKeeper:
                 continue
             with self._lock:
                 self._tokens[shard] = token
-            wanted -= 1
-            log.info("acquired shard %d (%s)", shard, token)
+            acquired[shard] = token
             self._on_acquired(shard)
+        if acquired:
+            fences = ", ".join(token.rpartition(":")[2] for token in acquired.values())
+            log.info("acquired shards %s (fences %s)", _listed(acquired), fences)
 
     def _free_shards(self) -> list[int]:
         held = self.held()
@@ -182,3 +187,7 @@ class LeaseKeeper:
             self._store.release(keys.ingress_lease(), self._ingress_token)
             self._ingress_token = None
         self._store.leave(self._replica)
+
+
+def _listed(shards: Sequence[int] | dict[int, str]) -> str:
+    return ",".join(map(str, sorted(shards)))

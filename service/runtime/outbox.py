@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from service import failpoints
-from service.adapters.mqtt import MqttClient, PublishTicket
-from service.adapters.redis_store import OutboxEntry, RedisStore
+from service.adapters.mqtt import PublishTicket
+from service.adapters.redis_store import OutboxEntry
 from service.errors import ServiceError
+from service.runtime.clock import Clock
+from service.runtime.ports import OutboxStore, Publisher
 
-log = logging.getLogger("service.outbox")
+log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -30,16 +31,18 @@ Key = tuple[int, str]  # (shard, outbox stream id)
 class OutboxPublisher:
     def __init__(
         self,
-        store: RedisStore,
-        mqtt: MqttClient,
+        store: OutboxStore,
+        mqtt: Publisher,
         held_shards: Callable[[], list[int]],
         *,
+        clock: Clock,
         puback_timeout_s: float = 10.0,
         on_depth: Callable[[int], None] = lambda _depth: None,
     ) -> None:
         self._store = store
         self._mqtt = mqtt
         self._held_shards = held_shards
+        self._clock = clock
         self._timeout_s = puback_timeout_s
         self._on_depth = on_depth
         self._wake = threading.Event()
@@ -51,7 +54,7 @@ class OutboxPublisher:
 
     def send(self, shard: int, entries: Sequence[tuple[str, OutboxEntry]]) -> None:
         """Publish just-committed entries now (called by the committing thread)."""
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         for stream_id, entry in entries:
             self._publish((shard, stream_id), entry, now)
 
@@ -76,11 +79,11 @@ class OutboxPublisher:
         """On a graceful stop: wait up to ``timeout_s`` for what is in flight to be
         acknowledged, then forget what was, so the next owner's sweep does not send it again
         (the thread that deletes acknowledged entries has already stopped)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self._clock.monotonic_s() + timeout_s
         with self._lock:
             tickets = [ticket for ticket, _ in self._inflight.values()]
         for ticket in tickets:
-            if not ticket.wait(max(0.0, deadline - time.monotonic())):
+            if not ticket.wait(max(0.0, deadline - self._clock.monotonic_s())):
                 break
         with self._lock:  # done, but its callback may not have recorded it yet
             recorded = set(self._acked)
@@ -146,7 +149,7 @@ class OutboxPublisher:
         `_inflight` is in send order, so the scan stops at the first young entry: a burst of
         thousands in flight costs nothing here until they are really overdue.
         """
-        deadline = time.monotonic() - self._timeout_s
+        deadline = self._clock.monotonic_s() - self._timeout_s
         with self._lock:
             overdue: list[Key] = []
             for key, (ticket, sent_at) in self._inflight.items():
@@ -159,7 +162,7 @@ class OutboxPublisher:
                 self._dirty.add(key[0])
 
     def _sweep(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         with self._lock:
             shards = set(self._dirty)
             self._dirty.clear()

@@ -1,41 +1,36 @@
 """From wire bytes to core events: decode, validate, convert, route.
 
-Everything that arrives (MQTT downstream and worker topics, the HTTP worker endpoint) passes
-through `take_in`, which either returns an `Inbound` ready to append to the target shard's
-ingress stream or raises `InvalidMessage` with the reason. The `Inbound` keeps the first
-bytes of the original payload so a later rejection (e.g. a report for an unknown job) can
-still show what was refused.
+Everything that arrives (the MQTT downstream and worker topics, the HTTP worker endpoint)
+passes through `accept_downstream` or `accept_report`, which return an `Accepted` ready to
+append to the target shard's ingress stream or raise `InvalidMessage` with the reason. An
+`Accepted` keeps the first bytes of the original payload so a later rejection (a report for
+an unknown job, say) can still show what was refused.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
 
 import msgspec
 
 from service import messages
-from service.core.state import (
+from service.core.events import (
     DatasetApplied,
     DatasetDeleted,
     DatasetPolled,
     Event,
     JobApplied,
     JobDeleted,
-    JobSpec,
-    ModelRef,
     Tick,
     WorkerReported,
-    dataset_key,
-    job_key,
 )
+from service.core.state import JobSpec
 from service.core.triggers import TriggerSpec, parse_hhmm
 from service.errors import InvalidMessage
+from service.keys import dataset_key, job_key
 
-Source = Literal["downstream", "worker"]
 
-
-class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Accepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One accepted event as it sits in a shard's ingress stream."""
 
     event: Event
@@ -46,14 +41,14 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Inbound)
+_decoder = msgspec.msgpack.Decoder(Accepted)
 
 
-def encode_inbound(inbound: Inbound) -> bytes:
-    return _encoder.encode(inbound)
+def encode_accepted(accepted: Accepted) -> bytes:
+    return _encoder.encode(accepted)
 
 
-def decode_inbound(data: bytes) -> Inbound:
+def decode_accepted(data: bytes) -> Accepted:
     return _decoder.decode(data)
 
 
@@ -66,16 +61,26 @@ def target_of(event: Event) -> str:
     return job_key(event.namespace, event.name)
 
 
-def take_in(source: Source, topic: str, payload: bytes, received_ms: int) -> Inbound:
-    """Decode and convert one message; raises InvalidMessage naming the field and reason."""
+def accept_downstream(topic: str, payload: bytes, received_ms: int) -> Accepted:
+    """A downstream envelope (insert or delete of a dataset or job) as an event."""
+    event, resource = downstream_event(messages.decode_envelope(payload))
     head = payload[: messages.REJECTION_PAYLOAD_BYTES]
-    if source == "worker":
-        report = messages.decode_worker_message(payload)
-        event: Event = worker_event(report)
-        return Inbound(event=event, topic=topic, head=head, received_ms=received_ms)
-    downstream = messages.decode_envelope(payload)
-    event, resource = downstream_event(downstream)
-    return Inbound(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
+    return Accepted(
+        event=event, topic=topic, head=head, received_ms=received_ms, resource=resource
+    )
+
+
+def accept_report(topic: str, worker: str, payload: bytes, received_ms: int) -> Accepted:
+    """A worker report sent under `worker` (its topic level or HTTP path) as an event."""
+    report = worker_event(messages.decode_worker_message(payload))
+    if report.worker != worker:
+        raise InvalidMessage(
+            f"worker name {report.worker!r} does not match {worker!r} in the topic or path",
+            "$.name",
+            code="name_mismatch",
+        )
+    head = payload[: messages.REJECTION_PAYLOAD_BYTES]
+    return Accepted(event=report, topic=topic, head=head, received_ms=received_ms)
 
 
 def worker_topic_name(topic: str) -> str | None:
@@ -152,23 +157,12 @@ def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
 
 
 def worker_event(report: messages.WorkerMessage) -> WorkerReported:
-    models = tuple(
-        ModelRef(format=m.format, url=m.url) for m in messages.usable_models(report.results)
-    )
-    unusable = None
-    if report.status == "completed" and not models:
-        unusable = (
-            f"{report.kind} worker {report.name} completed without a usable model "
-            f"({len(report.results)} results; each model needs a string url)"
-        )
     return WorkerReported(
         namespace=report.namespace,
         name=report.owner_name,
         worker=report.name,
         kind=report.kind,
         status=report.status,
-        models=models,
         results=tuple(report.results),
         owner_info=report.owner_info,
-        unusable=unusable,
     )

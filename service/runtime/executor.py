@@ -15,33 +15,25 @@ import msgspec
 from service import messages
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
-from service.adapters.redis_store import RedisStore
-from service.core import paths
-from service.core.state import (
+from service.core import datasets, paths
+from service.core.effects import (
     AttachDataset,
     CopyModel,
-    DatasetChanged,
-    DatasetInfo,
-    DatasetPolled,
-    DatasetState,
     DetachDataset,
-    Event,
-    ModelCopied,
     NotifyJobs,
     PollDataset,
-    RoundWritten,
     Work,
     WriteRound,
-    dataset_key,
-    decode_state,
-    job_key,
 )
+from service.core.events import DatasetPolled, Event, ModelCopied, RoundWritten
+from service.core.state import DatasetState, decode_state
 from service.errors import InvalidMessage, PermanentError, TransientError
-from service.ingress import Inbound, encode_inbound
-from service.keys import shard_of
+from service.keys import dataset_key, job_key, parse_rkey, shard_of
 from service.logs import redact
+from service.runtime.accept import Accepted, encode_accepted
+from service.runtime.ports import ExecutorStore
 
-log = logging.getLogger("service.executor")
+log = logging.getLogger(__name__)
 
 _cursor_encoder = msgspec.msgpack.Encoder()
 _cursor_decoder = msgspec.msgpack.Decoder(Cursor)
@@ -50,7 +42,7 @@ _cursor_decoder = msgspec.msgpack.Decoder(Cursor)
 class Executor:
     """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
 
-    def __init__(self, store: RedisStore, blobs: BlobStore, reader: DatasetReader) -> None:
+    def __init__(self, store: ExecutorStore, blobs: BlobStore, reader: DatasetReader) -> None:
         self._store = store
         self._blobs = blobs
         self._reader = reader
@@ -165,21 +157,9 @@ class Executor:
         )
 
     def _notify(self, work: NotifyJobs, now_ms: int) -> None:
-        dataset = dataset_key(work.namespace, work.dataset)
-        for job in self._store.dataset_jobs(dataset):
-            _, _, path = job.partition(":")
-            namespace, _, name = path.partition("/")
-            self._send(
-                job,
-                DatasetChanged(
-                    namespace=namespace,
-                    name=name,
-                    dataset=work.dataset,
-                    info=work.info,
-                    num_samples=work.num_samples,
-                ),
-                now_ms,
-            )
+        for job in self._store.dataset_jobs(dataset_key(work.namespace, work.dataset)):
+            key = parse_rkey(job)
+            self._send(job, datasets.change_for_job(key.namespace, key.name, work), now_ms)
 
     def _attach(self, work: AttachDataset, now_ms: int) -> None:
         dataset = dataset_key(work.namespace, work.dataset)
@@ -189,22 +169,9 @@ class Executor:
         if raw is None:
             return  # the job waits; the dataset's first poll will notify it
         state = decode_state(raw)
-        if not isinstance(state, DatasetState):
-            return
-        info = DatasetInfo(url=state.url, format=state.format)
-        count = state.num_samples if state.num_samples >= 0 else None
-        self._send(
-            job,
-            DatasetChanged(
-                namespace=work.namespace,
-                name=work.name,
-                dataset=work.dataset,
-                info=info,
-                num_samples=count,
-            ),
-            now_ms,
-        )
+        if isinstance(state, DatasetState):
+            self._send(job, datasets.notice_for_job(work.namespace, work.name, state), now_ms)
 
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
-        inbound = Inbound(event=event, received_ms=now_ms)
-        self._store.append_ingress(shard_of(rkey), encode_inbound(inbound))
+        accepted = Accepted(event=event, received_ms=now_ms)
+        self._store.append_ingress(shard_of(rkey), encode_accepted(accepted))

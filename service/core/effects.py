@@ -1,0 +1,127 @@
+"""Effects a transition asks for, as data: messages to publish, refusals, notes, timers, and
+work that does I/O in the background and reports back as an event.
+
+Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`, `Note` and
+`ScheduleCheck` are folded into the transition's commit and never stored on their own.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from service.core.samples import Ranges
+from service.core.state import DatasetInfo, RoundPhase
+from service.errors import RejectCode
+from service.messages import DatasetStatus, JobStatus
+
+
+class Publish(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="publish"):
+    """An upstream status message of the resource; `id` is stable, so receivers can drop
+    duplicates. Never decoded: `status` is one of two untagged wire types."""
+
+    id: str
+    namespace: str
+    name: str
+    status: JobStatus | DatasetStatus
+
+
+class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="reject"):
+    """The event is refused: `code` labels the metric, `reason` goes to the errors topic."""
+
+    code: RejectCode
+    reason: str
+
+
+class Note(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="note"):
+    """The event changed nothing, or something worth a log line happened; `reason` says what."""
+
+    reason: str
+
+
+class ScheduleCheck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="schedule"):
+    due_ms: int
+
+
+class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="write-round"):
+    """Stream the round's sample ranges from the dataset into the round's data files."""
+
+    id: str
+    namespace: str
+    name: str
+    phase: RoundPhase
+    version: int
+    dataset: str  # the dataset's name (for its credential)
+    source_url: str  # disk path or s3 URL of the dataset
+    format: str
+    ranges: Ranges
+    data_url: str  # disk path or s3 URL
+    index_url: str | None = None
+    index_prefix: str | None = None
+
+
+class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
+    """Replace the deploy target whole with the model's file."""
+
+    id: str
+    namespace: str
+    name: str
+    version: int
+    src_url: str
+    dst_url: str
+
+
+class PollDataset(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="poll-dataset"
+):
+    id: str
+    namespace: str
+    name: str
+    url: str  # disk path or s3 URL
+    format: str
+    cursor: bytes = b""
+
+
+class NotifyJobs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="notify-jobs"):
+    """Fan a dataset change out to every job using the dataset."""
+
+    id: str
+    namespace: str
+    dataset: str
+    info: DatasetInfo
+    num_samples: int | None = None
+
+
+class AttachDataset(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="attach-dataset"
+):
+    """Register the job as a user of its dataset and send it the dataset's current state."""
+
+    id: str
+    namespace: str
+    name: str
+    dataset: str
+
+
+class DetachDataset(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="detach-dataset"
+):
+    id: str
+    namespace: str
+    name: str
+    dataset: str
+
+
+#: Effects that do I/O in the background and report back as events.
+Work = WriteRound | CopyModel | PollDataset | NotifyJobs | AttachDataset | DetachDataset
+Effect = Publish | Reject | Note | ScheduleCheck | Work
+
+_encoder = msgspec.msgpack.Encoder()
+_work_decoder = msgspec.msgpack.Decoder(Work)
+
+
+def encode_work(work: Work) -> bytes:
+    return _encoder.encode(work)
+
+
+def decode_work(data: bytes) -> Work:
+    return _work_decoder.decode(data)

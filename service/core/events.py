@@ -1,0 +1,132 @@
+"""Events the core reacts to: resources applied and deleted, worker reports, timers and the
+results of effects. Tagged msgspec structs, stored in the ingress streams as msgpack."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from service.core.state import DatasetInfo, JobSpec, RoundPhase
+from service.messages import WorkerKind, WorkerStatus
+
+
+class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):
+    namespace: str
+    name: str
+    spec: JobSpec
+    digest: str
+
+
+class JobDeleted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-deleted"):
+    namespace: str
+    name: str
+
+
+class DatasetApplied(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-applied"
+):
+    namespace: str
+    name: str
+    url: str
+    format: str
+    digest: str
+
+
+class DatasetDeleted(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-deleted"
+):
+    namespace: str
+    name: str
+
+
+class DatasetPolled(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-polled"
+):
+    """A poll's result: the sample count and the reader's opaque cursor, or why it failed."""
+
+    namespace: str
+    name: str
+    url: str
+    num_samples: int = 0
+    cursor: bytes = b""
+    error: str | None = None
+
+
+class DatasetChanged(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-changed"
+):
+    """Sent to each job of a dataset: its location, and its sample count when known."""
+
+    namespace: str
+    name: str
+    dataset: str
+    info: DatasetInfo
+    num_samples: int | None = None
+
+
+class WorkerReported(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="worker-reported"
+):
+    """A worker's report as it came; what its results mean is the core's to decide."""
+
+    namespace: str
+    name: str  # the owning job
+    worker: str
+    kind: WorkerKind
+    status: WorkerStatus
+    results: tuple[dict[str, Any], ...] = ()
+    owner_info: dict[str, Any] = {}
+
+
+class Tick(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tick"):
+    """A durable timer came due for the resource (trigger check or dataset poll)."""
+
+    kind: Literal["job", "dataset"]
+    namespace: str
+    name: str
+    due_ms: int
+
+
+class RoundWritten(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="round-written"
+):
+    namespace: str
+    name: str
+    phase: RoundPhase
+    version: int
+    error: str | None = None
+
+
+class ModelCopied(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="model-copied"
+):
+    namespace: str
+    name: str
+    version: int
+    error: str | None = None
+
+
+Event = (
+    JobApplied
+    | JobDeleted
+    | DatasetApplied
+    | DatasetDeleted
+    | DatasetPolled
+    | DatasetChanged
+    | WorkerReported
+    | Tick
+    | RoundWritten
+    | ModelCopied
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes) -> Event:
+    return _decoder.decode(data)

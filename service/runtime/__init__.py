@@ -1,0 +1,8 @@
+"""The imperative shell around the pure core: decode -> ingress -> lease -> load ->
+transition -> commit -> effects -> ack, one collaborator per responsibility, wired by
+`replica.Replica`."""
+
+from service.runtime.clock import Clock, SystemClock
+from service.runtime.replica import Replica, Tuning
+
+__all__ = ["Clock", "Replica", "SystemClock", "Tuning"]

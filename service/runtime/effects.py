@@ -1,0 +1,98 @@
+"""Runs effect intents on a small thread pool and completes each under the shard's lease."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from service.core.effects import Work
+from service.errors import LeaseLost, StoreUnavailable
+from service.metrics import Metrics
+from service.runtime.accept import Accepted, encode_accepted
+from service.runtime.clock import Clock
+from service.runtime.executor import Executor
+from service.runtime.leases import LeaseKeeper
+from service.runtime.ports import EffectStore
+
+log = logging.getLogger(__name__)
+
+EFFECT_WORKERS = 4
+EFFECT_RETRY_S = 1.0
+
+
+class EffectRunner:
+    """Each intent runs once per process at a time; its result event goes to the ingress in
+    the same script that retires the intent."""
+
+    def __init__(
+        self,
+        *,
+        executor: Executor,
+        store: EffectStore,
+        leases: LeaseKeeper,
+        clock: Clock,
+        metrics: Metrics,
+        stop: threading.Event,
+    ) -> None:
+        self._executor = executor
+        self._store = store
+        self._leases = leases
+        self._clock = clock
+        self._metrics = metrics
+        self._stop = stop
+        self._pool = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, shard: int, effect_id: str, work: Work) -> None:
+        if self._stop.is_set():
+            return  # the intent stays in Redis; the next owner runs it
+        with self._lock:
+            if effect_id in self._running:
+                return  # recovery found an intent this process is already running
+            self._running.add(effect_id)
+        self._pool.submit(self._run, shard, effect_id, work)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, shard: int, effect_id: str, work: Work) -> None:
+        try:
+            self._run_until_done(shard, effect_id, work)
+        finally:
+            with self._lock:
+                self._running.discard(effect_id)
+
+    def _run_until_done(self, shard: int, effect_id: str, work: Work) -> None:
+        """Do the work, then complete the intent under the shard's lease as held NOW.
+
+        The lease may have moved while the work ran (even back to this replica under a new
+        token, whose recovery then skipped the intent as already running). The result does
+        not depend on who computed it, so completing under the current token is correct;
+        with no lease, the next owner finds the intent and redoes it.
+        """
+        kind = type(work).__name__
+        while not self._stop.is_set():
+            try:
+                self._complete(shard, effect_id, work)
+                self._metrics.effects.labels(type=kind, outcome="done").inc()
+                return
+            except LeaseLost:
+                log.info("effect %s: shard %d moved while it ran; its owner redoes it",
+                         effect_id, shard)  # fmt: skip
+                return
+            except StoreUnavailable as e:
+                log.warning("effect %s waits for redis: %s", effect_id, e)
+            except Exception:
+                log.exception("effect %s (%s) failed unexpectedly; retrying", effect_id, kind)
+                self._metrics.effects.labels(type=kind, outcome="error").inc()
+            self._stop.wait(EFFECT_RETRY_S)
+
+    def _complete(self, shard: int, effect_id: str, work: Work) -> None:
+        result = self._executor.run(work, self._clock.now_ms())
+        data = encode_accepted(Accepted(event=result)) if result is not None else None
+        token = self._leases.token(shard)
+        if token is None:
+            raise LeaseLost(f"shard {shard} is no longer held")
+        self._store.complete_effect(shard, token, effect_id, data)

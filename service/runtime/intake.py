@@ -1,0 +1,166 @@
+"""The MQTT intake: while this replica holds the ingress lease it subscribes, and every
+message it receives is decoded, validated and appended to its shard's ingress stream before
+the broker is told "got it". Bad messages become rejections and are acknowledged."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from service import failpoints
+from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
+from service.config import Config
+from service.errors import InvalidMessage, StoreUnavailable
+from service.keys import shard_of
+from service.runtime.accept import (
+    Accepted,
+    accept_downstream,
+    accept_report,
+    encode_accepted,
+    target_of,
+    worker_topic_name,
+)
+from service.runtime.clock import Clock
+from service.runtime.leases import LeaseKeeper
+from service.runtime.ports import IngressLog
+from service.runtime.rejections import Rejections
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 500
+SESSION_EXPIRY_S = 7 * 24 * 3600
+STORE_RETRY_S = 0.5
+
+ClientFactory = Callable[[queue.SimpleQueue[Inbound]], MqttClient]
+
+
+def ingress_client_factory(config: Config) -> ClientFactory:
+    """Builds the subscribing client: one fixed client id with a persistent session, which
+    the next lease holder resumes (mosquitto does not hand a departed shared-subscription
+    member's messages to the others)."""
+
+    def build(inbound: queue.SimpleQueue[Inbound]) -> MqttClient:
+        return MqttClient(
+            MqttSettings(
+                url=config.mqtt_url,
+                client_id=f"{config.key_prefix}-{config.node_name}-ingress",
+                clean_start=False,
+                session_expiry_s=SESSION_EXPIRY_S,
+                manual_ack=True,
+            ),
+            subscriptions=[config.downstream_topic(), config.worker_topic_filter()],
+            inbound=inbound,
+        )
+
+    return build
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: IngressLog,
+        leases: LeaseKeeper,
+        rejections: Rejections,
+        clock: Clock,
+        stop: threading.Event,
+        client_factory: ClientFactory,
+    ) -> None:
+        self._downstream_topic = config.downstream_topic()
+        self._store = store
+        self._leases = leases
+        self._rejections = rejections
+        self._clock = clock
+        self._stop = stop
+        self._client_factory = client_factory
+        self._inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        self._client: MqttClient | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ the subscription
+    def on_ingress_lease(self, held: bool) -> None:
+        """Subscribe while the ingress lease is held; stop for good once it is gone, so a
+        displaced holder never fights the next one for the fixed client id."""
+        with self._lock:
+            if held and self._client is None and not self._stop.is_set():
+                self._client = self._client_factory(self._inbound)
+                self._client.start()
+            elif not held and self._client is not None:
+                self._client.stop()
+                self._client = None
+
+    @property
+    def state(self) -> str:
+        """standby (another replica takes messages in), connecting, or up."""
+        with self._lock:
+            client = self._client
+        if client is None:
+            return "standby"
+        return "up" if client.connected else "connecting"
+
+    # ------------------------------------------------------------ taking messages in
+    def run_once(self) -> None:
+        try:
+            first = self._inbound.get(timeout=0.2)
+        except queue.Empty:
+            return
+        batch = [first]
+        while len(batch) < READ_BATCH:
+            try:
+                batch.append(self._inbound.get_nowait())
+            except queue.Empty:
+                break
+        self._take_in(batch)
+
+    def _take_in(self, batch: list[Inbound]) -> None:
+        accepted: list[tuple[Inbound, int, bytes, str]] = []
+        for msg in batch:
+            now_ms = self._clock.now_ms()
+            try:
+                event = self._accept(msg, now_ms)
+            except InvalidMessage as e:
+                self._rejections.refuse(msg.topic, e.code, e.detail, msg.payload, now_ms)
+                self._ack(msg)
+                continue
+            digest = hashlib.sha256(msg.topic.encode() + b"\0" + msg.payload).hexdigest()
+            shard = shard_of(target_of(event.event))
+            accepted.append((msg, shard, encode_accepted(event), digest))
+        if accepted and self._append(accepted):
+            failpoints.hit("intake-before-ack")
+            for msg, *_ in accepted:
+                self._ack(msg)
+
+    def _append(self, accepted: list[tuple[Inbound, int, bytes, str]]) -> bool:
+        """Make the batch durable; False when stopping first (then it is not acknowledged,
+        and the broker redelivers it to the next holder)."""
+        failpoints.hit("intake-before-durable")
+        while not self._stop.is_set():
+            try:
+                # the token fences a holder frozen past its lease: messages the new holder
+                # already took in are dropped by their marker, not taken in twice
+                self._store.append_many(
+                    [(s, data, d, m.dup) for m, s, data, d in accepted],
+                    token=self._leases.ingress_token,
+                )
+                return True
+            except StoreUnavailable as e:
+                log.warning("ingress not durable yet, holding %d messages: %s", len(accepted), e)
+                self._stop.wait(STORE_RETRY_S)
+        return False
+
+    def _accept(self, msg: Inbound, now_ms: int) -> Accepted:
+        if msg.topic == self._downstream_topic:
+            return accept_downstream(msg.topic, msg.payload, now_ms)
+        worker = worker_topic_name(msg.topic)
+        if worker is None:
+            raise InvalidMessage(f"no handler for topic {msg.topic!r}", code="unknown_topic")
+        return accept_report(msg.topic, worker, msg.payload, now_ms)
+
+    def _ack(self, msg: Inbound) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.ack(msg)

@@ -1,0 +1,149 @@
+"""Fold the transitions of one resource's events into one commit: pure, so it is tested
+without Redis.
+
+The processor runs `transition` for each event of a resource in stream order (timing each),
+then hands the steps here. Everything the transitions produced lands in one `Commit` (state,
+resource JSON, timer, acknowledged entries, upstream and errors messages, effect intents,
+history), which Redis applies all-or-nothing, fenced by the shard's lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from service import history, messages
+from service.adapters.redis_store import Commit, OutboxEntry
+from service.config import Config
+from service.core.effects import Note, Publish, Reject, ScheduleCheck, Work, encode_work
+from service.core.outcome import Outcome
+from service.core.state import State, encode_state
+from service.errors import RejectCode
+from service.keys import parse_rkey
+from service.runtime.accept import Accepted
+from service.runtime.rejections import rejection_record
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ingress entry of the resource and what its transition gave (None: the entry could
+    not be decoded; it is acknowledged and dropped)."""
+
+    entry_id: str
+    accepted: Accepted | None
+    outcome: Outcome | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A refusal the commit publishes on the errors topic; the caller logs and counts it."""
+
+    topic: str
+    code: RejectCode
+    reason: str
+    record: bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    commit: Commit
+    work: tuple[tuple[str, Work], ...]
+    #: the history record of every transition, kept or not (the journal counts them all)
+    records: tuple[history.HistoryRecord, ...]
+    rejected: tuple[Rejected, ...]
+
+
+def plan(
+    rkey: str, token: str, initial: State | None, steps: Sequence[Step], config: Config
+) -> Plan:
+    """One commit carrying everything the steps did to the resource."""
+    fold = _Fold(rkey, initial)
+    for step in steps:
+        if step.accepted is None or step.outcome is None:
+            continue
+        fold.add(step.entry_id, step.accepted, step.outcome, step.at_ms, config)
+        event = type(step.accepted.event).__name__
+        fold.records.append(history.record_of(event, step.outcome, at_ms=step.at_ms, token=token))
+    ack_ids = tuple(step.entry_id for step in steps)
+    return Plan(fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected))
+
+
+@dataclass
+class _Fold:
+    """What the steps so far add up to."""
+
+    rkey: str
+    initial: State | None
+    state: State | None = None
+    outbox: list[OutboxEntry] = field(default_factory=list)
+    work: list[tuple[str, Work]] = field(default_factory=list)
+    records: list[history.HistoryRecord] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    timer_ms: int | None = None
+    resource: bytes | None = None
+
+    def __post_init__(self) -> None:
+        self.state = self.initial
+
+    def add(
+        self, entry_id: str, accepted: Accepted, outcome: Outcome, at_ms: int, config: Config
+    ) -> None:
+        self.state = outcome.state
+        if accepted.resource is not None and self.state is not None:
+            self.resource = accepted.resource
+        for effect in outcome.effects:
+            if isinstance(effect, ScheduleCheck):
+                self.timer_ms = effect.due_ms
+            elif isinstance(effect, Publish):
+                self.outbox.append(_upstream(self.rkey, effect, config))
+            elif isinstance(effect, Reject):
+                refusal = _rejected(accepted, effect, at_ms)
+                self.rejected.append(refusal)
+                rejection_id = f"{entry_id}/rejection"
+                self.outbox.append(OutboxEntry(rejection_id, config.errors_topic(), refusal.record))
+            elif not isinstance(effect, Note):
+                self.work.append((effect.id, effect))
+
+    def commit(self, ack_ids: tuple[str, ...]) -> Commit:
+        outbox = tuple(self.outbox)
+        if self.state is None and self.initial is None:
+            return Commit(
+                rkey=self.rkey, state=None, keep_state=True, ack_ids=ack_ids, outbox=outbox
+            )
+        intents = tuple((effect_id, encode_work(item)) for effect_id, item in self.work)
+        if self.state is None:
+            return Commit(
+                rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
+                effects=intents,
+            )  # fmt: skip
+        kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
+        return Commit(
+            rkey=self.rkey,
+            state=encode_state(self.state),
+            resource=self.resource,
+            timer_due_ms=self.timer_ms,
+            ack_ids=ack_ids,
+            outbox=outbox,
+            effects=intents,
+            history=kept,
+        )
+
+
+def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
+    """The upstream envelope of a status; its header keeps the effect's stable id."""
+    header = messages.Header(
+        namespace=effect.namespace,
+        resource_kind=parse_rkey(rkey).wire_kind,
+        resource_name=effect.name,
+        operation="status",
+        id=effect.id,
+    )
+    payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
+    return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
+
+
+def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:
+    topic = accepted.topic or "internal"
+    record = rejection_record(topic, effect.reason, accepted.head, accepted.received_ms or at_ms)
+    return Rejected(topic, effect.code, effect.reason, record)

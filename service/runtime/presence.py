@@ -1,0 +1,48 @@
+"""A replica's retained presence topic: `online` once it can take messages, `offline` when
+it stops (or, through its last will, when it dies)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+from service import messages
+from service.adapters.mqtt import PublishTicket
+from service.config import Config
+from service.runtime.clock import Clock
+from service.runtime.ports import Publisher
+
+OFFLINE_WAIT_S = 2.0
+
+
+def presence_payload(replica: str, state: messages.PresenceState, now_ms: int) -> bytes:
+    since = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return messages.encode(messages.Presence(replica=replica, state=state, since=since))
+
+
+class Presence:
+    def __init__(self, *, config: Config, replica: str, publisher: Publisher, clock: Clock) -> None:
+        self._topic = config.presence_topic(replica)
+        self._replica = replica
+        self._publisher = publisher
+        self._clock = clock
+        self._due = threading.Event()
+
+    def on_connection(self, connected: bool) -> None:
+        """The publisher (re)connected: say online again (the broker may have lost it)."""
+        if connected:
+            self._due.set()
+
+    def announce(self) -> None:
+        """Publish `online` when due and the publisher is connected."""
+        if self._due.is_set() and self._publisher.connected:
+            self._due.clear()
+            self._publish("online")
+
+    def offline(self) -> None:
+        """Say `offline` (retained) and wait briefly for the broker to take it."""
+        self._publish("offline").wait(OFFLINE_WAIT_S)
+
+    def _publish(self, state: messages.PresenceState) -> PublishTicket:
+        payload = presence_payload(self._replica, state, self._clock.now_ms())
+        return self._publisher.publish(self._topic, payload, retain=True)

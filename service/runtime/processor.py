@@ -1,0 +1,317 @@
+"""The processor: reads the owned shards' ingress, runs each resource's events through the
+pure core, and commits state + outbox + timers + effect intents + history + acks atomically,
+fenced by the shard's lease; then hands the commit's work to the effect runner and its
+messages to the outbox."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from service import failpoints
+from service.adapters.redis_store import Commit, IngressEntry
+from service.config import Config
+from service.core.effects import decode_work
+from service.core.events import Event, Tick
+from service.core.outcome import Context, Outcome
+from service.core.state import State, decode_state
+from service.errors import LeaseLost, StoreUnavailable
+from service.keys import parse_rkey
+from service.metrics import Metrics
+from service.runtime.accept import Accepted, decode_accepted, target_of
+from service.runtime.clock import Clock
+from service.runtime.effects import EffectRunner
+from service.runtime.journal import Journal
+from service.runtime.leases import LeaseKeeper
+from service.runtime.outbox import OutboxPublisher
+from service.runtime.planner import Plan, Step, plan
+from service.runtime.ports import ProcessorStore
+from service.runtime.rejections import Rejections
+from service.runtime.state_cache import ShardStates
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 500
+READ_BLOCK_MS = 200
+
+Transition = Callable[[State | None, Event, Context], Outcome]
+#: (stream entry id, the entry's event; None when it could not be decoded)
+Item = tuple[str, Accepted | None]
+
+
+@dataclass
+class _ShardBatch:
+    """One shard's part of a read: its events by resource and what applying them produced."""
+
+    shard: int
+    token: str
+    states: dict[str, bytes | None]
+    groups: dict[str, list[Item]]
+    plans: list[Plan] = field(default_factory=list)
+
+
+class Processor:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: ProcessorStore,
+        leases: LeaseKeeper,
+        clock: Clock,
+        transition: Transition,
+        effects: EffectRunner,
+        outbox: OutboxPublisher,
+        journal: Journal,
+        rejections: Rejections,
+        metrics: Metrics,
+        stop: threading.Event,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._leases = leases
+        self._clock = clock
+        self._transition = transition
+        self._effects = effects
+        self._outbox = outbox
+        self._journal = journal
+        self._rejections = rejections
+        self._metrics = metrics
+        self._stop = stop
+        self._states = ShardStates()
+        self._fresh: set[int] = set()
+        self._fresh_lock = threading.Lock()
+        self._pending_sweep_at_s = 0.0
+
+    def on_acquired(self, shard: int) -> None:
+        """A shard just became ours: its pending entries and effects are redone first."""
+        with self._fresh_lock:
+            self._fresh.add(shard)
+
+    def run_once(self) -> None:
+        try:
+            self._process_owned()
+        except StoreUnavailable:
+            # Redis may be restarting and come back having lost its last writes (an AOF
+            # fsynced every second): only what it holds then is the truth
+            self._states.clear()
+            raise
+
+    def _process_owned(self) -> None:
+        held = self._leases.held()
+        self._states.keep_only(held)
+        if not held:
+            self._stop.wait(0.1)
+            return
+        fresh = self._take_fresh(held)
+        if fresh:
+            self._recover(fresh)
+            return
+        entries = self._store.read_ingress(
+            sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
+        )
+        self._apply(entries)
+
+    def _take_fresh(self, held: dict[int, str]) -> list[int]:
+        """Shards to recover now: the newly acquired ones, or every held one once per lease
+        TTL. A replica waking past its lease (SIGSTOP, a long GC pause) may still read new
+        entries of shards that moved on: reading is not fenced, its commit is, so they stay
+        pending under the shared consumer name, where only a pending read finds them."""
+        with self._fresh_lock:
+            fresh = sorted(s for s in self._fresh if s in held)
+            self._fresh.clear()
+        now_s = self._clock.monotonic_s()
+        if now_s >= self._pending_sweep_at_s:
+            self._pending_sweep_at_s = now_s + self._config.lease_s
+            fresh = sorted(held)
+        return fresh
+
+    def _recover(self, shards: list[int]) -> None:
+        """Redo what is pending in shards just become ours (or whose commit's fate is unknown).
+
+        Pending entries are replayed against the states Redis holds, never cached ones: had
+        Redis lost a commit (its ack with it), the cache would already hold that commit's
+        result and the replay would apply the event twice.
+        """
+        replayed: set[int] = set()
+        try:
+            while True:
+                # only shards still ours: a lost one's entries stay pending for its new owner
+                entries = self._store.read_ingress(
+                    self._still_ours(shards), count=READ_BATCH, block_ms=0, pending=True
+                )
+                if not entries:
+                    break
+                for shard in {entry.shard for entry in entries} - replayed:
+                    self._states.forget(shard)
+                    replayed.add(shard)
+                self._apply(entries)
+            for shard, intents in self._store.pending_effects(self._still_ours(shards)).items():
+                for effect_id, data in intents.items():
+                    self._effects.submit(shard, effect_id, decode_work(data))
+        except StoreUnavailable:
+            with self._fresh_lock:
+                self._fresh.update(shards)
+            raise
+        self._outbox.wake(set(shards))
+
+    def _still_ours(self, shards: list[int]) -> list[int]:
+        return [shard for shard in shards if self._leases.token(shard) is not None]
+
+    # ------------------------------------------------------------ one read
+    def _apply(self, entries: list[IngressEntry]) -> None:
+        """Apply a read's entries, every owned shard's commits in one round trip."""
+        batches = self._batches(entries)
+        if not batches:
+            return
+        try:
+            self._load_missing(batches)
+            batches = [batch for batch in batches if self._run_shard(batch)]
+            failpoints.hit("process-before-commit")
+            outcomes = self._store.commit(
+                [(b.shard, b.token, [p.commit for p in b.plans]) for b in batches]
+            )
+        except BaseException as e:
+            for batch in batches:
+                self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
+            if isinstance(e, StoreUnavailable):
+                with self._fresh_lock:  # the commit may or may not have happened
+                    self._fresh.update(batch.shard for batch in batches)
+            raise
+        self._committed(batches, outcomes)
+
+    def _batches(self, entries: list[IngressEntry]) -> list[_ShardBatch]:
+        by_shard: dict[int, dict[str, list[Item]]] = {}
+        for entry in entries:
+            rkey, accepted = self._entry_event(entry)
+            groups = by_shard.setdefault(entry.shard, {})
+            groups.setdefault(rkey, []).append((entry.entry_id, accepted))
+        batches = []
+        for shard, groups in by_shard.items():
+            token = self._leases.token(shard)
+            if token is None:
+                continue  # no longer ours: the entries stay pending for the next owner
+            batches.append(_ShardBatch(shard, token, self._states.of(shard, token), groups))
+        return batches
+
+    def _committed(
+        self, batches: list[_ShardBatch], outcomes: list[list[list[str]] | LeaseLost]
+    ) -> None:
+        """Keep what committed, then start its effects and publish its messages."""
+        done: list[tuple[_ShardBatch, list[list[str]]]] = []
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._states.forget(batch.shard)
+                self._leases.lost(batch.shard, batch.token)
+                continue
+            for p in batch.plans:
+                _remember(batch.states, p.commit)
+                self._journal.write(p.commit.rkey, p.records)
+                for rejected in p.rejected:
+                    self._rejections.recorded(
+                        rejected.topic, rejected.code, rejected.reason, rejected.record
+                    )
+            done.append((batch, outcome))
+        failpoints.hit("process-before-effects")
+        for batch, _ in done:
+            for p in batch.plans:
+                for effect_id, item in p.work:
+                    self._effects.submit(batch.shard, effect_id, item)
+        for batch, outbox_ids in done:
+            for p, ids in zip(batch.plans, outbox_ids, strict=True):
+                if ids:
+                    self._outbox.send(batch.shard, list(zip(ids, p.commit.outbox, strict=True)))
+
+    def _run_shard(self, batch: _ShardBatch) -> bool:
+        """Run the transitions of one shard's events; False if that failed (a bug): its
+        entries then stay pending, and the other shards of the read still commit."""
+        try:
+            for rkey, items in batch.groups.items():
+                batch.plans.append(self._plan(batch.shard, batch.token, rkey, batch.states, items))
+        except Exception:
+            log.exception("shard %d: applying its events failed; they stay pending", batch.shard)
+            self._states.forget(batch.shard)
+            return False
+        return True
+
+    def _plan(
+        self,
+        shard: int,
+        token: str,
+        rkey: str,
+        states: dict[str, bytes | None],
+        items: list[Item],
+    ) -> Plan:
+        """Run a resource's events through the core in order, then fold them into a plan.
+
+        Stream entry ids are only unique within one shard's stream (shards appended to in the
+        same millisecond get the same id), so the event id carries the shard: effect and
+        upstream message ids derive from it and must be unique across all shards.
+        """
+        raw = states[rkey]
+        initial: State | None = decode_state(raw) if raw is not None else None
+        state, steps = initial, []
+        for entry_id, accepted in items:
+            now_ms = self._clock.now_ms()
+            outcome = None
+            if accepted is not None:
+                outcome = self._run(state, accepted.event, self._context(shard, entry_id, now_ms))
+                state = outcome.state
+            steps.append(Step(entry_id, accepted, outcome, now_ms))
+        return plan(rkey, token, initial, steps, self._config)
+
+    def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:
+        started = time.perf_counter()
+        outcome = self._transition(state, event, ctx)
+        self._metrics.transition_seconds.observe(time.perf_counter() - started)
+        return outcome
+
+    def _context(self, shard: int, entry_id: str, now_ms: int) -> Context:
+        return Context(
+            now_ms=now_ms,
+            minute_of_day=self._clock.minute_of_day(),
+            event_id=f"s{shard}-{entry_id}",
+            volume_prefix=self._config.volume_prefix,
+            dataset_poll_ms=int(self._config.dataset_poll_s * 1000),
+        )
+
+    def _load_missing(self, batches: list[_ShardBatch]) -> None:
+        """Read the states the cache lacks, every shard's in one round trip."""
+        missing = [rkey for b in batches for rkey in b.groups if rkey not in b.states]
+        if not missing:
+            return
+        loaded = self._store.load(missing)
+        for batch in batches:
+            for rkey in batch.groups:
+                if rkey not in batch.states:
+                    batch.states[rkey] = loaded[rkey]
+
+    @staticmethod
+    def _entry_event(entry: IngressEntry) -> tuple[str, Accepted | None]:
+        if entry.timer_rkey is not None:
+            key = parse_rkey(entry.timer_rkey)
+            tick = Tick(
+                kind=key.kind, namespace=key.namespace, name=key.name,
+                due_ms=entry.timer_due_ms or 0,
+            )  # fmt: skip
+            return entry.timer_rkey, Accepted(event=tick)
+        try:
+            accepted = decode_accepted(entry.event or b"")
+        except msgspec.DecodeError as e:
+            log.error(
+                "undecodable ingress entry %s on shard %d: %s", entry.entry_id, entry.shard, e
+            )
+            return f"corrupt:{entry.entry_id}", None
+        return target_of(accepted.event), accepted
+
+
+def _remember(states: dict[str, bytes | None], commit: Commit) -> None:
+    """The cache follows what the commit wrote."""
+    if commit.delete:
+        states[commit.rkey] = None
+    elif not commit.keep_state:
+        states[commit.rkey] = commit.state

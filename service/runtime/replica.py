@@ -1,0 +1,237 @@
+"""The composition root: one `Replica` per process builds the adapters, wires the
+collaborators and supervises their threads.
+
+    intake    MQTT messages (while holding the ingress lease) -> durable ingress, then ack
+    leases    heartbeat, renew, rebalance shards, hold or give up the ingress lease
+    processor ingress -> transition -> one fenced commit per resource
+    timers    due trigger checks and dataset polls -> ingress
+    outbox    committed upstream messages -> broker, forgotten after PUBACK
+    presence  the retained online/offline topic, and the replica's gauges
+    effects   a small pool running effect intents, results back as events
+
+Nothing here decides anything about a job or a dataset: that is `service.core`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.adapters.blobs import BlobStore
+from service.adapters.datasets import DatasetReader
+from service.adapters.http import HttpServer
+from service.adapters.mqtt import MqttClient, MqttSettings
+from service.adapters.redis_store import RedisStore
+from service.adapters.s3 import S3Clients
+from service.config import Config
+from service.core.transition import transition
+from service.errors import ServiceError, StoreUnavailable
+from service.keys import Keys
+from service.metrics import Metrics
+from service.runtime.clock import Clock, SystemClock
+from service.runtime.effects import EffectRunner
+from service.runtime.executor import Executor
+from service.runtime.intake import Intake, ingress_client_factory
+from service.runtime.journal import Journal
+from service.runtime.leases import LeaseKeeper
+from service.runtime.outbox import OutboxPublisher
+from service.runtime.presence import Presence, presence_payload
+from service.runtime.processor import Processor, Transition
+from service.runtime.rejections import Rejections
+from service.runtime.timers import TIMER_INTERVAL_S, Timers
+from service.runtime.worker_endpoint import WorkerEndpoint
+
+log = logging.getLogger(__name__)
+
+OUTBOX_FINISH_S = 2.0
+PRESENCE_INTERVAL_S = 0.5
+THREAD_JOIN_S = 10.0
+LOOP_FAILURE_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs tests shrink; production keeps the defaults."""
+
+    blob_attempts: int = 5
+    blob_max_backoff_s: float = 8.0
+    puback_timeout_s: float = 10.0
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Replica:
+    """One controller process: owns a fair share of the shards, shares the rest."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        replica_id: str | None = None,
+        clock: Clock | None = None,
+        tuning: Tuning | None = None,
+        transition: Transition = transition,
+    ) -> None:
+        self.config = config
+        self.replica = replica_id or default_replica_id()
+        self.clock: Clock = clock or SystemClock()
+        tuning = tuning or Tuning()
+        self.metrics = Metrics()
+        self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        will = presence_payload(self.replica, "offline", self.clock.now_ms())
+        self.publisher = MqttClient(
+            MqttSettings(
+                url=config.mqtt_url,
+                client_id=f"{config.key_prefix}-{config.node_name}-{self.replica}",
+                will=(config.presence_topic(self.replica), will, True),
+            ),
+            on_connection_change=self._on_publisher_connection,
+        )
+        self.presence = Presence(
+            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock
+        )
+        self.rejections = Rejections(
+            dead_letters=self.store, publisher=self.publisher,
+            errors_topic=config.errors_topic(), metrics=self.metrics,
+        )  # fmt: skip
+        self.leases = LeaseKeeper(
+            self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
+            on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
+        )  # fmt: skip
+        self.intake = Intake(
+            config=config, store=self.store, leases=self.leases, rejections=self.rejections,
+            clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
+        )  # fmt: skip
+        self.outbox = OutboxPublisher(
+            self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
+            puback_timeout_s=tuning.puback_timeout_s, on_depth=self.metrics.outbox_depth.set,
+        )  # fmt: skip
+        s3 = S3Clients()
+        blobs = BlobStore(
+            s3, attempts=tuning.blob_attempts, max_backoff_s=tuning.blob_max_backoff_s
+        )
+        self.effects = EffectRunner(
+            executor=Executor(self.store, blobs, DatasetReader(s3)), store=self.store,
+            leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
+        )  # fmt: skip
+        self.processor = Processor(
+            config=config, store=self.store, leases=self.leases, clock=self.clock,
+            transition=transition, effects=self.effects, outbox=self.outbox,
+            journal=Journal(self.metrics), rejections=self.rejections, metrics=self.metrics,
+            stop=self._stop,
+        )  # fmt: skip
+        self.timers = Timers(self.store, self.leases, self.clock)
+        endpoint = WorkerEndpoint(
+            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics
+        )
+        host, port = config.http_host_port()
+        self.http = HttpServer(
+            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
+        )
+
+    # ================================================================ lifecycle
+    def start(self) -> None:
+        self.http.start()
+        self.publisher.start()
+        try:
+            self.store.ensure_groups()
+        except StoreUnavailable as e:
+            log.warning("redis not reachable yet (%s); will keep trying", e)
+        loops: tuple[tuple[str, Callable[[], None], float], ...] = (
+            ("leases", self.leases.tick, self.config.lease_s / 3),
+            ("timers", self.timers.fire_due, TIMER_INTERVAL_S),
+            ("intake", self.intake.run_once, 0.0),
+            ("processor", self.processor.run_once, 0.0),
+            ("outbox", self._outbox_once, 0.0),
+            ("presence", self._presence_once, PRESENCE_INTERVAL_S),
+        )
+        for name, loop, interval_s in loops:
+            thread = threading.Thread(
+                target=self._guarded, args=(name, loop, interval_s), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        log.info("replica %s started on node %s", self.replica, self.config.node_name)
+
+    def stop(self) -> None:
+        """Graceful: stop intake, finish the commit in flight, release leases, say offline."""
+        if self._stop.is_set():
+            return
+        log.info("replica %s stopping", self.replica)
+        self._stop.set()
+        self.intake.on_ingress_lease(False)
+        self.http.stop()
+        for thread in self._threads:
+            thread.join(timeout=THREAD_JOIN_S)
+        self.effects.shutdown()
+        try:
+            self.outbox.finish(OUTBOX_FINISH_S)
+        except ServiceError as e:
+            log.warning("could not forget acknowledged upstream messages: %s", e)
+        try:
+            self.leases.release_all()
+        except ServiceError as e:
+            log.warning("could not release leases: %s", e)
+        self.presence.offline()
+        self.publisher.stop()
+        self.store.close()
+        log.info("replica %s stopped", self.replica)
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def _guarded(self, name: str, loop: Callable[[], None], interval_s: float) -> None:
+        """Run one loop until stop; no exception ever escapes a thread's top."""
+        while not self._stop.is_set():
+            try:
+                loop()
+            except StoreUnavailable as e:
+                log.warning("%s: redis unavailable: %s", name, e)
+                self._stop.wait(LOOP_FAILURE_PAUSE_S)
+            except Exception:
+                log.exception("%s loop failed; continuing", name)
+                self._stop.wait(LOOP_FAILURE_PAUSE_S)
+            if interval_s:
+                self._stop.wait(interval_s)
+
+    # ================================================================ health
+    def ready(self) -> tuple[bool, str]:
+        """Ready: MQTT and Redis connected and, when this replica holds the ingress lease, its
+        subscribing client connected too (so a message sent now is not missed)."""
+        intake = self.intake.state
+        mqtt_ok = self.publisher.connected
+        redis_ok = self.leases.store_ok
+        intake_ok = intake == "up" or (intake == "standby" and not self.leases.holds_ingress)
+        detail = (
+            f"mqtt={'up' if mqtt_ok else 'down'} redis={'up' if redis_ok else 'down'} "
+            f"shards={len(self.leases.held())} ingress={intake}"
+        )
+        return mqtt_ok and redis_ok and intake_ok, detail
+
+    # ================================================================ wiring
+    def _on_acquired(self, shard: int) -> None:
+        self.processor.on_acquired(shard)
+
+    def _on_ingress_lease(self, held: bool) -> None:
+        self.intake.on_ingress_lease(held)
+
+    def _on_publisher_connection(self, connected: bool) -> None:
+        self.presence.on_connection(connected)
+        if connected:
+            self.outbox.wake(None)
+
+    def _presence_once(self) -> None:
+        self.presence.announce()
+        self.metrics.leases_held.set(len(self.leases.held()))
+
+    def _outbox_once(self) -> None:
+        self.outbox.run_once()
+        self.outbox.wait(self._stop)

@@ -1,0 +1,52 @@
+"""`POST /sedna/workers/{worker}/info`: Sedna's worker library reports here; treated exactly
+like the MQTT worker topic, but answered at once (200, or 400 with the reason)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from service.core import reports
+from service.core.events import WorkerReported
+from service.core.state import decode_state
+from service.errors import InvalidMessage, StoreUnavailable
+from service.keys import shard_of
+from service.metrics import Metrics
+from service.runtime.accept import accept_report, encode_accepted, target_of
+from service.runtime.clock import Clock
+from service.runtime.ports import IngressLog, StateStore
+from service.runtime.rejections import Rejections
+
+
+class WorkerStore(IngressLog, StateStore, Protocol):
+    """What the endpoint reads (the job's state) and writes (its shard's ingress)."""
+
+
+class WorkerEndpoint:
+    def __init__(
+        self, *, store: WorkerStore, rejections: Rejections, clock: Clock, metrics: Metrics
+    ) -> None:
+        self._store = store
+        self._rejections = rejections
+        self._clock = clock
+        self._metrics = metrics
+
+    def report(self, worker: str, body: bytes) -> tuple[int, str]:
+        """The HTTP status and message for one report; 503 while Redis is unreachable."""
+        now_ms = self._clock.now_ms()
+        topic = f"http:/sedna/workers/{worker}/info"
+        try:
+            accepted = accept_report(topic, worker, body, now_ms)
+            assert isinstance(accepted.event, WorkerReported)
+            job = target_of(accepted.event)
+            raw = self._store.load([job])[job]
+            refusal = reports.refusal(decode_state(raw) if raw else None, accepted.event)
+            if refusal is not None:
+                raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
+            self._store.append_ingress(shard_of(job), encode_accepted(accepted))
+        except InvalidMessage as e:
+            self._rejections.refuse(topic, e.code, e.detail, body, now_ms, publish=False)
+            return 400, e.detail
+        except StoreUnavailable:
+            return 503, "state store unavailable; retry"
+        self._metrics.events.labels(type="worker-reported", outcome="accepted").inc()
+        return 200, "OK"
