@@ -152,5 +152,5 @@ class Keys:
         return f"{self.prefix}:dlq"
 
     def dataset_jobs(self, dataset: str) -> str:
-        """Jobs using a dataset; ``dataset`` is ``<namespace>/<name>``."""
+        """Jobs using a dataset (the dataset's resource key)."""
         return f"{self.prefix}:dataset-jobs:{dataset}"

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
+from tests.stack import Stack, stack_on
 
 
 @pytest.fixture
@@ -59,3 +60,9 @@ def bucket(s3c: S3Client) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3c.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
+    with stack_on(tmp_path, mosquitto, redis_proc) as s:
+        yield s

@@ -590,7 +590,7 @@ class RedisStore:
             self._client.srem(self.keys.dataset_jobs(dataset), job_rkey)
 
     def dataset_jobs(self, dataset: str) -> list[str]:
-        """Job rkeys using ``dataset`` (``<namespace>/<name>``), sorted."""
+        """Job rkeys using ``dataset`` (the dataset's rkey), sorted."""
         with _store_errors("dataset_jobs"):
             members = self._client.smembers(self.keys.dataset_jobs(dataset))
         return sorted(map(_text, members))

@@ -81,7 +81,6 @@ class Replica:
         self.config = config
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
-        tuning = tuning or Tuning()
         self.metrics = Metrics()
         self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
         self._stop = threading.Event()
@@ -110,6 +109,17 @@ class Replica:
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
         )  # fmt: skip
+        self._build_processing(tuning or Tuning(), transition)
+        endpoint = WorkerEndpoint(
+            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics
+        )
+        host, port = config.http_host_port()
+        self.http = HttpServer(
+            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
+        )
+
+    def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
+        """The processor and what it hands its results to: effects, outbox, timers."""
         self.outbox = OutboxPublisher(
             self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
             puback_timeout_s=tuning.puback_timeout_s, on_depth=self.metrics.outbox_depth.set,
@@ -123,19 +133,12 @@ class Replica:
             leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.processor = Processor(
-            config=config, store=self.store, leases=self.leases, clock=self.clock,
+            config=self.config, store=self.store, leases=self.leases, clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
             journal=Journal(self.metrics), rejections=self.rejections, metrics=self.metrics,
             stop=self._stop,
         )  # fmt: skip
         self.timers = Timers(self.store, self.leases, self.clock)
-        endpoint = WorkerEndpoint(
-            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics
-        )
-        host, port = config.http_host_port()
-        self.http = HttpServer(
-            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
-        )
 
     # ================================================================ lifecycle
     def start(self) -> None:

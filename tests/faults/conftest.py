@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,7 @@ from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
 from service.runtime.processor import Transition
-from tests.integration.conftest import Stack
-from tests.integration.conftest import stack_on as integration_stack_on
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     Cloud,
     Controller,
@@ -46,6 +44,9 @@ from tests.integration.harness import (
     wait_ingress,
 )
 from tests.servers import redis_server
+from tests.stack import Stack
+from tests.stack import stack_on as integration_stack_on
+from tests.wait import wait_until
 
 
 class DurableCloud(Cloud):
@@ -154,17 +155,6 @@ def readyz(controller: Controller) -> int:
         return int(e.code)
     except (urllib.error.URLError, OSError):
         return 0
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def wait_exit(controller: Controller, timeout_s: float = 15) -> int:

@@ -11,16 +11,10 @@ import time
 
 import pytest
 
-from tests.faults.conftest import (
-    JOB,
-    QUIET_POLLS,
-    Round,
-    probe_of,
-    readyz,
-    wait_until,
-)
-from tests.integration.conftest import Stack
-from tests.integration.harness import wait_ingress, worker_message
+from tests.faults.conftest import JOB, QUIET_POLLS, Round, probe_of, readyz
+from tests.harness import wait_ingress, worker_message
+from tests.stack import Stack
+from tests.wait import wait_until
 
 OUTAGE_S = 10.0
 

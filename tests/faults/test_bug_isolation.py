@@ -11,9 +11,10 @@ from service.core.outcome import Context, Outcome
 from service.core.state import State
 from service.core.transition import transition
 from service.keys import job_key, shard_of
-from tests.faults.conftest import probe_of, replica_on, wait_until
-from tests.integration.conftest import Stack
-from tests.integration.harness import job_resource
+from tests.faults.conftest import probe_of, replica_on
+from tests.harness import job_resource
+from tests.stack import Stack
+from tests.wait import wait_until
 
 BROKEN, HEALTHY = "buggy-job", "healthy-job"
 

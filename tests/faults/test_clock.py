@@ -14,9 +14,10 @@ import threading
 import time
 
 from service.core.state import JobState
-from tests.faults.conftest import DATASET, JOB, Probe, probe_of, replica_on, wait_until
-from tests.integration.conftest import Stack
-from tests.integration.harness import append_lines, dataset_resource, job_resource, lines
+from tests.faults.conftest import DATASET, JOB, Probe, probe_of, replica_on
+from tests.harness import append_lines, dataset_resource, job_resource, lines
+from tests.stack import Stack
+from tests.wait import wait_until
 
 START_MS = 1_700_000_000_000
 PERIOD_S = 60

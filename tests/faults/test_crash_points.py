@@ -14,17 +14,10 @@ from __future__ import annotations
 import pytest
 
 from service.failpoints import EXIT_CODE
-from tests.faults.conftest import (
-    JOB,
-    OLD_DEPLOY,
-    QUIET_POLLS,
-    Round,
-    probe_of,
-    wait_exit,
-    wait_until,
-)
-from tests.integration.conftest import Stack
-from tests.integration.harness import wait_ingress
+from tests.faults.conftest import JOB, OLD_DEPLOY, QUIET_POLLS, Round, probe_of, wait_exit
+from tests.harness import wait_ingress
+from tests.stack import Stack
+from tests.wait import wait_until
 
 BIG_MODEL_BYTES = (5 << 20) // 2  # 2.5 MiB: the copy runs in 1 MiB blocks, B dies after one
 

@@ -16,16 +16,9 @@ from pathlib import Path
 import pytest
 
 from service.embedded import Server
-from tests.faults.conftest import (
-    JOB,
-    QUIET_POLLS,
-    Round,
-    probe_of,
-    readyz,
-    stack_on,
-    wait_until,
-)
-from tests.integration.harness import wait_ingress, worker_message
+from tests.faults.conftest import JOB, QUIET_POLLS, Round, probe_of, readyz, stack_on
+from tests.harness import wait_ingress, worker_message
+from tests.wait import wait_until
 
 OUTAGE_S = 10.0
 EVERYSEC_FLUSH_S = 1.5  # past everysec's one-second fsync window

@@ -16,13 +16,13 @@ import pytest
 
 from service.embedded import Server
 from service.runtime import Tuning
-from tests.faults.conftest import DATASET, JOB, FlakyProxy, probe_of, replica_on, wait_until
-from tests.integration.conftest import Stack
-from tests.integration.harness import append_lines, dataset_resource, job_resource, lines
+from tests.faults.conftest import DATASET, JOB, FlakyProxy, probe_of, replica_on
+from tests.harness import append_lines, dataset_resource, job_resource, lines
+from tests.stack import Stack
+from tests.wait import wait_until
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
 
 
 @pytest.fixture
@@ -30,7 +30,6 @@ def proxy(s3_server: Server) -> Iterator[FlakyProxy]:
     flaky = FlakyProxy(s3_server.port)
     yield flaky
     flaky.close()
-
 
 
 def start_job(stack: Stack, proxy: FlakyProxy, bucket: str) -> str:

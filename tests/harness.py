@@ -25,6 +25,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from service.embedded import free_port, wait_port
+from tests.wait import wait_until
 
 NODE = "edge-node"
 PREFIX = "sedna"
@@ -219,16 +220,7 @@ class Cloud:
 
     # ------------------------------------------------------------ waiting
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                result = predicate()
-                if result:
-                    return result
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"timed out waiting for {what}; got {self.summary()}")
-                self._cond.wait(min(remaining, 0.2))
+        return wait_until(predicate, timeout_s, what, condition=self._cond, detail=self.summary)
 
     def upstream(self, job: str | None = None) -> list[dict[str, Any]]:
         with self._cond:

@@ -12,7 +12,7 @@ from service.core.outcome import Context
 from service.core.state import DatasetInfo
 from service.core.transition import transition
 from service.core.triggers import TriggerSpec, parse_hhmm
-from tests.unit.driver import JOB, NS, Driver, content, info, report, spec
+from tests.core.driver import JOB, NS, Driver, content, info, report, spec
 
 
 def started(train_prob: float = 0.8, trigger: TriggerSpec | None = None, **kw: object) -> Driver:

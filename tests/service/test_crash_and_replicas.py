@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     NS,
     PREFIX,
@@ -45,6 +44,8 @@ from tests.integration.harness import (
     lines,
     wait_ingress,
 )
+from tests.stack import Stack
+from tests.wait import wait_until
 
 DATASET = "lifelong-dataset"
 LEASE_S = 2.0
@@ -71,16 +72,6 @@ def readyz(controller: Controller) -> str:
         return str(e.read().decode())
     except (urllib.error.URLError, OSError):
         return ""
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def holds_ingress(controller: Controller) -> bool:

@@ -14,8 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     NS,
     PREFIX,
@@ -29,6 +28,7 @@ from tests.integration.harness import (
     wait_ingress,
     worker_message,
 )
+from tests.stack import Stack
 
 DATASET = "wire-dataset"
 JOB = "wire-job"

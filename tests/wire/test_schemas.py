@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from service import messages, schemas
-from tests.unit.test_messages import DATASET, JOB, WORKER
+from tests.wire.test_messages import DATASET, JOB, WORKER
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 EXPECTED_FILES = {

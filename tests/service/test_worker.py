@@ -12,8 +12,8 @@ import pytest
 
 from service.config import Config
 from service.worker import Worker, WorkerSettings, parse_ready
-from tests.integration.conftest import Stack
-from tests.integration.harness import NODE, append_lines, dataset_resource, job_resource, lines
+from tests.harness import NODE, append_lines, dataset_resource, job_resource, lines
+from tests.stack import Stack
 
 JOB = "comfort-job"
 DATASET = "comfort-data"

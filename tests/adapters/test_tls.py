@@ -27,8 +27,7 @@ from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
 from service.embedded import Server, find_binary, free_port, redis_server
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     Cloud,
     append_lines,
     dataset_resource,
@@ -37,7 +36,8 @@ from tests.integration.harness import (
     wait_ingress,
     worker_message,
 )
-from tests.integration.test_intruders import make_passwd, prod_conf_text
+from tests.service.test_intruders import make_passwd, prod_conf_text
+from tests.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]
 TLS_EXAMPLE = REPO / "mosquitto" / "tls.conf.example"

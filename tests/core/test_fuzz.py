@@ -29,7 +29,7 @@ from service.core.outcome import Context
 from service.core.state import DatasetInfo, JobSpec, State, decode_state, encode_state
 from service.core.transition import transition
 from service.core.triggers import OPERATORS, TriggerSpec
-from tests.unit.test_transition_table import SUBSTATES, reach
+from tests.core.test_transition_table import SUBSTATES, reach
 
 NAMES = st.sampled_from(["job-a", "ds"])
 NS = st.just("default")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NS,
     append_lines,
     dataset_resource,
@@ -13,6 +12,7 @@ from tests.integration.harness import (
     lines,
     worker_message,
 )
+from tests.stack import Stack
 
 JOB = "atcii-classifier"
 DATASET = "lifelong-dataset"

@@ -27,8 +27,7 @@ import boto3
 import redis
 
 from service.embedded import free_port
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     NS,
     PREFIX,
@@ -39,6 +38,7 @@ from tests.integration.harness import (
     wait_ingress,
     worker_message,
 )
+from tests.stack import Stack
 
 SECRET = "canary-s3cr3t-value"
 KEY_ID = "AKIDCANARY123"

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.embedded import Server
-from tests.integration.conftest import Stack
-from tests.integration.harness import dataset_resource, job_resource, lines, wait_ingress
+from tests.harness import dataset_resource, job_resource, lines, wait_ingress
+from tests.stack import Stack
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -14,8 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     PREFIX,
     append_lines,
@@ -25,6 +24,7 @@ from tests.integration.harness import (
     wait_ingress,
     worker_message,
 )
+from tests.stack import Stack
 
 NOISE = 10_000
 JOBS = ("steady-a", "steady-b")

@@ -14,7 +14,7 @@ from service.core.effects import WriteRound
 from service.core.events import JobApplied
 from service.core.state import encode_state
 from service.core.triggers import TriggerSpec
-from tests.unit.driver import JOB, NS, Driver, info, report, spec
+from tests.core.driver import JOB, NS, Driver, info, report, spec
 
 ACTIONS = st.sampled_from(
     ["grow", "grow", "grow", "tick", "advance", "advance", "advance", "fail", "update", "pause"]

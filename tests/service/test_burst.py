@@ -10,8 +10,8 @@ import urllib.request
 import redis
 
 from service.keys import Keys
-from tests.integration.conftest import Stack
-from tests.integration.harness import NODE, PREFIX, job_resource
+from tests.harness import NODE, PREFIX, job_resource
+from tests.stack import Stack
 
 JOBS = 1000
 

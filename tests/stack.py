@@ -1,4 +1,4 @@
-"""Fixtures for whole-service tests: a broker, a Redis, the cloud peer and controllers."""
+"""A whole-service test stack: a broker, a Redis, the cloud peer and controllers."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from service.embedded import Server
-from tests.integration.harness import Cloud, Controller
+from tests.harness import Cloud, Controller
 
 
 @dataclass
@@ -55,9 +53,3 @@ def stack_on(
         for controller in s.controllers:
             controller.stop()
         cloud.close()
-
-
-@pytest.fixture
-def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
-    with stack_on(tmp_path, mosquitto, redis_proc) as s:
-        yield s

@@ -26,8 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from service.embedded import Server, find_binary, free_port
-from tests.integration.conftest import Stack
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     PREFIX,
     Cloud,
@@ -38,6 +37,8 @@ from tests.integration.harness import (
     wait_ingress,
     worker_message,
 )
+from tests.stack import Stack
+from tests.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROD_CONF = REPO / "mosquitto" / "mosquitto.prod.conf"
@@ -187,14 +188,7 @@ class Peer:
             self._cond.notify_all()
 
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not (result := predicate()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"timed out waiting for {what}")
-                self._cond.wait(remaining)
-            return result
+        return wait_until(predicate, timeout_s, what, condition=self._cond)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
         """Publish at QoS 1 and return the PUBACK's reason code."""

@@ -18,8 +18,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from service.embedded import Server, free_port
-from tests.integration.conftest import Stack
-from tests.integration.harness import NODE, append_lines, lines
+from tests.harness import NODE, append_lines, lines
+from tests.stack import Stack
 
 JOB = "atcii-classifier"
 DATASET = "lifelong-dataset"

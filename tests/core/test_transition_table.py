@@ -17,7 +17,7 @@ from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Ti
 from service.core.jobs import JOB_TABLE
 from service.core.state import JobState
 from service.core.triggers import TriggerSpec
-from tests.unit.driver import JOB, NS, Driver, content, report, spec
+from tests.core.driver import JOB, NS, Driver, content, report, spec
 
 SUBSTATES = [
     ("train", "waiting"),

@@ -1,0 +1,140 @@
+"""The effect executor on real files and a real Redis: each kind of work does its I/O and
+reports its outcome as the event the core expects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.adapters.blobs import BlobStore
+from service.adapters.datasets import DatasetReader
+from service.adapters.redis_store import Commit, RedisStore
+from service.adapters.s3 import S3Clients
+from service.core.effects import (
+    AttachDataset,
+    CopyModel,
+    DetachDataset,
+    NotifyJobs,
+    PollDataset,
+    WriteRound,
+)
+from service.core.events import DatasetChanged, DatasetPolled, ModelCopied, RoundWritten
+from service.core.state import DatasetInfo, DatasetState, encode_state
+from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
+from service.runtime.accept import decode_accepted
+from service.runtime.executor import Executor
+from tests.servers import Server
+
+NS = "default"
+
+
+@pytest.fixture
+def store(redis_proc: Server) -> Iterator[RedisStore]:
+    store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"))
+    store.ensure_groups()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def executor(store: RedisStore) -> Executor:
+    s3 = S3Clients()
+    return Executor(store, BlobStore(s3, attempts=1, max_backoff_s=0.1), DatasetReader(s3))
+
+
+def delivered(store: RedisStore) -> list[tuple[int, object]]:
+    """Every event appended to any shard's ingress, with its shard."""
+    entries = store.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
+    return [(e.shard, decode_accepted(e.event or b"").event) for e in entries]
+
+
+def test_write_round_streams_the_ranges_and_reports_written(
+    executor: Executor, tmp_path: Path
+) -> None:
+    source = tmp_path / "d.txt"
+    source.write_text("".join(f"s{i}\n" for i in range(10)))
+    data = tmp_path / "out" / "data" / "train" / "1" / "data.txt"
+    work = WriteRound(
+        id="e/0", namespace=NS, name="j", phase="train", version=1, dataset="ds",
+        source_url=str(source), format="txt", ranges=((2, 4), (7, 9)), data_url=str(data),
+    )  # fmt: skip
+    assert executor.run(work, 0) == RoundWritten(namespace=NS, name="j", phase="train", version=1)
+    assert data.read_text().splitlines() == ["s2", "s3", "s7", "s8"]
+
+
+def test_write_round_of_a_missing_dataset_reports_why(executor: Executor, tmp_path: Path) -> None:
+    work = WriteRound(
+        id="e/0", namespace=NS, name="j", phase="eval", version=2, dataset="ds",
+        source_url=str(tmp_path / "gone.txt"), format="txt", ranges=((0, 1),),
+        data_url=str(tmp_path / "data.txt"),
+    )  # fmt: skip
+    result = executor.run(work, 0)
+    assert isinstance(result, RoundWritten) and result.error is not None
+    assert "round 2" in result.error and (result.phase, result.version) == ("eval", 2)
+
+
+def test_copy_model_replaces_the_deploy_file_or_says_why(
+    executor: Executor, tmp_path: Path
+) -> None:
+    model, deployed = tmp_path / "m.pkl", tmp_path / "deploy" / "index.pkl"
+    model.write_bytes(b"new model")
+    copy = CopyModel(
+        id="e/0", namespace=NS, name="j", version=3, src_url=str(model), dst_url=str(deployed)
+    )
+    assert executor.run(copy, 0) == ModelCopied(namespace=NS, name="j", version=3)
+    assert deployed.read_bytes() == b"new model"
+    model.unlink()
+    result = executor.run(copy, 0)
+    assert isinstance(result, ModelCopied) and result.error and "copying model" in result.error
+    assert deployed.read_bytes() == b"new model"
+
+
+def test_poll_counts_samples_and_reads_only_what_was_appended(
+    executor: Executor, tmp_path: Path
+) -> None:
+    source = tmp_path / "d.csv"
+    source.write_text("a,b\n1,2\n3,4\n")
+    poll = PollDataset(id="e/0", namespace=NS, name="ds", url=str(source), format="csv")
+    first = executor.run(poll, 0)
+    assert isinstance(first, DatasetPolled) and first.num_samples == 2 and first.error is None
+    with source.open("a") as f:
+        f.write("5,6\n")
+    again = PollDataset(
+        id="e/1", namespace=NS, name="ds", url=str(source), format="csv", cursor=first.cursor
+    )
+    second = executor.run(again, 0)
+    assert isinstance(second, DatasetPolled) and second.num_samples == 3
+
+
+def test_attach_registers_the_job_and_tells_it_of_a_known_dataset(
+    executor: Executor, store: RedisStore
+) -> None:
+    attach = AttachDataset(id="e/0", namespace=NS, name="j", dataset="ds")
+    executor.run(attach, 0)
+    assert store.dataset_jobs(dataset_key(NS, "ds")) == [job_key(NS, "j")]
+    assert delivered(store) == [], "an unknown dataset: the job waits for its first poll"
+    ds = dataset_key(NS, "ds")
+    token = store.acquire(store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds)), "r", 9999)
+    assert token is not None
+    state = DatasetState(namespace=NS, name="ds", url="/d", format="txt", digest="x", num_samples=7)
+    store.commit([(shard_of(ds), token, [Commit(rkey=ds, state=encode_state(state))])])
+    executor.run(attach, 0)
+    expected = DatasetChanged(
+        namespace=NS, name="j", dataset="ds", info=DatasetInfo(url="/d", format="txt"),
+        num_samples=7,
+    )  # fmt: skip
+    assert delivered(store) == [(shard_of(job_key(NS, "j")), expected)]
+
+
+def test_notify_tells_every_job_of_the_dataset_and_detach_stops_it(
+    executor: Executor, store: RedisStore
+) -> None:
+    for job in ("j1", "j2"):
+        executor.run(AttachDataset(id=f"a/{job}", namespace=NS, name=job, dataset="ds"), 0)
+    executor.run(DetachDataset(id="d", namespace=NS, name="j2", dataset="ds"), 0)
+    info = DatasetInfo(url="/d", format="txt", present=False)
+    executor.run(NotifyJobs(id="n", namespace=NS, dataset="ds", info=info), 0)
+    told = DatasetChanged(namespace=NS, name="j1", dataset="ds", info=info)
+    assert delivered(store) == [(shard_of(job_key(NS, "j1")), told)]

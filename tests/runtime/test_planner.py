@@ -1,0 +1,114 @@
+"""The commit planner folds a resource's transitions into one commit: pure, so it is tested
+on outcomes of the real core without Redis."""
+
+from __future__ import annotations
+
+import json
+
+from service.config import Config
+from service.core.effects import AttachDataset, DetachDataset, decode_work
+from service.core.events import DatasetChanged, Event, JobApplied, JobDeleted, Tick
+from service.core.outcome import Context
+from service.core.state import State, decode_state
+from service.core.transition import transition
+from service.history import decode_records
+from service.keys import job_key
+from service.runtime.accept import Accepted
+from service.runtime.planner import Plan, Step, plan
+from tests.core.driver import DATASET, JOB, NS, info, report, spec
+
+CONFIG = Config(node_name="edge-1", upstream_topic="{prefix}/{node}/{namespace}/up")
+RKEY = job_key(NS, JOB)
+TOKEN = "r1:7"
+
+
+def steps_of(
+    state: State | None, *events: Event | None, resource: bytes | None = None
+) -> tuple[State | None, list[Step]]:
+    """Run the events through the core as the processor does (None: a corrupt entry)."""
+    steps = []
+    for i, event in enumerate(events):
+        entry = f"100-{i}"
+        if event is None:
+            steps.append(Step(entry, None, None, 1_000 + i))
+            continue
+        ctx = Context(now_ms=1_000 + i, minute_of_day=0, event_id=f"s3-{entry}")
+        outcome = transition(state, event, ctx)
+        accepted = Accepted(event=event, topic="t", head=b"h", received_ms=900, resource=resource)
+        steps.append(Step(entry, accepted, outcome, 1_000 + i))
+        state = outcome.state
+    return state, steps
+
+
+def planned(initial: State | None, *events: Event | None, resource: bytes | None = None) -> Plan:
+    _, steps = steps_of(initial, *events, resource=resource)
+    return plan(RKEY, TOKEN, initial, steps, CONFIG)
+
+
+def created() -> State | None:
+    state, _ = steps_of(None, JobApplied(namespace=NS, name=JOB, spec=spec(), digest="d1"))
+    return state
+
+
+def test_an_insert_commits_state_resource_intents_and_acks_every_entry() -> None:
+    applied = JobApplied(namespace=NS, name=JOB, spec=spec(), digest="d1")
+    result = planned(None, applied, None, resource=b'{"kind":"LifelongLearningJob"}')
+    commit = result.commit
+    assert commit.ack_ids == ("100-0", "100-1"), "a corrupt entry is acknowledged and dropped"
+    assert commit.state is not None and decode_state(commit.state).name == JOB
+    assert commit.resource == b'{"kind":"LifelongLearningJob"}'
+    (intent_id, intent), = commit.effects
+    assert intent_id == "s3-100-0/0" and isinstance(decode_work(intent), AttachDataset)
+    assert [w for _, w in result.work] == [decode_work(intent)]
+    (record,) = decode_records(commit.history)
+    assert (record.event, record.outcome, record.token) == ("JobApplied", "applied", TOKEN)
+
+
+def test_statuses_go_to_the_namespace_upstream_topic_with_their_effect_id() -> None:
+    changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
+    state, _ = steps_of(created(), changed)
+    assert state is not None and state.step == "preparing"  # type: ignore[union-attr]
+    result = planned(state, report("train", "running"))
+    (entry,) = result.commit.outbox
+    assert entry.topic == f"sedna/edge-1/{NS}/up"
+    envelope = json.loads(entry.payload)
+    assert envelope["header"] == {
+        "namespace": NS, "resourceKind": "lifelonglearningjob", "resourceName": JOB,
+        "operation": "status", "id": entry.id,
+    }  # fmt: skip
+    assert envelope["content"]["phase"] == "train" and envelope["content"]["status"] == "running"
+
+
+def test_the_last_scheduled_check_is_the_timer() -> None:
+    changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=0)
+    tick = Tick(kind="job", namespace=NS, name=JOB, due_ms=0)
+    result = planned(created(), changed, tick)
+    assert result.commit.timer_due_ms is not None
+    assert result.commit.timer_due_ms == 1_001 + 60_000, "the tick's reschedule, not the first"
+
+
+def test_a_refusal_keeps_the_state_and_goes_to_the_errors_topic() -> None:
+    result = planned(None, report("train", "completed", "/m"))
+    assert result.commit.keep_state and result.commit.state is None
+    (entry,) = result.commit.outbox
+    assert entry.topic == "sedna/edge-1/errors" and entry.id == "100-0/rejection"
+    rejection = json.loads(entry.payload)
+    assert rejection["reason"] == f"unknown job {NS}/{JOB}" and rejection["topic"] == "t"
+    (rejected,) = result.rejected
+    assert rejected.code == "unknown_job" and rejected.record == entry.payload
+    assert result.records[0].outcome == "rejected"
+
+
+def test_a_delete_removes_the_state_and_keeps_its_detach_intent() -> None:
+    result = planned(created(), JobDeleted(namespace=NS, name=JOB))
+    assert result.commit.delete and result.commit.state is None
+    assert [type(decode_work(i)) for _, i in result.commit.effects] == [DetachDataset]
+    assert result.commit.history == ()
+
+
+def test_events_that_change_nothing_are_counted_but_not_kept() -> None:
+    again = JobApplied(namespace=NS, name=JOB, spec=spec(), digest="d1")  # a resync re-send
+    result = planned(created(), again)
+    assert [r.outcome for r in result.records] == ["ignored"]
+    assert result.commit.history == ()
+    assert result.commit.state is not None and decode_state(result.commit.state) == created()
