@@ -1,16 +1,18 @@
-"""The floors the service is compared with, measured on the same broker and Redis setup:
-an MQTT relay (round trip and rate), a Redis PING, pipelined EVALSHA and a naive
-one-at-a-time "QoS 1 in -> EVALSHA -> QoS 1 out" loop."""
+"""The floors the service is compared with, measured on the same broker, Redis and disk: an
+MQTT relay (round trip and rate), a Redis PING, pipelined EVALSHA, a durable small-file write
+and a naive one-at-a-time "QoS 1 in -> EVALSHA -> QoS 1 out" loop."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 
@@ -27,12 +29,14 @@ class Floors:
     relay_rtt_p50_s: float
     relay_rate_per_s: float
     redis_rtt_p50_s: float
+    durable_write_p50_s: float
     naive_rate_per_s: float
 
     @property
     def transition_floor_s(self) -> float:
-        """One relay round trip plus one Redis round trip: what a transition cannot beat."""
-        return self.relay_rtt_p50_s + self.redis_rtt_p50_s
+        """What a transition cannot beat: one relay round trip, one Redis round trip and one
+        durable small-file write (the round file or model copy before its `ready` goes out)."""
+        return self.relay_rtt_p50_s + self.redis_rtt_p50_s + self.durable_write_p50_s
 
 
 @contextlib.contextmanager
@@ -108,6 +112,31 @@ def redis_rtts_s(client: redis.Redis[bytes], n: int) -> list[float]:
     return samples
 
 
+def durable_writes_s(directory: Path, n: int, size: int = 512) -> list[float]:
+    """Write, fsync, rename over the target, fsync the directory: what the service does for a
+    small round file before announcing it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target, staging = directory / "data.txt", directory / ".data.txt.tmp"
+    data = b"x" * (size - 1) + b"\n"
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(staging, target)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
 def evalsha_rate_per_s(client: redis.Redis[bytes], n: int, batch: int = 500) -> float:
     sha = client.script_load(NAIVE_SCRIPT)  # type: ignore[no-untyped-call]
     started = time.perf_counter()
@@ -133,10 +162,12 @@ def measure(s: Stack, *, round_trips: int, burst: int) -> tuple[Floors, list[Res
     redis_rtt = redis_rtts_s(client, 2000)
     evalsha = evalsha_rate_per_s(client, 20_000)
     client.close()
+    writes = durable_writes_s(s.workdir / "durable-write", 300)
     floors = Floors(
         relay_rtt_p50_s=percentile(relay_rtt, 50),
         relay_rate_per_s=relay_rate,
         redis_rtt_p50_s=percentile(redis_rtt, 50),
+        durable_write_p50_s=percentile(writes, 50),
         naive_rate_per_s=naive_rate,
     )
     relay_ms = distribution_ms(relay_rtt)
@@ -162,6 +193,13 @@ def measure(s: Stack, *, round_trips: int, burst: int) -> tuple[Floors, list[Res
             floors.redis_rtt_p50_s * 1000,
             "ms",
             details=distribution_ms(redis_rtt),
+        ),
+        Result(
+            "b.durable_write",
+            "durable small-file write (write, fsync, rename, fsync dir) p50",
+            floors.durable_write_p50_s * 1000,
+            "ms",
+            details=distribution_ms(writes),
         ),
         Result(
             "b.evalsha_rate",
