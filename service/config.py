@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 from urllib.parse import SplitResult, urlsplit
 
+from service.adapters.gm import parse_gm_address
 from service.errors import ConfigError
 from service.urls import redact_url
 
@@ -50,6 +51,7 @@ class Config:
     dataset_poll_s: float = 60
     lease_s: float = 10
     log_format: LogFormat = "text"
+    gm_address: str = ""
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
@@ -294,6 +296,17 @@ def _parse_lease_seconds(value: str, source: str) -> float:
     return _parse_seconds(value, source, _MIN_LEASE_S)
 
 
+def _parse_gm_address(value: str, source: str) -> str:
+    """Empty (no GM link), Sedna's `host:port`, or a ws:// / wss:// URL (TLS files in its query)."""
+    if value == "":
+        return value
+    try:
+        parse_gm_address(value)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return value.strip()
+
+
 def _parse_log_format(value: str, source: str) -> LogFormat:
     lowered = value.strip().lower()
     for fmt in _LOG_FORMATS:
@@ -371,5 +384,10 @@ _SETTINGS: tuple[_Setting, ...] = (
     _Setting(
         "log_format", "LIFELONG_LOG_FORMAT", "--log-format", _parse_log_format,
         "log line format: text or json", "text", "FORMAT",
+    ),
+    _Setting(
+        "gm_address", "LIFELONG_GM_ADDRESS", "--gm-address", _parse_gm_address,
+        "Sedna GM websocket: host:port, ws:// or wss:// URL (wss: ?ca=&cert=&key=)",
+        "unset: no GM link", "ADDR", ("GM_ADDRESS",),
     ),
 )  # fmt: skip

@@ -7,6 +7,8 @@ a test sees only its own counts.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -60,6 +62,41 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.gm = GmLinkMetrics(self.registry)
+
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class GmLinkMetrics:
+    """The GM link's counters; an observer for `service.adapters.gm.GmLink`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.frames = Counter(
+            "lifelong_gm_frames",
+            "Frames on the link to Sedna's GM: in (received, valid or not) and out (written).",
+            ["direction"],
+            registry=registry,
+        )
+        for direction in ("in", "out"):
+            self.frames.labels(direction=direction)
+        self.reconnects = Counter(
+            "lifelong_gm_reconnects",
+            "Times the link to Sedna's GM came back up after it had been up.",
+            registry=registry,
+        )
+        self.up = Gauge(
+            "lifelong_gm_link_up",
+            "1 while this replica's link to Sedna's GM is connected, else 0.",
+            registry=registry,
+        )
+
+    def frame(self, direction: Literal["in", "out"]) -> None:
+        self.frames.labels(direction=direction).inc()
+
+    def reconnected(self) -> None:
+        self.reconnects.inc()
+
+    def link_up(self, up: bool) -> None:
+        self.up.set(1 if up else 0)
