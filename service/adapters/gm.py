@@ -23,7 +23,10 @@ The protocol, as Sedna's own code has it (kubeedge/sedna: the local controller's
 - The GM sends ``insert`` and ``delete`` of datasets and lifelong-learning jobs (an update is
   sent as ``insert``; the informers' resyncs, every 30-60 s by default, re-send every
   resource); ``content`` is the whole resource, also on delete. The local controller sends
-  ``status`` frames. Nothing is acknowledged in either direction.
+  ``status`` frames. Nothing is acknowledged in either direction. The GM replaces a
+  dataset's status with each dataset status it reads, but appends one condition to a
+  lifelong-learning job's status per job status it reads (so one read twice shows twice,
+  and one whose ``status`` is not ready/completed/failed/waiting is logged and dropped).
 - The GM keeps one outgoing queue per node name, shared by every connection of that node: a
   second connection for the same node is accepted beside the first, and each queued message
   goes to whichever connection's writer takes it first. Hence only one replica of a node may
@@ -416,12 +419,13 @@ class GmLink:
         connection.
 
         False, at once, while the link is not up; False also when the connection failed
-        during the write or the write did not finish within ``send_timeout_s``. Websocket
-        has no acknowledgement: True means the whole frame went to the connection's send
+        during the write, or the write did not finish within ``send_timeout_s`` (the GM is
+        not reading), in which case the connection is dropped and redialled. Websocket has
+        no acknowledgement: True means the whole frame went to the connection's send
         buffer, not that the GM read it (a frame written just before the connection died is
-        lost), and after False the frame may still arrive. So the GM gets at least once
-        only from a caller that resends what is unconfirmed after a reconnect, and may then
-        get a frame twice; the ``id`` in the header tells duplicates apart.
+        lost, as with Sedna's local controller); after False the frame was almost surely
+        not read (only bytes that left before the connection ended could make a whole
+        frame). Frames sent in order on one connection are read in that order.
         """
         frame = encode_frame(header, content_json)
         with self._lock:
@@ -439,9 +443,14 @@ class GmLink:
         try:
             future.result(self._settings.send_timeout_s)
         except TimeoutError:
+            # Drop the connection with whatever of the frame is still unsent: the GM reads no
+            # partial frame, so the caller's resend after the redial is unlikely to duplicate.
             future.cancel()
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(connection.transport.abort)
             log.warning(
-                "GM link: a write did not finish within %.1fs", self._settings.send_timeout_s
+                "GM link: a write did not finish within %.1fs; dropping the connection",
+                self._settings.send_timeout_s,
             )
             return False
         except (WebSocketException, OSError, concurrent.futures.CancelledError) as e:

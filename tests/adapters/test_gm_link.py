@@ -329,6 +329,20 @@ def test_send_from_the_frame_handler_is_refused(gm: GmStandIn) -> None:
     assert "own thread" in str(errors[0])
 
 
+def test_a_write_the_gm_does_not_read_times_out_and_the_link_redials(gm: GmStandIn) -> None:
+    settings = GmLinkSettings(redial_s=0.3, send_timeout_s=0.5, close_timeout_s=0.5)
+    with linked(gm.address, settings=settings) as end:
+        up(end)
+        gm.freeze(NODE)
+        huge = b'{"pad":"' + b"x" * (64 << 20) + b'"}'  # far more than the socket buffers hold
+        assert end.link.send(STATUS_HEADER, huge) is False
+        assert gm.wait(lambda: end.link.state.reconnects == 1)
+        up(end)
+        assert end.link.send(STATUS_HEADER, b'{"numberOfSamples":1}')
+        assert gm.wait(lambda: len(gm.statuses(NODE)) == 1)
+        assert end.link.state.frames_out == 1
+
+
 # ------------------------------------------------------------------------------ silence
 
 
