@@ -87,6 +87,8 @@ class Commit:
     outbox: tuple[OutboxEntry, ...] = ()
     effects: tuple[tuple[str, bytes], ...] = ()
     history: tuple[bytes, ...] = ()
+    #: upstream messages for the GM link, (id, envelope JSON), when a GM is configured
+    gm: tuple[tuple[str, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         if self.delete and (self.state is not None or self.keep_state):
@@ -411,6 +413,7 @@ class RedisStore:
             k.index(shard),
             k.outbox(shard),
             k.ingress(shard),
+            k.gm_outbox(shard),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
@@ -428,6 +431,7 @@ class RedisStore:
             len(c.outbox),
             len(c.effects),
             len(c.history),
+            len(c.gm),
             *c.ack_ids,
         ]
         for entry in c.outbox:
@@ -435,6 +439,8 @@ class RedisStore:
         for effect_id, intent in c.effects:
             args += [effect_id, intent]
         args += c.history
+        for gm_id, payload in c.gm:
+            args += [gm_id, payload]
         return _Call(self._scripts["commit"], keys, tuple(args))
 
     # -- outbox ------------------------------------------------------------------------
@@ -459,6 +465,28 @@ class RedisStore:
             ]
             for shard, entries in zip(shards, replies, strict=True)
         }
+
+    def gm_outbox_read(
+        self, shards: Sequence[int], count: int = 100
+    ) -> dict[int, list[tuple[str, bytes]]]:
+        """Per shard, upstream messages not yet sent to the GM, oldest first, as (stream id,
+        envelope JSON); all shards in one round trip."""
+        with _store_errors("gm_outbox_read"):
+            pipe = self._client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.xrange(self.keys.gm_outbox(shard), count=count)
+            replies = pipe.execute()
+        return {
+            shard: [(_text(entry_id), fields[b"payload"]) for entry_id, fields in entries]
+            for shard, entries in zip(shards, replies, strict=True)
+        }
+
+    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+        """Forget messages the GM link sent."""
+        if not stream_ids:
+            return
+        with _store_errors("gm_outbox_done"):
+            self._client.xdel(self.keys.gm_outbox(shard), *stream_ids)
 
     def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
         """Forget published messages (after the broker's PUBACK)."""
@@ -563,6 +591,15 @@ class RedisStore:
             pipe.zrange(key, 0, -1)
             live = pipe.execute()[-1]
         return sorted(map(_text, live))
+
+    def put_gm_link(self, status: bytes, ttl_ms: int) -> None:
+        """Record the GM link's state (written by its holder, read by the CLI)."""
+        with _store_errors("put_gm_link"):
+            self._client.set(self.keys.gm_link(), status, px=ttl_ms)
+
+    def gm_link(self) -> bytes | None:
+        with _store_errors("gm_link"):
+            return self._client.get(self.keys.gm_link())
 
     def leave(self, replica: str) -> None:
         with _store_errors("leave"):

@@ -77,6 +77,7 @@ class _Fold:
     initial: State | None
     state: State | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)
+    gm: list[tuple[str, bytes]] = field(default_factory=list)
     work: list[tuple[str, Work]] = field(default_factory=list)
     records: list[history.HistoryRecord] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
@@ -96,7 +97,10 @@ class _Fold:
             if isinstance(effect, ScheduleCheck):
                 self.timer_ms = effect.due_ms
             elif isinstance(effect, Publish):
-                self.outbox.append(_upstream(self.rkey, effect, config))
+                entry = _upstream(self.rkey, effect, config)
+                self.outbox.append(entry)
+                if config.gm_address:
+                    self.gm.append((entry.id, entry.payload))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)
                 self.rejected.append(refusal)
@@ -115,7 +119,7 @@ class _Fold:
         if self.state is None:
             return Commit(
                 rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
-                effects=intents,
+                effects=intents, gm=tuple(self.gm),
             )  # fmt: skip
         kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
         return Commit(
@@ -127,6 +131,7 @@ class _Fold:
             outbox=outbox,
             effects=intents,
             history=kept,
+            gm=tuple(self.gm),
         )
 
 

@@ -131,3 +131,15 @@ class ExecutorStore(StateStore, Protocol):
         dedupe_ttl_ms: int = 60_000,
         token: str = "",
     ) -> str | None: ...
+
+
+class GmOutboxStore(Protocol):
+    """Upstream messages waiting for the GM link, and the link's recorded state."""
+
+    def gm_outbox_read(
+        self, shards: Sequence[int], count: int = 100
+    ) -> dict[int, list[tuple[str, bytes]]]: ...
+
+    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
+
+    def put_gm_link(self, status: bytes, ttl_ms: int) -> None: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
 from service.adapters.http import HttpServer
-from service.adapters.mqtt import MqttClient, MqttSettings
+from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
@@ -35,7 +36,8 @@ from service.metrics import Metrics
 from service.runtime.clock import Clock, SystemClock
 from service.runtime.effects import EffectRunner
 from service.runtime.executor import Executor
-from service.runtime.intake import Intake, ingress_client_factory
+from service.runtime.gm import GmBridge
+from service.runtime.intake import GmFactory, Intake, ingress_client_factory
 from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher
@@ -108,6 +110,7 @@ class Replica:
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
+            gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
         endpoint = WorkerEndpoint(
@@ -117,6 +120,19 @@ class Replica:
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
         )
+
+    def _gm_factory(self) -> GmFactory:
+        """A new link to the GM each time this replica takes the ingress lease."""
+
+        def build(inbound: queue.SimpleQueue[Inbound]) -> GmBridge:
+            return GmBridge(
+                address=self.config.gm_address, node=self.config.node_name,
+                replica=self.replica, store=self.store, inbound=inbound,
+                rejections=self.rejections, metrics=self.metrics, clock=self.clock,
+                report_ttl_ms=int(self.config.lease_s * 3000),
+            )  # fmt: skip
+
+        return build
 
     def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
         """The processor and what it hands its results to: effects, outbox, timers."""
@@ -215,7 +231,7 @@ class Replica:
         intake_ok = intake == "up" or (intake == "standby" and not self.leases.holds_ingress)
         detail = (
             f"mqtt={'up' if mqtt_ok else 'down'} redis={'up' if redis_ok else 'down'} "
-            f"shards={len(self.leases.held())} ingress={intake}"
+            f"shards={len(self.leases.held())} ingress={intake} gm={self.intake.gm_state}"
         )
         return mqtt_ok and redis_ok and intake_ok, detail
 
