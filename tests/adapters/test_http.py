@@ -155,13 +155,14 @@ def test_worker_info_rejected(server: HttpServer) -> None:
     }
 
 
-def test_body_without_content_type_is_accepted(server: HttpServer, callbacks: Callbacks) -> None:
+def test_body_without_content_type_is_415(server: HttpServer, callbacks: Callbacks) -> None:
+    """A browser sends a Blob body without a type cross-site with no preflight: refused too."""
     body = worker_body("w-2")
-    status, _ = raw_request(
+    status, reply = raw_request(
         server, "POST", "/sedna/workers/w-2/info", {"Content-Length": str(len(body))}, body
     )
-    assert status == 200
-    assert callbacks.calls == [("w-2", body)]
+    assert (status, json.loads(reply)["message"]) == (415, "Content-Type application/json required")
+    assert callbacks.calls == []
 
 
 def test_body_over_limit_is_413(server: HttpServer, callbacks: Callbacks) -> None:
