@@ -115,8 +115,9 @@ class Replica:
         )
         host, port = config.http_host_port()
         self.http = HttpServer(
-            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
-        )
+            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
+            token=config.http_bearer_token(),
+        )  # fmt: skip
 
     def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
         """The processor and what it hands its results to: effects, outbox, timers."""
