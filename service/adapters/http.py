@@ -18,6 +18,7 @@ the client gets a short JSON reason (never a traceback) and the server keeps ser
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -364,10 +365,34 @@ class _Server(TcpWSGIServer):
             if overdue and not channel.requests and isinstance(channel, _Channel):
                 channel.time_out(self.request_timeout_s)
 
-    def close_from_any_thread(self) -> None:
-        """Close every connection and the listener on the event loop, which then returns."""
-        socket_map = self.socket_map
-        cast(Trigger, self.trigger).pull_trigger(lambda *_: wasyncore.close_all(socket_map))
+    def close(self) -> None:
+        """Close the listener only: the wake-up pipe outlives the loop (see `end_loop`)."""
+        wasyncore.dispatcher.close(self)
+
+    def end_loop(self) -> None:
+        """Have the event loop close the listener and every connection, then return.
+
+        Callable from any thread. The wake-up pipe this pulls is left open (another thread
+        may be pulling it at the same moment, or its descriptor would be reused under that
+        thread's feet); `release` closes it once the loop and the worker threads are done.
+        """
+        wake = cast(Trigger, self.trigger)
+
+        def close_all_but_the_pipe(*_: object) -> None:
+            for dispatcher in list(self.socket_map.values()):
+                with contextlib.suppress(OSError):
+                    if isinstance(dispatcher, HTTPChannel):
+                        dispatcher.handle_close()  # also wakes a task waiting to write
+                    elif dispatcher is not wake:
+                        dispatcher.close()
+            wake.del_channel()  # the map is empty now, so the loop returns
+
+        wake.pull_trigger(close_all_but_the_pipe)
+
+    def release(self) -> None:
+        """Stop the worker threads (waiting a bounded time) and close the wake-up pipe."""
+        self.task_dispatcher.shutdown(timeout=_STOP_WAIT_S)
+        cast(Trigger, self.trigger).close()
 
 
 class HttpServer:
@@ -463,7 +488,7 @@ class HttpServer:
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
-        server.close_from_any_thread()
+        server.end_loop()
         thread.join()
-        server.task_dispatcher.shutdown(timeout=_STOP_WAIT_S)
+        server.release()
         self._server, self._thread = None, None
