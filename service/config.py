@@ -354,7 +354,9 @@ def _read_token_file(path: str, source: str) -> str:
     token = text.strip()
     if not token:
         raise ConfigError(f"{source}: {path!r} is empty")
-    return _parse_bearer_token(token, f"{source} ({path!r})")
+    if not _BEARER_TOKEN_RE.fullmatch(token):
+        raise ConfigError(f"{source}: {path!r} holds no valid token: {_BEARER_TOKEN_RULE}")
+    return token
 
 
 def _parse_token_file(value: str, source: str) -> str:
