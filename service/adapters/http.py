@@ -318,6 +318,10 @@ class _Channel(HTTPChannel):
             self.request_started = None
         return taken
 
+    def began_before(self, moment: float) -> bool:
+        """Whether a request is in progress that began before `moment` (monotonic seconds)."""
+        return self.request_started is not None and self.request_started < moment
+
     def time_out(self, timeout_s: float) -> None:
         """Answer 408 and close; runs on the event loop while no task owns the connection."""
         status = HTTPStatus.REQUEST_TIMEOUT
@@ -360,9 +364,12 @@ class _Server(TcpWSGIServer):
         cutoff = time.monotonic() - self.request_timeout_s
         channels = cast(dict[int, HTTPChannel], self.active_channels)
         for channel in list(channels.values()):
-            started = getattr(channel, "request_started", None)
-            overdue = started is not None and started < cutoff
-            if overdue and not channel.requests and isinstance(channel, _Channel):
+            # a connection whose complete request a worker thread is running is not late
+            if (
+                isinstance(channel, _Channel)
+                and channel.began_before(cutoff)
+                and not channel.requests
+            ):
                 channel.time_out(self.request_timeout_s)
 
     def close(self) -> None:
