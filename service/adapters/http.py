@@ -256,7 +256,8 @@ class _App:
 
 class _Parser(HTTPRequestParser):
     """Waitress's request parser, reading and dropping the body of a request refused as too
-    large (up to `_DISCARD_MAX_BYTES`), so the client, still sending, reads the 413."""
+    large (up to `_DISCARD_MAX_BYTES`), so the client, still sending, reads the 413. A client
+    that asked `Expect: 100-continue` has sent no body yet and gets the 413 at once."""
 
     _discard_left = 0
 
@@ -267,12 +268,14 @@ class _Parser(HTTPRequestParser):
             self.completed = self._discard_left == 0
             return taken
         consumed = super().received(data)
-        if (
+        refused_unread = (
             self.completed
             and isinstance(self.error, RequestEntityTooLarge)
-            and self.body_bytes_received == 0  # refused on its Content-Length, body unread
-            and 0 < self.content_length <= _DISCARD_MAX_BYTES
-        ):
+            and self.body_bytes_received == 0  # refused on its Content-Length
+        )
+        if refused_unread and self.expect_continue:
+            self.expect_continue = False  # else waitress says "100 Continue" and awaits the body
+        elif refused_unread and 0 < self.content_length <= _DISCARD_MAX_BYTES:
             self._discard_left = self.content_length
             self.completed = False
         return consumed

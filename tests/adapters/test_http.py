@@ -184,6 +184,24 @@ def test_body_over_limit_is_413(server: HttpServer, callbacks: Callbacks) -> Non
     assert request(server, "/healthz")[0] == 200
 
 
+def test_an_oversize_body_awaiting_100_continue_is_refused_before_it_is_sent(
+    server: HttpServer, callbacks: Callbacks
+) -> None:
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S)
+    with client:
+        client.sendall(b"POST /sedna/workers/w-1/info HTTP/1.1\r\nHost: lifelong\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 4194304\r\n"
+                       b"Expect: 100-continue\r\n\r\n")  # fmt: skip
+        received = b""
+        while chunk := client.recv(4096):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 413 "), received
+    assert json.loads(received.partition(b"\r\n\r\n")[2])["message"] == (
+        f"body of 4194304 bytes exceeds {MAX_BODY_BYTES}"
+    )
+    assert callbacks.calls == []
+
+
 def test_missing_content_length_is_411(server: HttpServer, callbacks: Callbacks) -> None:
     status, body = raw_request(server, "POST", "/sedna/workers/w-1/info", {})
     assert status == 411
