@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from service.adapters.http import HttpServer
 from service.errors import ConfigError
@@ -373,14 +374,17 @@ def test_json_bodies_with_parameters_are_taken(
 
 
 def test_what_sedna_sends_is_taken(server: HttpServer, callbacks: Callbacks) -> None:
-    """The request of Sedna's LCClient.send: `requests.request("POST", url, json=message)`."""
+    """Sedna's worker library itself posts with `requests.request("POST", url, json=message)`
+    (sedna.service.client.LCClient.send): the same call, through the same library."""
     message = json.loads(worker_body("w-1"))
-    body = json.dumps(message).encode()
-    headers = {"User-Agent": "python-requests/2.32.3", "Accept-Encoding": "gzip, deflate",
-               "Accept": "*/*", "Connection": "keep-alive", "Content-Type": "application/json"}
-    status, reply, _ = post(server, "/sedna/workers/w-1/info", body, headers)  # fmt: skip
-    assert (status, reply) == (200, {"status": 200, "message": "OK"})
-    assert callbacks.calls == [("w-1", body)]
+    url = f"http://127.0.0.1:{server.port}/sedna/workers/w-1/info"
+    with requests.Session() as session:  # keep-alive, as LCReporter's repeated reports
+        for _ in range(2):
+            response = session.request(method="POST", url=url, json=message, timeout=TIMEOUT_S)
+            assert response.status_code == 200
+            assert response.json() == {"status": 200, "message": "OK"}
+    taken = [(worker, json.loads(body)) for worker, body in callbacks.calls]
+    assert taken == [("w-1", message)] * 2
 
 
 def test_a_token_guards_the_worker_endpoint_and_metrics(
