@@ -334,9 +334,12 @@ class MqttReporter:
 class HttpReporter:
     """POSTs reports to `{lc_server}/sedna/workers/{worker}/info`, as Sedna's library does."""
 
-    def __init__(self, lc_server: str, retry_s: float = REPORT_RETRY_S) -> None:
+    def __init__(self, lc_server: str, retry_s: float = REPORT_RETRY_S, token: str = "") -> None:
         self._base = lc_server.rstrip("/")
         self._retry_s = retry_s
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
 
     def report(self, worker: str, message: dict[str, Any]) -> None:
         retrying = Retrying(
@@ -351,7 +354,7 @@ class HttpReporter:
         request = urllib.request.Request(
             f"{self._base}/sedna/workers/{worker}/info",
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers=self._headers,
             method="POST",
         )
         try:
@@ -397,7 +400,7 @@ class Worker:
             subscriptions=[upstream_filter(cfg)],
         )
         self._reporter: Reporter = (
-            HttpReporter(settings.lc_server)
+            HttpReporter(settings.lc_server, token=cfg.http_bearer_token())
             if settings.report_http
             else MqttReporter(self._client, cfg)
         )

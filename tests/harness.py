@@ -60,6 +60,8 @@ class Controller:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"controller-{name}.log"
+        # sent as a bearer token by the helpers below when the controller requires one
+        self.http_token = ""
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -113,12 +115,15 @@ class Controller:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.http_token}"} if self.http_token else {}
+
     def post_worker(self, worker: str, body: dict[str, Any] | bytes) -> tuple[int, dict[str, Any]]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.http_port}/sedna/workers/{worker}/info",
             data=data,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.auth_headers()},
             method="POST",
         )
         try:
@@ -341,7 +346,8 @@ def append_lines(path: Path, rows: list[str]) -> None:
 def metric_sum(controller: Controller, name: str, **labels: str) -> float:
     """The sum of a metric's samples on the controller's /metrics whose labels match."""
     url = f"http://127.0.0.1:{controller.http_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
+    request = urllib.request.Request(url, headers=controller.auth_headers())
+    with urllib.request.urlopen(request, timeout=5) as response:
         exposition = response.read().decode()
     total = 0.0
     for line in exposition.splitlines():

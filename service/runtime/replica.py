@@ -118,8 +118,9 @@ class Replica:
         )
         host, port = config.http_host_port()
         self.http = HttpServer(
-            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
-        )
+            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
+            token=config.http_bearer_token(),
+        )  # fmt: skip
 
     def _gm_factory(self) -> GmFactory:
         """A new link to the GM each time this replica takes the ingress lease."""
