@@ -64,6 +64,9 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     shrunk: bool = False
     next_check_ms: int | None = None
     last_error: str | None = None
+    #: when the job entered its current (phase, step), set by `transition`; 0: not known
+    #: (a state written before this field existed)
+    phase_since_ms: int = 0
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):

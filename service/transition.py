@@ -106,7 +106,16 @@ def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
             result = _job_event(state, event, out)
         case DatasetApplied() | DatasetDeleted() | DatasetPolled() | Tick():
             result = _dataset_event(state, event, out)
-    return out.done(result)
+    return out.done(_stamp_phase(state, result, ctx.now_ms))
+
+
+def _stamp_phase(before: State | None, after: State | None, now_ms: int) -> State | None:
+    """Record when a job entered its (phase, step): now, if it is new or they changed."""
+    if not isinstance(after, JobState):
+        return after
+    if isinstance(before, JobState) and (before.phase, before.step) == (after.phase, after.step):
+        return after
+    return replace(after, phase_since_ms=now_ms)
 
 
 # ================================================================= jobs
