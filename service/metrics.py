@@ -3,12 +3,20 @@
 Each `Metrics` owns its `CollectorRegistry` rather than using prometheus_client's global one,
 so several services (replicas in one test process, benchmarks) never collide on names and
 a test sees only its own counts.
+
+The health gauges carry the node's name so that alerts can ask "does any replica of this
+node hold the ingress" however the scraper labels its targets.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Collection
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+
+from service.state import JobState, State
 
 # One event's load -> transition -> commit takes about a millisecond; a second is a stall.
 TRANSITION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -59,6 +67,81 @@ class Metrics:
             ["type", "outcome"],
             registry=self.registry,
         )
+        self.ready = Gauge(
+            "lifelong_ready",
+            "1 when this replica is ready: MQTT and Redis connected, and its intake "
+            "subscribed when it holds the ingress lease.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.ingress_held = Gauge(
+            "lifelong_ingress_held",
+            "1 when this replica holds its node's ingress lease (it alone takes in messages).",
+            ["node"],
+            registry=self.registry,
+        )
+        self.redis_up = Gauge(
+            "lifelong_redis_up",
+            "1 when this replica's last lease-keeping round (heartbeat, renewals) reached Redis.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.mqtt_up = Gauge(
+            "lifelong_mqtt_up",
+            "1 when this replica's publishing MQTT client is connected to the broker.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.job_phase_entered = Gauge(
+            "lifelong_job_phase_entered_timestamp_seconds",
+            "When each job on a shard this replica holds entered its current phase and step "
+            "(Unix time).",
+            ["namespace", "name", "phase", "step"],
+            registry=self.registry,
+        )
+        self._jobs: dict[tuple[str, str], tuple[int, str, str]] = {}
+        self._jobs_lock = threading.Lock()
+
+    def set_health(
+        self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool
+    ) -> None:
+        """This replica's health as 0/1 gauges (refreshed by the presence loop)."""
+        self.ready.labels(node=node).set(float(ready))
+        self.ingress_held.labels(node=node).set(float(ingress_held))
+        self.redis_up.labels(node=node).set(float(redis_up))
+        self.mqtt_up.labels(node=node).set(float(mqtt_up))
+
+    def job_changed(self, shard: int, before: State | None, after: State | None) -> None:
+        """Keep one phase-entry series per job from the state a transition left it in.
+
+        A job that moved on loses its old (phase, step) series; a deleted job loses its
+        series; a job whose entry time is unknown (0) has none.
+        """
+        if isinstance(after, JobState):
+            key = (after.namespace, after.name)
+            with self._jobs_lock:
+                self._remove_job(key)
+                if after.phase_since_ms > 0:
+                    self.job_phase_entered.labels(*key, after.phase, after.step).set(
+                        after.phase_since_ms / 1000
+                    )
+                    self._jobs[key] = (shard, after.phase, after.step)
+        elif isinstance(before, JobState):
+            with self._jobs_lock:
+                self._remove_job((before.namespace, before.name))
+
+    def keep_jobs_of(self, shards: Collection[int]) -> None:
+        """Drop the series of jobs on shards this replica no longer holds: their new owner
+        reports them, and a stale copy here would look like a job stuck in its old phase."""
+        with self._jobs_lock:
+            for key in [k for k, (shard, _, _) in self._jobs.items() if shard not in shards]:
+                self._remove_job(key)
+
+    def _remove_job(self, key: tuple[str, str]) -> None:
+        known = self._jobs.pop(key, None)
+        if known is not None:
+            _shard, phase, step = known
+            self.job_phase_entered.remove(*key, phase, step)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""

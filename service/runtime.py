@@ -290,7 +290,16 @@ class Replica:
             self.publisher.publish(
                 self.config.presence_topic(self.replica), self._presence("online"), retain=True
             )
-        self.metrics.leases_held.set(len(self.leases.held()))
+        held = self.leases.held()
+        self.metrics.leases_held.set(len(held))
+        self.metrics.set_health(
+            self.config.node_name,
+            ready=self.ready()[0],
+            ingress_held=self.leases.holds_ingress,
+            redis_up=self.leases.store_ok,
+            mqtt_up=self.publisher.connected,
+        )
+        self.metrics.keep_jobs_of(held)
 
     # ================================================================ intake
     def _on_ingress_lease(self, held: bool) -> None:
@@ -642,6 +651,7 @@ class Replica:
             )  # fmt: skip
             if record is not None:
                 history.append(record)
+        self.metrics.job_changed(shard, initial, state)
         if state is None and initial is None:
             return Commit(
                 rkey=rkey, state=None, keep_state=True, ack_ids=_ids(items), outbox=tuple(outbox)
