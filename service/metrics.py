@@ -101,6 +101,7 @@ class Metrics:
         )
         self._jobs: dict[tuple[str, str], tuple[int, str, str]] = {}
         self._jobs_lock = threading.Lock()
+        self._kept_shards: frozenset[int] | None = None
 
     def set_health(
         self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool
@@ -132,9 +133,14 @@ class Metrics:
 
     def keep_jobs_of(self, shards: Collection[int]) -> None:
         """Drop the series of jobs on shards this replica no longer holds: their new owner
-        reports them, and a stale copy here would look like a job stuck in its old phase."""
+        reports them, and a stale copy here would look like a job stuck in its old phase.
+        Cheap when the shards are those of the last call (the processor calls it often)."""
+        kept = frozenset(shards)
         with self._jobs_lock:
-            for key in [k for k, (shard, _, _) in self._jobs.items() if shard not in shards]:
+            if kept == self._kept_shards:
+                return
+            self._kept_shards = kept
+            for key in [k for k, (shard, _, _) in self._jobs.items() if shard not in kept]:
                 self._remove_job(key)
 
     def _remove_job(self, key: tuple[str, str]) -> None:

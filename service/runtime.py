@@ -290,8 +290,7 @@ class Replica:
             self.publisher.publish(
                 self.config.presence_topic(self.replica), self._presence("online"), retain=True
             )
-        held = self.leases.held()
-        self.metrics.leases_held.set(len(held))
+        self.metrics.leases_held.set(len(self.leases.held()))
         self.metrics.set_health(
             self.config.node_name,
             ready=self.ready()[0],
@@ -299,7 +298,6 @@ class Replica:
             redis_up=self.leases.store_ok,
             mqtt_up=self.publisher.connected,
         )
-        self.metrics.keep_jobs_of(held)
 
     # ================================================================ intake
     def _on_ingress_lease(self, held: bool) -> None:
@@ -448,12 +446,14 @@ class Replica:
     def _process_owned(self) -> None:
         held = self.leases.held()
         self._states.keep_only(held)
+        self.metrics.keep_jobs_of(held)
         if not held:
             self._stop.wait(0.1)
             return
         with self._fresh_lock:
             fresh = sorted(s for s in self._fresh if s in held)
             self._fresh.clear()
+        self._report_jobs(fresh)
         if time.monotonic() >= self._pending_sweep_at_s:
             # A replica waking past its lease (SIGSTOP, a long GC pause) may still read new
             # entries of shards that moved on: read is not fenced, its commit is, so they
@@ -468,6 +468,21 @@ class Replica:
             sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
         )
         self._apply(entries)
+
+    def _report_jobs(self, shards: list[int]) -> None:
+        """Set the phase gauges of the jobs on shards that just became ours: a job waiting for
+        its worker may get no event for hours, and would have no series here until then."""
+        if not shards:
+            return
+        try:
+            states = self.store.load(self.store.list_rkeys("job", shards))
+        except StoreUnavailable:
+            with self._fresh_lock:
+                self._fresh.update(shards)
+            raise
+        for rkey, raw in states.items():
+            if raw is not None:
+                self.metrics.job_changed(shard_of(rkey), None, decode_state(raw))
 
     def _recover(self, shards: list[int]) -> None:
         """A shard just became ours (or a commit's fate is unknown): redo what is pending.

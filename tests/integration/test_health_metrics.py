@@ -108,3 +108,39 @@ def test_a_job_has_one_phase_series_that_follows_its_round(stack: Stack) -> None
 
     cloud.downstream("lifelonglearningjob", "delete", None, name="job")
     eventually(lambda: phase_of_job() is None, "the deleted job's series gone")
+
+
+def test_a_job_waiting_for_its_worker_is_reported_by_whoever_owns_it(stack: Stack) -> None:
+    """Exactly one replica reports a job's phase, also after its shard moved to a replica that
+    never saw an event for it (a worker may take hours to report)."""
+    cloud = stack.cloud
+    data = stack.workdir / "data.txt"
+    append_lines(data, lines(0, 10))
+    first = stack.controller("r1")
+    cloud.downstream("dataset", "insert", dataset_resource("ds", str(data)))
+    cloud.downstream(
+        "lifelonglearningjob", "insert", job_resource("job", "ds", str(stack.workdir / "out"))
+    )
+    cloud.wait_status("job", "train", "ready")  # no worker ever reports: train/running
+
+    def reported(controller: Controller) -> list[tuple[tuple[str, str], ...]]:
+        return [
+            labels
+            for labels in series(controller, PHASE)
+            if ("name", "job") in labels and ("step", "running") in labels
+        ]
+
+    eventually(lambda: len(reported(first)) == 1, "the job's series on r1")
+    entered = series(first, PHASE)[reported(first)[0]]
+
+    second = stack.controller("r2")
+    replicas = [first, second]
+    eventually(
+        lambda: [series(r, "lifelong_leases_held")[()] for r in replicas] == [8, 8],
+        "the shards split between the replicas",
+    )
+    eventually(lambda: sum(len(reported(r)) for r in replicas) == 1, "one replica reporting it")
+    owner, other = replicas if reported(first) else replicas[::-1]
+    owner.kill()
+    eventually(lambda: len(reported(other)) == 1, "the survivor reporting the job")
+    assert series(other, PHASE)[reported(other)[0]] == entered

@@ -74,6 +74,13 @@ def test_jobs_of_shards_no_longer_held_are_dropped() -> None:
     assert phases(m) == {}
 
 
+def test_holding_no_shard_drops_every_job() -> None:
+    m = Metrics()
+    m.job_changed(1, None, job("a"))
+    m.keep_jobs_of(set())
+    assert phases(m) == {}
+
+
 def test_health_gauges_carry_the_node() -> None:
     m = Metrics()
     m.set_health("edge-1", ready=True, ingress_held=False, redis_up=True, mqtt_up=False)
