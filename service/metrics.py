@@ -92,14 +92,21 @@ class Metrics:
             ["node"],
             registry=self.registry,
         )
+        self.jobs = Gauge(
+            "lifelong_jobs",
+            "Jobs on the shards this replica holds, by phase and step.",
+            ["phase", "step"],
+            registry=self.registry,
+        )
         self.job_phase_entered = Gauge(
             "lifelong_job_phase_entered_timestamp_seconds",
             "When each job on a shard this replica holds entered its current phase and step "
-            "(Unix time).",
+            "(Unix time); none for jobs waiting for samples, which may wait for ever.",
             ["namespace", "name", "phase", "step"],
             registry=self.registry,
         )
-        self._jobs: dict[tuple[str, str], tuple[int, str, str]] = {}
+        #: (namespace, name) -> (shard, phase, step, phase_since_ms) of each job counted
+        self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
         self._jobs_lock = threading.Lock()
         self._kept_shards: frozenset[int] | None = None
 
@@ -113,42 +120,60 @@ class Metrics:
         self.mqtt_up.labels(node=node).set(float(mqtt_up))
 
     def job_changed(self, shard: int, before: State | None, after: State | None) -> None:
-        """Keep one phase-entry series per job from the state a transition left it in.
+        """Count a job in its phase and step, from the state a transition left it in.
 
-        A job that moved on loses its old (phase, step) series; a deleted job loses its
-        series; a job whose entry time is unknown (0) has none.
+        A job that is not waiting for samples also has a phase-entry series, replaced when it
+        moves on; a deleted job is forgotten. A job whose entry time is unknown (0: a state
+        older than the field) is counted without a series.
         """
         if isinstance(after, JobState):
             key = (after.namespace, after.name)
+            entry = (shard, after.phase, after.step, after.phase_since_ms)
             with self._jobs_lock:
-                self._remove_job(key)
-                if after.phase_since_ms > 0:
+                if self._jobs.get(key) == entry:
+                    return  # the common case: an event that left the job where it was
+                self._forget_job(key)
+                self._jobs[key] = entry
+                self.jobs.labels(after.phase, after.step).inc()
+                if _has_series(entry):
                     self.job_phase_entered.labels(*key, after.phase, after.step).set(
                         after.phase_since_ms / 1000
                     )
-                    self._jobs[key] = (shard, after.phase, after.step)
         elif isinstance(before, JobState):
             with self._jobs_lock:
-                self._remove_job((before.namespace, before.name))
+                self._forget_job((before.namespace, before.name))
 
     def keep_jobs_of(self, shards: Collection[int]) -> None:
-        """Drop the series of jobs on shards this replica no longer holds: their new owner
-        reports them, and a stale copy here would look like a job stuck in its old phase.
+        """Forget the jobs on shards this replica no longer holds: their new owner reports
+        them, and a stale copy here would look like a job stuck in its old phase.
         Cheap when the shards are those of the last call (the processor calls it often)."""
         kept = frozenset(shards)
         with self._jobs_lock:
             if kept == self._kept_shards:
                 return
             self._kept_shards = kept
-            for key in [k for k, (shard, _, _) in self._jobs.items() if shard not in kept]:
-                self._remove_job(key)
+            for key in [k for k, (shard, *_) in self._jobs.items() if shard not in kept]:
+                self._forget_job(key)
 
-    def _remove_job(self, key: tuple[str, str]) -> None:
+    def _forget_job(self, key: tuple[str, str]) -> None:
         known = self._jobs.pop(key, None)
-        if known is not None:
-            _shard, phase, step = known
+        if known is None:
+            return
+        _shard, phase, step, _since = known
+        self.jobs.labels(phase, step).dec()
+        if _has_series(known):
             self.job_phase_entered.remove(*key, phase, step)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _has_series(entry: tuple[int, str, str, int]) -> bool:
+    """Whether a counted job has a phase-entry series: known entry time, not waiting.
+
+    Waiting for samples is where idle jobs spend their lives; thousands of them would make
+    every scrape long, and no alert watches them.
+    """
+    _shard, _phase, step, since_ms = entry
+    return step != "waiting" and since_ms > 0

@@ -1,4 +1,4 @@
-"""The bounded per-job phase gauge and the health gauges of `service.metrics`."""
+"""The job gauges (counts by phase, bounded per-job phase entry) and health gauges."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from service.state import JobSpec, JobState
 PHASE = "lifelong_job_phase_entered_timestamp_seconds"
 
 
-def job(name: str, phase: str = "train", step: str = "waiting", since_ms: int = 1_000) -> JobState:
+def job(name: str, phase: str = "train", step: str = "running", since_ms: int = 1_000) -> JobState:
     return JobState(
         namespace="default",
         name=name,
@@ -42,43 +42,70 @@ def phases(metrics: Metrics) -> dict[str, tuple[str, str, float]]:
     return found
 
 
+def counts(metrics: Metrics) -> dict[str, float]:
+    """lifelong_jobs by "phase/step", zeros left out."""
+    return {
+        f"{dict(labels)['phase']}/{dict(labels)['step']}": value
+        for labels, value in samples(metrics, "lifelong_jobs").items()
+        if value
+    }
+
+
 def test_one_series_per_job_that_follows_its_phase_and_goes_with_it() -> None:
     m = Metrics()
-    a = job("a", since_ms=1_500)
+    a = job("a", step="preparing", since_ms=1_500)
     m.job_changed(3, None, a)
     m.job_changed(5, None, job("b", "eval", "running", 2_000))
-    assert phases(m) == {"a": ("train", "waiting", 1.5), "b": ("eval", "running", 2.0)}
+    assert phases(m) == {"a": ("train", "preparing", 1.5), "b": ("eval", "running", 2.0)}
+    assert counts(m) == {"train/preparing": 1, "eval/running": 1}
 
-    moved = msgspec.structs.replace(a, step="preparing", phase_since_ms=9_000)
+    moved = msgspec.structs.replace(a, step="running", phase_since_ms=9_000)
     m.job_changed(3, a, moved)
-    assert phases(m)["a"] == ("train", "preparing", 9.0)
+    assert phases(m)["a"] == ("train", "running", 9.0)
+    assert counts(m) == {"train/running": 1, "eval/running": 1}
 
     m.job_changed(3, moved, None)  # deleted
     assert set(phases(m)) == {"b"}
+    assert counts(m) == {"eval/running": 1}
 
 
-def test_a_job_with_an_unknown_entry_time_has_no_series() -> None:
+def test_a_job_waiting_for_samples_is_counted_without_a_series() -> None:
+    m = Metrics()
+    running = job("a", since_ms=4_000)
+    m.job_changed(1, None, running)
+    waiting = msgspec.structs.replace(running, step="waiting", phase_since_ms=8_000)
+    m.job_changed(1, running, waiting)
+    assert phases(m) == {}
+    assert counts(m) == {"train/waiting": 1}
+
+
+def test_a_job_with_an_unknown_entry_time_is_counted_without_a_series() -> None:
     m = Metrics()
     m.job_changed(1, None, job("a", since_ms=4_000))
     m.job_changed(1, job("a", since_ms=4_000), job("a", since_ms=0))
     assert phases(m) == {}
+    assert counts(m) == {"train/running": 1}
 
 
-def test_jobs_of_shards_no_longer_held_are_dropped() -> None:
+def test_jobs_of_shards_no_longer_held_are_forgotten() -> None:
     m = Metrics()
     m.job_changed(1, None, job("a"))
     m.job_changed(2, None, job("b"))
+    m.job_changed(2, None, job("c", step="waiting"))
     m.keep_jobs_of({2, 7})
     assert set(phases(m)) == {"b"}
+    assert counts(m) == {"train/running": 1, "train/waiting": 1}
     m.keep_jobs_of(set())
     assert phases(m) == {}
+    assert counts(m) == {}
 
 
-def test_holding_no_shard_drops_every_job() -> None:
+def test_holding_no_shard_forgets_every_job() -> None:
     m = Metrics()
     m.job_changed(1, None, job("a"))
     m.keep_jobs_of(set())
     assert phases(m) == {}
+    assert counts(m) == {}
 
 
 def test_health_gauges_carry_the_node() -> None:
