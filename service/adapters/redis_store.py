@@ -348,11 +348,14 @@ class RedisStore:
             stored = self._client.get(self.keys.resource(rkey))
         return None if stored is None else zlib.decompress(stored)
 
-    def list_rkeys(self, kind: str | None = None) -> list[str]:
-        """Every resource with state, sorted; ``kind`` (``job``/``dataset``) filters."""
+    def list_rkeys(
+        self, kind: str | None = None, shards: Sequence[int] = range(NUM_SHARDS)
+    ) -> list[str]:
+        """Every resource with state (of these shards), sorted; ``kind`` (``job``/``dataset``)
+        filters."""
         with _store_errors("list_rkeys"):
             pipe = self._client.pipeline(transaction=False)
-            for shard in range(NUM_SHARDS):
+            for shard in shards:
                 pipe.smembers(self.keys.index(shard))
             members = pipe.execute()
         prefix = f"{kind}:" if kind else ""

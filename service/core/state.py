@@ -67,6 +67,8 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     shrunk: bool = False
     next_check_ms: int | None = None
     last_error: str | None = None
+    #: when the job entered its (phase, step), ms; 0: unknown (a state from before this field)
+    phase_since_ms: int = 0
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):

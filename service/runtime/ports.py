@@ -65,6 +65,8 @@ class EffectStore(Protocol):
 class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
     """What the processor reads and writes."""
 
+    def list_rkeys(self, kind: str | None = None, shards: Sequence[int] = ...) -> list[str]: ...
+
 
 class OutboxStore(Protocol):
     def outbox_read(

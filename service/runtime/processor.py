@@ -21,7 +21,7 @@ from service.core.events import Event, Tick
 from service.core.outcome import Context, Outcome
 from service.core.state import State, decode_state
 from service.errors import LeaseLost, StoreUnavailable
-from service.keys import parse_rkey
+from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, decode_accepted, target_of
 from service.runtime.clock import Clock
@@ -104,6 +104,7 @@ class Processor:
     def _process_owned(self) -> None:
         held = self._leases.held()
         self._states.keep_only(held)
+        self._metrics.keep_jobs_of(held)
         if not held:
             self._stop.wait(0.1)
             return
@@ -124,11 +125,27 @@ class Processor:
         with self._fresh_lock:
             fresh = sorted(s for s in self._fresh if s in held)
             self._fresh.clear()
+        self._report_jobs(fresh)
         now_s = self._clock.monotonic_s()
         if now_s >= self._pending_sweep_at_s:
             self._pending_sweep_at_s = now_s + self._config.lease_s
             fresh = sorted(held)
         return fresh
+
+    def _report_jobs(self, shards: list[int]) -> None:
+        """Set the phase gauges of the jobs on shards that just became ours: a job waiting for
+        its worker may get no event for hours, and would have no series here until then."""
+        if not shards:
+            return
+        try:
+            states = self._store.load(self._store.list_rkeys("job", shards))
+        except StoreUnavailable:
+            with self._fresh_lock:
+                self._fresh.update(shards)
+            raise
+        for rkey, raw in states.items():
+            if raw is not None:
+                self._metrics.job_changed(shard_of(rkey), None, decode_state(raw))
 
     def _recover(self, shards: list[int]) -> None:
         """Redo what is pending in shards just become ours (or whose commit's fate is unknown).
@@ -262,6 +279,7 @@ class Processor:
                 outcome = self._run(state, accepted.event, self._context(shard, entry_id, now_ms))
                 state = outcome.state
             steps.append(Step(entry_id, accepted, outcome, now_ms))
+        self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
 
     def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:

@@ -251,6 +251,13 @@ class Replica:
     def _presence_once(self) -> None:
         self.presence.announce()
         self.metrics.leases_held.set(len(self.leases.held()))
+        self.metrics.set_health(
+            self.config.node_name,
+            ready=self.ready()[0],
+            ingress_held=self.leases.holds_ingress,
+            redis_up=self.leases.store_ok,
+            mqtt_up=self.publisher.connected,
+        )
 
     def _outbox_once(self) -> None:
         self.outbox.run_once()

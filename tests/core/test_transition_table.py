@@ -140,6 +140,7 @@ def test_table_matches_the_lifecycle_handlers() -> None:
 def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str) -> None:
     d = reach(*substate)
     before = d.job
+    d.now_ms += 1000  # so a phase-entry time stamped now differs from the one before
     event = EVENTS[event_name](d)
     effects = d.apply(event)
     after = d.state
@@ -161,6 +162,17 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
             assert any(isinstance(e, Note) for e in effects), "an ignored event yields a reason"
         return
     assert (after.phase, after.step) == expected
+    moved = expected != substate
+    assert after.phase_since_ms == (d.now_ms if moved else before.phase_since_ms)
     wanted = EXPECTED_EFFECTS.get((substate, event_name), set())
     got = {type(e) for e in effects if e not in forwards}
     assert wanted <= got, f"missing {wanted - got}"
+
+
+def test_a_new_job_enters_its_phase_when_created() -> None:
+    d = Driver()
+    d.create()
+    assert d.job.phase_since_ms == d.now_ms
+    d.now_ms += 5000
+    d.create(spec(train_prob=0.5), digest="d2")  # a changed spec keeps the phase and step
+    assert d.job.phase_since_ms == d.now_ms - 5000
