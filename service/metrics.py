@@ -26,7 +26,9 @@ TRANSITION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 class Metrics:
     """The service's counters, gauges and histograms, registered in a private registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, gm_link: bool = False) -> None:
+        """`gm_link`: export the GM link's series (only where a GM is configured, so that
+        its alert never fires for a controller that has no link)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.events = Counter(
             "lifelong_events",
@@ -110,7 +112,7 @@ class Metrics:
         self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
         self._jobs_lock = threading.Lock()
         self._kept_shards: frozenset[int] | None = None
-        self.gm = GmLinkMetrics(self.registry)
+        self.gm = GmLinkMetrics(self.registry) if gm_link else None
 
     def set_health(
         self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool

@@ -83,7 +83,7 @@ class Replica:
         self.config = config
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
-        self.metrics = Metrics()
+        self.metrics = Metrics(gm_link=bool(config.gm_address))
         self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
