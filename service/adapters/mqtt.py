@@ -651,12 +651,20 @@ class MqttClient:
         self._notify_connack()
         self._notify(True)
 
-    def _on_connect_fail(self, _client: paho.Client, _userdata: Any) -> None:
+    def _on_connect_fail(self, client: paho.Client, _userdata: Any) -> None:
         # No TCP connection (refused, unreachable, timed out): no CONNECT went out.
-        self._count_failed_attempt(f"cannot reach {self._broker}")
+        self._count_failed_attempt(client, f"cannot reach {self._broker}")
 
-    def _count_failed_attempt(self, what: str) -> None:
-        # Warn once per outage; paho keeps retrying every reconnect_min_s..reconnect_max_s.
+    def _count_failed_attempt(self, client: paho.Client, what: str) -> None:
+        """Warn once per outage; paho keeps retrying every reconnect_min_s..reconnect_max_s.
+
+        A failed attempt also ends a run of takeovers: another client holding our id never
+        keeps the broker from letting us in, so the broker itself went away, and the outage
+        backoff starts afresh.
+        """
+        if self._taken_over_in_a_row:
+            self._taken_over_in_a_row = 0
+            self._set_reconnect_delay(client, self._settings.reconnect_min_s)
         self._connect_failures += 1
         level = logging.WARNING if self._connect_failures == 1 else logging.DEBUG
         log.log(level, "MQTT %s (attempt %d); retrying", what, self._connect_failures)
@@ -770,7 +778,7 @@ class MqttClient:
             )
             return
         self._count_failed_attempt(
-            f"broker {self._broker} closed the connection before CONNACK ({reason_code})"
+            client, f"broker {self._broker} closed the connection before CONNACK ({reason_code})"
         )
 
     def _on_connection_lost(

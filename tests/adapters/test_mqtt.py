@@ -300,12 +300,17 @@ class ConnectProxy:
     """
 
     def __init__(
-        self, upstream_port: int, *, on_v5: str = "refuse", first: tuple[str, ...] = ()
+        self,
+        upstream_port: int,
+        *,
+        on_v5: str = "refuse",
+        first: tuple[str, ...] = (),
+        port: int = 0,
     ) -> None:
         self.upstream_port = upstream_port
         self.on_v5 = on_v5
         self.first = list(first)
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.levels_seen: list[int] = []
         self.sockets: list[socket.socket] = [self.listener]
@@ -576,6 +581,30 @@ def test_disconnect_0x8e_is_named_and_backed_off_until_a_stable_connection(
         assert wait_until(lambda: len(proxy.levels_seen) == 6 and client.connected, 15)
         assert "MQTT disconnected from" in caplog.text
         assert takeover_delays(caplog) == []
+
+
+def test_an_outage_ends_a_run_of_takeovers(
+    mosquitto: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that refuses the TCP connect went away; it did not hand our id to anyone."""
+    caplog.set_level(logging.WARNING, "service.mqtt")
+    with proxy_for(mosquitto, on_v5="take-over") as proxy:
+        client = MqttClient(
+            MqttSettings(url=proxy.url, client_id=unique("run"), takeover_backoff_max_s=0.4,
+                         reconnect_min_s=0.1, reconnect_max_s=0.5)
+        )  # fmt: skip
+        client.start()
+        try:
+            assert wait_until(lambda: takeover_delays(caplog)[:3] == [0.1, 0.2, 0.4], 15)
+            proxy.close()
+            assert wait_until(lambda: "cannot reach" in caplog.text, 15)
+            caplog.clear()
+            with proxy_for(mosquitto, on_v5="take-over", port=proxy.port):
+                assert wait_until(lambda: takeover_delays(caplog) != [], 15)
+                assert takeover_delays(caplog)[0] == 0.1
+                assert "1 such close(s) in a row" in caplog.text
+        finally:
+            client.stop()
 
 
 # -- round trip, reconnect ------------------------------------------------------------------
