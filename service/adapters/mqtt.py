@@ -13,9 +13,10 @@ Why it looks the way it does:
 - Two live processes configured with one client id would still fight: each reconnect
   displaces the other. mosquitto 2.0 says nothing when it hands our session to the newcomer
   (it closes our socket; MQTT 5 brokers that say it send DISCONNECT 0x8E), so a connection
-  the broker closes without a reason soon after accepting it counts as taken over: it is
-  logged as such and each such close in a row doubles the reconnect delay, up to
-  ``takeover_backoff_max_s``, instead of paho's fixed short delay.
+  the broker closes without a reason soon after accepting it counts as taken over: each such
+  close in a row doubles the reconnect delay, up to ``takeover_backoff_max_s``, instead of
+  paho's fixed short delay, and from the second one (the first may be a network fault) the
+  log names the takeover. A failed connect ends the run: that broker went away.
 - TCP_NODELAY is set on every socket paho opens: without it each request/response hop pays
   ~44 ms of Nagle + delayed-ACK.
 - Publishing while disconnected is allowed: paho keeps QoS 1 messages in its (unbounded)
@@ -676,9 +677,8 @@ class MqttClient:
             # strand concurrent publishes. A broker downgraded under us needs a restart.
             self._refusal = ConnectRefusal(reason_code.value, str(reason_code))
             log.warning(
-                "MQTT broker %s:%d refused client %s: %s",
-                self._endpoint.host,
-                self._endpoint.port,
+                "MQTT broker %s refused client %s: %s",
+                self._broker,
                 self._settings.client_id,
                 self._refusal,
             )
@@ -687,10 +687,9 @@ class MqttClient:
 
     def _fall_back(self, client: paho.Client, fallback: MQTTProtocolVersion, why: str) -> None:
         log.warning(
-            "MQTT broker %s:%d %s: it does not speak %s; client %s switches to %s for this "
+            "MQTT broker %s %s: it does not speak %s; client %s switches to %s for this "
             "and every later connect (pin one with ?protocol=5 or ?protocol=3.1.1 in the URL)",
-            self._endpoint.host,
-            self._endpoint.port,
+            self._broker,
             why,
             self._protocol.name,
             self._settings.client_id,
@@ -796,7 +795,6 @@ class MqttClient:
         a network fault, so the takeover is named from the second one in a row.
         """
         lasted_s = time.monotonic() - connected_at
-        host, port, client_id = self._endpoint.host, self._endpoint.port, self._settings.client_id
         said_taken_over = (
             flags.is_disconnect_packet_from_server and reason_code.value == SESSION_TAKEN_OVER
         )
@@ -817,7 +815,7 @@ class MqttClient:
         self._set_reconnect_delay(client, delay_s)
         if not (said_taken_over or in_a_row >= 2):
             log.warning(
-                "MQTT disconnected from %s:%d after %.1fs: %s", host, port, lasted_s, reason_code
+                "MQTT disconnected from %s after %.1fs: %s", self._broker, lasted_s, reason_code
             )
             return
         why = (
@@ -827,12 +825,11 @@ class MqttClient:
             "likely another client connected with the same id and took the session over"
         )
         log.warning(
-            "MQTT broker %s:%d %s; client id %s, connected for %.1fs, %d such close(s) in a "
+            "MQTT broker %s %s; client id %s, connected for %.1fs, %d such close(s) in a "
             "row; reconnecting in %.1fs. Give each process its own client id.",
-            host,
-            port,
+            self._broker,
             why,
-            client_id,
+            self._settings.client_id,
             lasted_s,
             in_a_row,
             delay_s,
