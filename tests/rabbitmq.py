@@ -58,10 +58,6 @@ class RabbitNode:
     def mqtt_url(self) -> str:
         return f"mqtt://127.0.0.1:{self.mqtt_port}"
 
-    @property
-    def log_path(self) -> Path:
-        return self.base / "log" / f"{self.name}.log"
-
     def start(self) -> None:
         self._write_files()
         user = pwd.getpwnam(USER)
@@ -75,8 +71,9 @@ class RabbitNode:
         try:
             wait_port(self.mqtt_port, BOOT_TIMEOUT_S)
         except TimeoutError:
+            out = (self.base / "out.log").read_text(errors="replace")[-2000:]
             self.stop()
-            raise
+            raise TimeoutError(f"RabbitMQ node {self.name} did not boot: {out}") from None
 
     def stop(self) -> None:
         """`rabbitmqctl stop`; by pid (the VM's, then ours) if that fails; then epmd."""
@@ -90,9 +87,6 @@ class RabbitNode:
             self._end(self._epmd)
             self._epmd = None
         shutil.rmtree(self.base, ignore_errors=True)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     # -- internals --------------------------------------------------------------------------
 
