@@ -21,12 +21,12 @@ from typing import Literal, cast
 from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
+from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
 from service.errors import ConfigError
 from service.urls import redact_url
 
 LogFormat = Literal["text", "json"]
 
-_MQTT_SCHEMES = ("mqtt", "mqtts")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
 _LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
@@ -187,11 +187,11 @@ def _no_secret(error: ValueError) -> str:
 
 
 def _parse_mqtt_url(value: str, source: str) -> str:
-    parts = _split_url(value, source, _MQTT_SCHEMES)
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {redact_url(value)!r} names no broker host")
-    if parts.path not in ("", "/"):
-        raise ConfigError(f"{source}: an MQTT URL takes no path")
+    """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
+    try:
+        parse_mqtt_url(value)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     return value
 
 
@@ -395,7 +395,9 @@ _NODE_NAME = _Setting(
 _SETTINGS: tuple[_Setting, ...] = (
     _Setting(
         "mqtt_url", "LIFELONG_MQTT_URL", "--mqtt-url", _parse_mqtt_url,
-        "MQTT broker URL (mqtts:// for TLS, user:pass@ for auth)", "mqtt://127.0.0.1:1883", "URL",
+        "MQTT broker URL (mqtts:// for TLS, user:pass@ for auth, ?protocol=5 or "
+        f"?protocol=3.1.1 to pin the version; accepted: {', '.join(PROTOCOL_WORDS)})",
+        "mqtt://127.0.0.1:1883", "URL",
     ),
     _Setting(
         "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,

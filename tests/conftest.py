@@ -13,6 +13,7 @@ import pytest
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+from tests import rabbitmq
 from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
 from tests.stack import Stack, stack_on
 
@@ -27,6 +28,20 @@ def mosquitto(tmp_path: Path) -> Iterator[Server]:
 def redis_proc(tmp_path: Path) -> Iterator[Server]:
     with running(redis_server(tmp_path / "redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node() -> Iterator[rabbitmq.RabbitNode]:
+    """One private RabbitMQ node with the MQTT plugin for the whole session (~15 s to boot)."""
+    why = rabbitmq.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    node = rabbitmq.RabbitNode()
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture(scope="session")

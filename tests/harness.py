@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from service.embedded import free_port, wait_port
 from tests.wait import wait_until
@@ -143,12 +143,14 @@ class Cloud:
         username: str | None = None,
         password: str | None = None,
         ca_path: str | None = None,
+        protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
     ) -> None:
-        """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS."""
+        """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS;
+        `protocol` is MQTT 5 unless the broker speaks only 3.1.1 (RabbitMQ's MQTT plugin)."""
         self.messages: list[tuple[str, dict[str, Any]]] = []
         self._cond = threading.Condition()
         self.client = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
+            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=protocol
         )
         if username is not None:
             self.client.username_pw_set(username, password)
