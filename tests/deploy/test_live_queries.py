@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from service.embedded import Server, free_port, running
+from tests.gm_standin import GmStandIn
 from tests.harness import (
     NODE,
     append_lines,
@@ -151,9 +152,19 @@ def drive(stack: Stack) -> None:
 
 @pytest.mark.timeout(300)
 def test_dashboard_and_rule_queries_against_real_prometheus(tmp_path: Path, stack: Stack) -> None:
-    first = stack.controller("r1")
+    gm = GmStandIn()  # the link's series exist only where a GM is configured
+    gm.start()
+    env = {"LIFELONG_GM_ADDRESS": gm.address}
+    try:
+        check_queries(tmp_path, stack, env)
+    finally:
+        gm.close()
+
+
+def check_queries(tmp_path: Path, stack: Stack, env: dict[str, str]) -> None:
+    first = stack.controller("r1", env=env)
     wait_ingress(first, stack.cloud)
-    second = stack.controller("r2")
+    second = stack.controller("r2", env=env)
     targets = [f"127.0.0.1:{c.http_port}" for c in (first, second)]
     with running(prometheus_server(tmp_path / "prometheus", targets)) as (server,):
         drive(stack)
