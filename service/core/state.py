@@ -67,6 +67,10 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     shrunk: bool = False
     next_check_ms: int | None = None
     last_error: str | None = None
+    #: rounds failed in a row (reset by a completed deploy); each waits longer to retry
+    consecutive_failures: int = 0
+    #: no round starts before this time after a failure (None: no failure waiting)
+    retry_at_ms: int | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):
