@@ -60,12 +60,15 @@ class Controller:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"controller-{name}.log"
+        #: a command the controller runs under (`setpriv ...` to drop privileges)
+        self.argv_prefix: list[str] = []
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--replica-id", self.name],
+                [*self.argv_prefix, sys.executable, "-m", "service.cli", "serve",
+                 "--replica-id", self.name],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -338,7 +341,7 @@ def append_lines(path: Path, rows: list[str]) -> None:
         f.write("".join(row + "\n" for row in rows))
 
 
-def metric_sum(controller: Controller, name: str, **labels: str) -> float:
+def metric_sum(controller: Controller, name: str, /, **labels: str) -> float:
     """The sum of a metric's samples on the controller's /metrics whose labels match."""
     url = f"http://127.0.0.1:{controller.http_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:

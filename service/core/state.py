@@ -82,6 +82,8 @@ class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     num_samples: int = -1
     cursor: bytes = b""
     polling: bool = False
+    #: why the source cannot be read now (missing, permission, S3 403/404); None: it can
+    unreadable: str | None = None
 
 
 State = JobState | DatasetState

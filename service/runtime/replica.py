@@ -33,6 +33,7 @@ from service.errors import ServiceError, StoreUnavailable
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.clock import Clock, SystemClock
+from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
 from service.runtime.executor import Executor
 from service.runtime.intake import Intake, ingress_client_factory
@@ -135,8 +136,8 @@ class Replica:
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
-            journal=Journal(self.metrics), rejections=self.rejections, metrics=self.metrics,
-            stop=self._stop,
+            journal=Journal(self.metrics), rejections=self.rejections,
+            datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.timers = Timers(self.store, self.leases, self.clock)
 

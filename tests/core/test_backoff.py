@@ -5,6 +5,8 @@ masked)."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -73,7 +75,7 @@ def test_a_worker_that_always_fails_waits_longer_each_time() -> None:
         assert d.job.consecutive_failures == failures, "the count stays until a round completes"
         fired_at.append(d.now_ms)
         d.written("train")
-    gaps = [b - a for a, b in zip(fired_at, fired_at[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(fired_at)]
     assert gaps[:5] == [1000, 2000, 4000, 8000, 16000]
     assert max(gaps) == MAX_RETRY_DELAY_MS == gaps[-1]
 

@@ -183,18 +183,17 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
     wanted = EXPECTED_EFFECTS.get((substate, event_name), set())
     got = {type(e) for e in effects if e not in forwards}
     assert wanted <= got, f"missing {wanted - got}"
-    _assert_backoff(d, substate, event_name, before, after, effects)
+    _assert_backoff(d, (substate, event_name), before, after, effects)
 
 
 def _assert_backoff(
     d: Driver,
-    substate: tuple[str, str],
-    event_name: str,
+    pair: tuple[tuple[str, str], str],
     before: JobState,
     after: JobState,
     effects: tuple[object, ...],
 ) -> None:
-    if (substate, event_name) in FAILING:
+    if pair in FAILING:
         failures = EARLIER_FAILURES + 1
         due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_s, failures)
         assert after.consecutive_failures == failures
@@ -202,7 +201,7 @@ def _assert_backoff(
         assert ScheduleCheck(due_ms=due_ms) in effects
         assert after.last_error
         assert after.step == "waiting", "nothing starts before the backoff is over"
-    elif (substate, event_name) == (DC, "model-copied"):
+    elif pair == (DC, "model-copied"):
         assert (after.consecutive_failures, after.retry_at_ms) == (0, None)
         assert after.last_error is None
     else:

@@ -10,6 +10,7 @@ is due, and why the last one failed (exit code and stderr tail).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -111,7 +112,7 @@ def test_a_worker_that_always_fails_backs_off(stack: Stack, failing_worker: Work
     assert 2 <= rounds <= 5, f"{rounds} train rounds in {WINDOW_S:g} s: the job spins"
     written = sorted(p.name for p in (out / "data" / "train").iterdir())
     assert len(written) <= rounds + 1, f"{len(written)} round data files for {rounds} rounds"
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     for n, gap in enumerate(gaps, start=1):
         # the n-th failure waits 2^(n-1) periods (timers fire within ~0.1 s of due)
         assert gap >= PERIOD_S * 2 ** (n - 1) - 0.2, f"gap {n} was {gap:.2f} s: {gaps}"
