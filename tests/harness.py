@@ -360,12 +360,11 @@ def metric_sum(controller: Controller, name: str, /, **labels: str) -> float:
 
 
 def wait_ingress(controller: Controller, cloud: Cloud, timeout_s: float = 15) -> None:
-    """Block until the controller takes in what is published on its downstream topic.
-
-    /readyz turns ready once the publisher and Redis are up, which can be before the ingress
-    client has subscribed; on a first start there is no session yet to queue a message
-    published in that gap, so it is lost. The probe is a delete of a job nobody knows:
-    harmless, not rejected, and counted in lifelong_events_total.
+    """Block until the controller takes in what is published on its downstream topic,
+    proved end to end: a delete of a job nobody knows (harmless, not rejected, and counted
+    in lifelong_events_total) is sent until one is counted. The retained `online` presence
+    says the same (it waits for the ingress subscription); this also covers a controller
+    whose presence a test cannot see.
     """
     deadline = time.monotonic() + timeout_s
     while metric_sum(controller, "lifelong_events_total", type="JobDeleted") == 0:
