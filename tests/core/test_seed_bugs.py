@@ -1,4 +1,5 @@
-"""One test per bug of Sedna's controller (CONTRACT.md's list) that lives in the pure core.
+"""One test per bug of Sedna's controller (README.md, "Sedna's bugs this fixes") that lives
+in the pure core.
 
 Each would fail on the seed's behaviour; the comment says what the seed did.
 """
