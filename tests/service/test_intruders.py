@@ -82,7 +82,7 @@ def worker_topic(worker: str) -> str:
 # ------------------------------------------------------------------------------ the broker
 
 
-def prod_conf_text(port: int, workdir: Path, passwd: Path, acl: Path) -> str:
+def prod_conf_text(port: int, workdir: Path, passwd: Path, acl: Path = ACL) -> str:
     """mosquitto.prod.conf with its listener, paths and port pointed at this test.
 
     Every other line is kept as shipped; a line the rewrite expects but cannot find fails
