@@ -420,6 +420,8 @@ class Worker:
                     f"worker: not connected and subscribed after {connect_timeout_s:g}s"
                 )
             self._stopping.wait(_POLL_S / 4)
+        log.info("worker serving node %s: subscribed to %s", self._cfg.node_name,
+                 upstream_filter(self._cfg))  # fmt: skip
         self._thread.start()
 
     def request_stop(self) -> None:

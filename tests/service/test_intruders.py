@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,9 +33,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from service.config import Config
 from service.embedded import Server, find_binary, free_port
-from service.worker import Worker, WorkerSettings
 from tests.harness import (
     NODE,
     PREFIX,
@@ -473,23 +472,15 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
     runner_peer.subscribe(DOWNSTREAM, ERRORS, worker_topic(TRAIN_WORKER),
                           f"{PREFIX}/other-node/upstream")  # fmt: skip
 
-    cfg = Config.from_env({
-        "LIFELONG_MQTT_URL": f"mqtt://{RUNNER}:{passwords[RUNNER]}@127.0.0.1:{port}",
-        "LIFELONG_NODE_NAME": NODE,
-    })  # fmt: skip
-    command = (sys.executable, "-c", WRITE_MODEL)
-    runner = Worker(
-        cfg,
-        WorkerSettings(commands={"train": command, "eval": command}, lc_server="http://x:1",
-                       work_dir=tmp_path / "runner"),
-    )  # fmt: skip
     cloud = Cloud(port, username="eventbus", password=passwords["eventbus"])
     stack = SecureStack(
         tmp_path, secure_broker.server, redis_proc, cloud,
         userinfo=f"lifelong:{passwords['lifelong']}",
     )  # fmt: skip
+    runner_log = tmp_path / "runner.log"
+    runner = start_runner(f"mqtt://{RUNNER}:{passwords[RUNNER]}@127.0.0.1:{port}", runner_log)
     try:
-        runner.start()
+        wait_until(lambda: "subscribed to" in runner_log.read_text(), 15, "the runner serving")
         data = tmp_path / "data" / "train.txt"
         data.parent.mkdir()
         append_lines(data, lines(0, 10))
@@ -537,7 +528,24 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
         assert intruder.received == [], "the intruder read traffic it has no right to"
         assert runner_peer.received == [], "the runner read beyond its node's upstream"
     finally:
-        runner.stop()
+        runner.terminate()
+        runner.wait(15)
         for controller in stack.controllers:
             controller.stop()
         cloud.close()
+    log = runner_log.read_text()
+    assert "refused" not in log and "Traceback" not in log, log[-2000:]
+    assert passwords[RUNNER] not in log
+
+
+def start_runner(mqtt_url: str, log: Path) -> subprocess.Popen[bytes]:
+    """`lifelong worker` as a user runs it, logging in as the node's runner."""
+    command = shlex.join([sys.executable, "-c", WRITE_MODEL])
+    env = {**os.environ, "LIFELONG_MQTT_URL": mqtt_url, "LIFELONG_NODE_NAME": NODE,
+           "LIFELONG_LOG_FORMAT": "text"}  # fmt: skip
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--train-command", command,
+             "--eval-command", command, "--work-dir", str(log.parent / "runner")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
