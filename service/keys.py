@@ -148,6 +148,10 @@ class Keys:
     def ingress_fence(self) -> str:
         return f"{self.prefix}:{{ingress}}-fence"
 
+    def ingress_subscribed(self) -> str:
+        """The ingress lease token whose holder has its subscription acknowledged."""
+        return f"{self.prefix}:{{ingress}}-subscribed"
+
     def replicas(self) -> str:
         return f"{self.prefix}:replicas"
 

@@ -64,6 +64,19 @@ class Metrics:
             ["namespace", "name"],
             registry=self.registry,
         )
+        self.dataset_unreadable = Gauge(
+            "lifelong_dataset_unreadable",
+            "1 for each dataset whose source cannot be read now (missing, permission, S3 "
+            "403/404); absent once it can be read or is deleted.",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
+        self.dataset_unreadable_reports = Counter(
+            "lifelong_dataset_unreadable_reports",
+            "Datasets found unreadable, once per change of condition (not per poll).",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
         self.effects = Counter(
             "lifelong_effects",
             "Side effects run (sample files, model copies, publishes), by type and outcome.",

@@ -62,12 +62,15 @@ class Controller:
         self.log_path = workdir / f"controller-{name}.log"
         # sent as a bearer token by the helpers below when the controller requires one
         self.http_token = ""
+        #: a command the controller runs under (`setpriv ...` to drop privileges)
+        self.argv_prefix: list[str] = []
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--replica-id", self.name],
+                [*self.argv_prefix, sys.executable, "-m", "service.cli", "serve",
+                 "--replica-id", self.name],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -345,7 +348,7 @@ def append_lines(path: Path, rows: list[str]) -> None:
         f.write("".join(row + "\n" for row in rows))
 
 
-def metric_sum(controller: Controller, name: str, **labels: str) -> float:
+def metric_sum(controller: Controller, name: str, /, **labels: str) -> float:
     """The sum of a metric's samples on the controller's /metrics whose labels match."""
     url = f"http://127.0.0.1:{controller.http_port}/metrics"
     request = urllib.request.Request(url, headers=controller.auth_headers())
@@ -365,12 +368,11 @@ def metric_sum(controller: Controller, name: str, **labels: str) -> float:
 
 
 def wait_ingress(controller: Controller, cloud: Cloud, timeout_s: float = 15) -> None:
-    """Block until the controller takes in what is published on its downstream topic.
-
-    /readyz turns ready once the publisher and Redis are up, which can be before the ingress
-    client has subscribed; on a first start there is no session yet to queue a message
-    published in that gap, so it is lost. The probe is a delete of a job nobody knows:
-    harmless, not rejected, and counted in lifelong_events_total.
+    """Block until the controller takes in what is published on its downstream topic,
+    proved end to end: a delete of a job nobody knows (harmless, not rejected, and counted
+    in lifelong_events_total) is sent until one is counted. The retained `online` presence
+    says the same (it waits for the ingress subscription); this also covers a controller
+    whose presence a test cannot see.
     """
     deadline = time.monotonic() + timeout_s
     while metric_sum(controller, "lifelong_events_total", type="JobDeleted") == 0:

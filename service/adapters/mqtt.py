@@ -38,6 +38,9 @@ Why it looks the way it does:
   a broker that drops a publish it may not accept still acknowledges it.
 - Acks are dropped for messages from an earlier connection (`Inbound.connection_seq`):
   packet ids restart or get reused there, and the broker redelivers the message anyway.
+- `subscribed` turns true once the broker acknowledged (SUBACK) every subscription of the
+  current connection: only then is a message published by someone else sure to reach us on
+  a first connect, when the broker holds no session for our client id yet.
 """
 
 from __future__ import annotations
@@ -405,6 +408,8 @@ class MqttClient:
         # Notified whenever a CONNACK arrives, so `wait_connected` can stop on a refusal.
         self._connack = threading.Condition()
         self._refusal: ConnectRefusal | None = None
+        self._subscribed = threading.Event()
+        self._pending_subacks: set[int] = set()  # touched on paho's thread only
         self._connection_seq = 0
         self._connect_failures = 0
         # The TCP connection in progress (written and read on paho's thread only): whether a
@@ -424,6 +429,11 @@ class MqttClient:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def subscribed(self) -> bool:
+        """Connected, and every subscription of this connection acknowledged (SUBACK)."""
+        return self._subscribed.is_set()
 
     @property
     def protocol(self) -> MQTTProtocolVersion:
@@ -532,6 +542,7 @@ class MqttClient:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
         return client
 
     def _set_reconnect_delay(self, client: paho.Client, first_s: float) -> None:
@@ -638,8 +649,13 @@ class MqttClient:
         self._connected_at = time.monotonic()
         self._connection_seq += 1
         self._connect_failures = 0
+        self._pending_subacks.clear()
         for topic in self._subscriptions:
-            client.subscribe(topic, qos=_QOS_SUBSCRIBE)
+            _result, mid = client.subscribe(topic, qos=_QOS_SUBSCRIBE)
+            if mid is not None:
+                self._pending_subacks.add(mid)
+        if not self._pending_subacks:
+            self._subscribed.set()
         log.info(
             "MQTT connected to %s:%d as %s (%s, session present: %s)",
             self._endpoint.host,
@@ -835,6 +851,26 @@ class MqttClient:
             delay_s,
         )
 
+    def _on_subscribe(
+        self,
+        _client: paho.Client,
+        _userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        _properties: Properties | None,
+    ) -> None:
+        if mid not in self._pending_subacks:
+            return  # a SUBACK of an earlier connection
+        refused = [str(code) for code in reason_codes if code.is_failure]
+        if refused:
+            # nothing will arrive on that filter: this connection never counts as subscribed
+            log.error("MQTT broker refused a subscription of %s: %s",
+                      self._settings.client_id, ", ".join(refused))  # fmt: skip
+            return
+        self._pending_subacks.discard(mid)
+        if not self._pending_subacks:
+            self._subscribed.set()
+
     def _on_message(self, _client: paho.Client, _userdata: Any, msg: paho.MQTTMessage) -> None:
         item = Inbound(
             topic=msg.topic,
@@ -887,6 +923,7 @@ class MqttClient:
         return ticket
 
     def _mark_disconnected(self) -> None:
+        self._subscribed.clear()
         if self._connected.is_set():
             self._connected.clear()
             self._notify(False)

@@ -582,6 +582,19 @@ class RedisStore:
             token = self._client.get(lease_key)
         return None if token is None else _text(token)
 
+    def mark_ingress_subscribed(self, token: str, ttl_ms: int) -> None:
+        """Say that the ingress lease holder ``token`` has its subscription acknowledged,
+        for ``ttl_ms`` (renewed with the lease, so it lapses with a dead holder)."""
+        with _store_errors("mark_ingress_subscribed"):
+            self._client.set(self.keys.ingress_subscribed(), token, px=ttl_ms)
+
+    def ingress_subscribed(self) -> bool:
+        """Whether the current ingress lease holder said its subscription is acknowledged."""
+        keys = (self.keys.ingress_lease(), self.keys.ingress_subscribed())  # one slot
+        with _store_errors("ingress_subscribed"):
+            lease, marker = self._client.mget(keys)
+        return lease is not None and lease == marker
+
     # -- replicas ----------------------------------------------------------------------
 
     def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:

@@ -107,12 +107,17 @@ class Intake:
 
     @property
     def state(self) -> str:
-        """standby (another replica takes messages in), connecting, or up."""
+        """standby (another replica takes messages in), connecting, or up (subscribed)."""
         with self._lock:
             client = self._client
         if client is None:
             return "standby"
-        return "up" if client.connected else "connecting"
+        return "up" if client.subscribed else "connecting"
+
+    @property
+    def subscribed(self) -> bool:
+        """This replica's ingress client has every subscription acknowledged by the broker."""
+        return self.state == "up"
 
     @property
     def gm_state(self) -> str:

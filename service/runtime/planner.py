@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from service import history, messages
 from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
-from service.core.effects import Note, Publish, Reject, ScheduleCheck, Work, encode_work
+from service.core.effects import (
+    DatasetUnreadable,
+    Note,
+    Publish,
+    Reject,
+    ScheduleCheck,
+    Work,
+    encode_work,
+)
 from service.core.outcome import Outcome
 from service.core.state import State, encode_state
 from service.errors import RejectCode
@@ -52,6 +60,10 @@ class Plan:
     #: the history record of every transition, kept or not (the journal counts them all)
     records: tuple[history.HistoryRecord, ...]
     rejected: tuple[Rejected, ...]
+    #: datasets found unreadable (newly, or for a new reason): on the errors topic, counted
+    unreadable: tuple[DatasetUnreadable, ...] = ()
+    #: the resource's state once the commit applies (None: it is gone)
+    state: State | None = None
 
 
 def plan(
@@ -66,7 +78,10 @@ def plan(
         event = type(step.accepted.event).__name__
         fold.records.append(history.record_of(event, step.outcome, at_ms=step.at_ms, token=token))
     ack_ids = tuple(step.entry_id for step in steps)
-    return Plan(fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected))
+    return Plan(
+        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected),
+        tuple(fold.unreadable), fold.state,
+    )  # fmt: skip
 
 
 @dataclass
@@ -81,6 +96,7 @@ class _Fold:
     work: list[tuple[str, Work]] = field(default_factory=list)
     records: list[history.HistoryRecord] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    unreadable: list[DatasetUnreadable] = field(default_factory=list)
     timer_ms: int | None = None
     resource: bytes | None = None
 
@@ -106,6 +122,11 @@ class _Fold:
                 self.rejected.append(refusal)
                 rejection_id = f"{entry_id}/rejection"
                 self.outbox.append(OutboxEntry(rejection_id, config.errors_topic(), refusal.record))
+            elif isinstance(effect, DatasetUnreadable):
+                self.unreadable.append(effect)
+                record = _unreadable_record(effect, at_ms, config)
+                entry = OutboxEntry(f"{entry_id}/unreadable", config.errors_topic(), record)
+                self.outbox.append(entry)
             elif not isinstance(effect, Note):
                 self.work.append((effect.id, effect))
 
@@ -146,6 +167,13 @@ def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
     )
     payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
     return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
+
+
+def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:
+    """The errors-topic record of an unreadable dataset, shaped like a rejection: the topic
+    its resource came on, the reason, and its URL as the payload."""
+    reason = f"dataset {effect.namespace}/{effect.name} cannot be read: {effect.reason}"
+    return rejection_record(config.downstream_topic(), reason, effect.url.encode(), at_ms)
 
 
 def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:

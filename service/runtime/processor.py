@@ -25,6 +25,7 @@ from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, decode_accepted, target_of
 from service.runtime.clock import Clock
+from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
 from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
@@ -68,6 +69,7 @@ class Processor:
         outbox: OutboxPublisher,
         journal: Journal,
         rejections: Rejections,
+        datasets: DatasetHealth,
         metrics: Metrics,
         stop: threading.Event,
     ) -> None:
@@ -80,6 +82,7 @@ class Processor:
         self._outbox = outbox
         self._journal = journal
         self._rejections = rejections
+        self._datasets = datasets
         self._metrics = metrics
         self._stop = stop
         self._states = ShardStates()
@@ -105,6 +108,7 @@ class Processor:
         held = self._leases.held()
         self._states.keep_only(held)
         self._metrics.keep_jobs_of(held)
+        self._datasets.keep_only(held)
         if not held:
             self._stop.wait(0.1)
             return
@@ -232,6 +236,7 @@ class Processor:
                     self._rejections.recorded(
                         rejected.topic, rejected.code, rejected.reason, rejected.record
                     )
+                self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
             done.append((batch, outcome))
         failpoints.hit("process-before-effects")
         for batch, _ in done:

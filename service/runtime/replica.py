@@ -34,6 +34,7 @@ from service.errors import ServiceError, StoreUnavailable
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.clock import Clock, SystemClock
+from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
 from service.runtime.executor import Executor
 from service.runtime.gm import GmBridge
@@ -97,8 +98,9 @@ class Replica:
             on_connection_change=self._on_publisher_connection,
         )
         self.presence = Presence(
-            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock
-        )
+            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock,
+            can_take_messages=lambda: self.leases.ingress_ready,
+        )  # fmt: skip
         self.rejections = Rejections(
             dead_letters=self.store, publisher=self.publisher,
             errors_topic=config.errors_topic(), metrics=self.metrics,
@@ -106,6 +108,7 @@ class Replica:
         self.leases = LeaseKeeper(
             self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
+            ingress_subscribed=lambda: self.intake.subscribed,
         )  # fmt: skip
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
@@ -152,8 +155,8 @@ class Replica:
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
-            journal=Journal(self.metrics), rejections=self.rejections, metrics=self.metrics,
-            stop=self._stop,
+            journal=Journal(self.metrics), rejections=self.rejections,
+            datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.timers = Timers(self.store, self.leases, self.clock)
 
@@ -225,7 +228,7 @@ class Replica:
     # ================================================================ health
     def ready(self) -> tuple[bool, str]:
         """Ready: MQTT and Redis connected and, when this replica holds the ingress lease, its
-        subscribing client connected too (so a message sent now is not missed)."""
+        client subscribed too (so a message sent now is not missed)."""
         intake = self.intake.state
         mqtt_ok = self.publisher.connected
         redis_ok = self.leases.store_ok

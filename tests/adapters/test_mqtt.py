@@ -665,6 +665,44 @@ def test_subscriptions_renewed_after_broker_restart(mosquitto: Server) -> None:
         assert get(sub.inbound).payload == b"after restart"
 
 
+def test_subscribed_means_a_message_sent_now_arrives(mosquitto: Server) -> None:
+    """`subscribed` turns true on the SUBACKs of the current connection: a message another
+    client publishes from then on reaches a fresh clean-start client (no session yet to
+    queue it before). It turns false while disconnected and true again after re-subscribing."""
+    url = url_of(mosquitto)
+    with client_for(url) as pub:
+        for trial in range(10):
+            topic = f"fresh/{trial}/in"
+            with client_for(url, subscriptions=(topic, "other/in"), connect=False) as sub:
+                assert wait_until(lambda c=sub: c.subscribed, 10)  # type: ignore[misc]
+                assert pub.publish(topic, b"right away").wait(5)
+                assert get(sub.inbound).payload == b"right away"
+        with client_for(url, subscriptions=("r/in",)) as sub:
+            assert wait_until(lambda: sub.subscribed, 10)
+            mosquitto.stop()
+            assert wait_until(lambda: not sub.subscribed, 5)
+            mosquitto.start()
+            assert wait_until(lambda: sub.subscribed, 10)
+    with client_for(url) as plain:
+        assert plain.subscribed, "nothing to subscribe to: subscribed once connected"
+
+    # at CONNACK (the callback runs on paho's thread, before it can read any SUBACK) the
+    # subscriptions are sent but not yet acknowledged: connected is not subscribed
+    at_connack: list[bool] = []
+    settings = MqttSettings(url=url, client_id=unique("c"), reconnect_min_s=0.1)
+    client = MqttClient(
+        settings,
+        subscriptions=("a/in",),
+        on_connection_change=lambda up: at_connack.append(up and client.subscribed),
+    )
+    client.start()
+    try:
+        assert wait_until(lambda: client.subscribed, 10)
+        assert at_connack == [False]
+    finally:
+        client.stop()
+
+
 def test_publish_while_broker_down_is_sent_after_reconnect(mosquitto: Server) -> None:
     url = url_of(mosquitto)
     with client_for(url, subscriptions=("q/in",)) as client:
