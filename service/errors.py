@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Literal
 
 #: Why a message or an event was refused: the label of the rejections counter. Intake codes
-#: come from decoding; `unknown_job` and `immutable_field` from the lifecycle.
+#: come from decoding; `unknown_job`, `immutable_field` and `rollback_refused` from the
+#: lifecycle.
 RejectCode = Literal[
     "invalid",
     "invalid_json",
@@ -24,6 +25,7 @@ RejectCode = Literal[
     "unknown_topic",
     "unknown_job",
     "immutable_field",
+    "rollback_refused",
 ]
 
 

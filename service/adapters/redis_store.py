@@ -33,6 +33,7 @@ from service.errors import LeaseLost, PermanentError, StoreUnavailable
 from service.keys import INGRESS_CONSUMER, INGRESS_GROUP, NUM_SHARDS, Keys, shard_of
 
 HISTORY_MAXLEN = 100
+ROUNDS_MAXLEN = 50
 DLQ_MAXLEN = 10_000
 HEALTH_CHECK_INTERVAL_S = 30
 # Error replies that mean "the server cannot serve right now", not "the request is wrong".
@@ -72,7 +73,7 @@ class IngressEntry:
 class Commit:
     """Everything one transition of one resource writes, applied all-or-nothing.
 
-    ``delete`` removes state, resource, timer, history and index membership (``state`` must
+    ``delete`` removes state, resource, timer, histories and index membership (``state`` must
     then be None); ``keep_state`` leaves the state untouched (a rejected or ignored event);
     otherwise ``state`` is the new state. ``timer_due_ms``: None unchanged, -1 cancel.
     """
@@ -89,6 +90,8 @@ class Commit:
     history: tuple[bytes, ...] = ()
     #: upstream messages for the GM link, (id, envelope JSON), when a GM is configured
     gm: tuple[tuple[str, bytes], ...] = ()
+    #: records of the job's rounds that ended, for its capped round history
+    rounds: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         if self.delete and (self.state is not None or self.keep_state):
@@ -371,6 +374,11 @@ class RedisStore:
         with _store_errors("history"):
             return list(self._client.lrange(self.keys.history(rkey), -count, -1))
 
+    def rounds(self, rkey: str, count: int = ROUNDS_MAXLEN) -> list[bytes]:
+        """The newest ``count`` round records of a job, oldest first."""
+        with _store_errors("rounds"):
+            return list(self._client.lrange(self.keys.rounds(rkey), -count, -1))
+
     def commit(
         self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
     ) -> list[list[list[str]] | LeaseLost]:
@@ -417,6 +425,7 @@ class RedisStore:
             k.outbox(shard),
             k.ingress(shard),
             k.gm_outbox(shard),
+            k.rounds(c.rkey),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
@@ -435,6 +444,8 @@ class RedisStore:
             len(c.effects),
             len(c.history),
             len(c.gm),
+            len(c.rounds),
+            ROUNDS_MAXLEN,
             *c.ack_ids,
         ]
         for entry in c.outbox:
@@ -444,6 +455,7 @@ class RedisStore:
         args += c.history
         for gm_id, payload in c.gm:
             args += [gm_id, payload]
+        args += c.rounds
         return _Call(self._scripts["commit"], keys, tuple(args))
 
     # -- outbox ------------------------------------------------------------------------
