@@ -8,9 +8,9 @@ With one, the gate (`service.core.gate`) judges the eval report; a model it hold
 never copied: the deploy file keeps what it has, the cloud hears deploy `completed` (Sedna's
 incremental-learning LC's "nothing to deploy") with the values compared, and the round's
 train samples go back to the front of the pending set, so the next round learns from them
-too. A held-back round is not a failure: the failure count resets as after a deploy, and the
-next trigger check comes one check period later (so a trainer that keeps producing the same
-model is retried once a period, not in a loop).
+too; but only samples arriving from then on count for its trigger (a held-back model is not
+retrained on the same data in a loop). A held-back round is not a failure: the failure count
+resets as after a deploy.
 
 A rollback copies an earlier deployment's model back to the deploy file with the same
 whole-file copy. It may run beside a round in train, or in eval when the eval compares
@@ -145,19 +145,18 @@ def _hold_back(
     gate = job.current.gate if job.current is not None else None
     status = JobStatus(phase="deploy", status="completed", reason=reason, output=output, gate=gate)
     training.publish(job, out, status)
-    retry_at_ms = out.ctx.now_ms + job.spec.trigger.check_period_s * 1000
     returned = samples.count(job.trained)
     job = replace(
         job, phase="train", step="waiting", pending=samples.concat(job.trained, job.pending),
-        last_error=None, consecutive_failures=0, retry_at_ms=retry_at_ms,
-        next_check_ms=retry_at_ms,
+        returned=returned, last_error=None, consecutive_failures=0, retry_at_ms=None,
+        next_check_ms=None,
     )  # fmt: skip
     out.note(
-        f"round {job.version} {reason}; its {returned} train samples wait for the next "
-        f"round, checked in {job.spec.trigger.check_period_s} s"
+        f"round {job.version} {reason}; its {returned} train samples join the next round, "
+        "which starts when the trigger holds for samples arriving from now on"
     )
-    out.schedule(retry_at_ms)
-    return training.end_round(job, out, "held_back", reason)
+    job = training.end_round(job, out, "held_back", reason)
+    return training.check_trigger(job, out, reschedule=True)
 
 
 def model_copied(job: JobState, event: Event, out: Recorder) -> JobState:

@@ -83,6 +83,9 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     #: the round's train samples once trained, until its deploy decision: a model the
     #: deploy gate holds back gives them back to the pending set
     trained: Ranges = ()
+    #: how many pending samples (at the front) came back from a held-back round: the next
+    #: round trains on them too, but only samples that arrived since count for its trigger
+    returned: int = 0
     #: the model the deploy file holds, as this controller last copied it there
     deployed: Deployment | None = None
     #: the models it held before, newest last: what a rollback can restore

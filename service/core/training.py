@@ -35,7 +35,11 @@ def publish(job: JobState, out: Recorder, status: JobStatus) -> None:
 
 # ================================================================= the train trigger
 def check_trigger(job: JobState, out: Recorder, *, reschedule: bool) -> JobState:
-    """Evaluate the train trigger in train/waiting; keep one periodic check scheduled."""
+    """Evaluate the train trigger in train/waiting; keep one periodic check scheduled.
+
+    `num_of_samples` counts the pending samples that arrived since the last round: those a
+    held-back round returned ride along but do not count, so a held-back model is not
+    retrained on the same data again and again."""
     if (job.phase, job.step) != ("train", "waiting"):
         return job
     if not active(job):
@@ -44,9 +48,9 @@ def check_trigger(job: JobState, out: Recorder, *, reschedule: bool) -> JobState
     if job.retry_at_ms is not None and job.retry_at_ms > ctx.now_ms:
         if job.next_check_ms == job.retry_at_ms:
             return job
-        out.schedule(job.retry_at_ms)  # a failed or held-back round waits first
+        out.schedule(job.retry_at_ms)  # a failed round waits out its backoff first
         return replace(job, next_check_ms=job.retry_at_ms)
-    pending = samples.count(job.pending)
+    pending = samples.count(job.pending) - job.returned  # new since a held-back round
     metrics = {NUM_OF_SAMPLES: pending}
     if pending >= 1 and should_fire(job.spec.trigger, metrics, ctx.minute_of_day):
         return _fire(job, out)
@@ -62,14 +66,15 @@ def on_tick(job: JobState, _event: Event, out: Recorder) -> JobState:
 
 
 def _fire(job: JobState, out: Recorder) -> JobState:
-    """The trigger fired: round v takes every pending train sample; later ones wait."""
+    """The trigger fired: round v takes every pending train sample (those a held-back round
+    returned too); later ones wait."""
     version = job.version + 1
     record = RoundRecord(
         version=version, train_started_ms=out.ctx.now_ms, train_samples=samples.count(job.pending)
     )
     job = replace(
         job, version=version, round=job.pending, pending=(), step="preparing",
-        next_check_ms=None, retry_at_ms=None, current=record,
+        next_check_ms=None, retry_at_ms=None, current=record, returned=0,
     )  # fmt: skip
     out.add(write_round(job, "train", job.round, out))
     out.note(f"train trigger fired: round {version} with {samples.count(job.round)} samples")

@@ -60,7 +60,8 @@ def run(options: DemoOptions, console: Console) -> int:
               f"{options.timeout_s:g}s", file=sys.stderr)
         return 1
     accuracy = pct(progress.last_accuracy)
-    print(f"demo complete: {progress.deployed} rounds, last accuracy {accuracy}, "
+    print(f"demo complete: {progress.finished} rounds, {progress.deployed} deployed, "
+          f"{progress.held_back} held back by the deploy gate, last accuracy {accuracy}, "
           f"{progress.samples} samples, {time.monotonic() - started_s:.0f}s", flush=True)
     return 0
 

@@ -19,6 +19,7 @@ DATASET = "comfort-samples"
 TRIGGER_SAMPLES = 200
 TRAIN_PROB = 0.8
 INITIAL_SAMPLES = 60
+DEPLOY_CONDITION = {"operator": ">", "threshold": 0.05, "metric": "accuracy_delta"}
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,17 @@ class Pace:
     batch_samples: int
     interval_s: float
     dataset_poll_s: float
+    #: samples per season of the drift: a few rounds each, whatever the pace
+    season_samples: int
 
     @classmethod
     def of(cls, fast: bool) -> Pace:
-        return cls(60, 0.25, 0.5) if fast else cls(25, 0.5, 1.0)
+        return cls(60, 0.25, 0.5, 1500) if fast else cls(25, 0.5, 1.0, 1000)
 
 
 class Feeder:
-    """Appends labelled samples to the dataset file at a steady pace, drifting as it goes."""
+    """Appends labelled samples to the dataset file at a steady pace, the comfort boundary
+    stepping up every season (`Pace.season_samples`)."""
 
     def __init__(self, path: Path, pace: Pace, seed: int) -> None:
         self._path = path
@@ -49,7 +53,7 @@ class Feeder:
 
     @property
     def shift_c(self) -> float:
-        return drift_c(self.total)
+        return drift_c(self.total, self._pace.season_samples)
 
     def append(self, count: int) -> None:
         rows = comfort_rows(self._rng, count, self.shift_c)
@@ -102,7 +106,12 @@ def job_resource(output_dir: str) -> dict[str, Any]:
                 },
             },
             "evalSpec": {"template": template},
-            "deploySpec": {"template": template},
+            # Sedna's IncrementalLearningJob deploy trigger: deploy a new model only when
+            # it beats the deployed one by more than 5 points on the same eval data
+            "deploySpec": {
+                "template": template,
+                "trigger": {"condition": DEPLOY_CONDITION},
+            },
             "outputDir": output_dir,
         },
     }

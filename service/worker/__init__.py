@@ -4,8 +4,9 @@ Sedna's global manager turns every train/eval "ready" status into a pod. Without
 something else has to: this runner listens upstream, and for each ready message runs the
 user's command with the environment a Sedna worker pod gets (NAMESPACE, JOB_NAME,
 WORKER_NAME, TRAIN_DATASET_URL or TEST_DATASET_URL, MODEL_URLS, OUTPUT_URL,
-ORIGINAL_DATASET_URL, LC_SERVER), reports `running`, and then `completed` with the results the
-command wrote to `$LIFELONG_RESULTS_FILE`, or `failed` with its exit code and stderr tail.
+ORIGINAL_DATASET_URL, LC_SERVER; and DEPLOYED_MODEL_URL for the eval of a job with a deploy
+condition), reports `running`, and then `completed` with the results the command wrote to
+`$LIFELONG_RESULTS_FILE`, or `failed` with its exit code and stderr tail.
 
 Why it looks the way it does:
 - Upstream delivery is at least once, so ready messages are deduplicated by `header.id`, and

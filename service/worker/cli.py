@@ -25,8 +25,10 @@ WORKER_EXAMPLES = """examples:
 The command gets NAMESPACE, JOB_NAME, WORKER_NAME, TRAIN_DATASET_URL (train) or
 TEST_DATASET_URL and MODEL_URLS (eval, ';'-separated), OUTPUT_URL, ORIGINAL_DATASET_URL (when
 known), LC_SERVER and LIFELONG_RESULTS_FILE. It writes its results there as JSON:
-  {"results": [{"format": "pkl", "url": "/out/train/1/model.pkl", "metrics": {"acc": 0.9}}]}
+  {"results": [{"format": "pkl", "url": "/out/train/1/model.pkl", "metrics": {"acc": [0.9]}}]}
 Exit 0 reports completed with them; another exit code reports failed with the stderr tail.
+An eval of a job with a deploy condition also gets DEPLOYED_MODEL_URL (the deployed model,
+also last in MODEL_URLS): report the new model's result first, the deployed model's second.
 """
 
 

@@ -15,6 +15,8 @@ log = logging.getLogger("service.worker")
 TaskKind = Literal["train", "eval"]
 RESULTS_ENV = "LIFELONG_RESULTS_FILE"
 MODEL_URL_SEPARATOR = ";"  # Sedna joins MODEL_URLS with ';'
+#: The deployed model an eval compares the new one with (also last in MODEL_URLS).
+DEPLOYED_MODEL_ENV = "DEPLOYED_MODEL_URL"
 _MAX_WORKER_NAME_CHARS = 253
 
 
@@ -30,6 +32,8 @@ class Task:
     output_dir: str
     data_index_url: str | None = None
     model_urls: tuple[str, ...] = ()
+    #: eval of a job with a deploy condition: the deployed model, to score beside the new one
+    deployed_model_url: str | None = None
 
     @property
     def worker_name(self) -> str:
@@ -88,6 +92,8 @@ def _task(header: dict[str, Any], kind: TaskKind, task_input: dict[str, Any]) ->
     models = task_input.get("models") or []
     urls = tuple(m["url"] for m in models if isinstance(m, dict) and isinstance(m.get("url"), str))
     index = task_input.get("dataIndexURL")
+    deployed = task_input.get("deployedModel")
+    deployed_url = deployed.get("url") if isinstance(deployed, dict) else None
     return Task(
         message_id=str(names[0]),
         namespace=str(names[1]),
@@ -97,11 +103,16 @@ def _task(header: dict[str, Any], kind: TaskKind, task_input: dict[str, Any]) ->
         output_dir=str(paths[1]),
         data_index_url=index if isinstance(index, str) and index else None,
         model_urls=urls,
+        deployed_model_url=deployed_url if isinstance(deployed_url, str) and deployed_url else None,
     )
 
 
 def task_env(task: Task, settings: WorkerSettings, results_file: Path) -> dict[str, str]:
     """The variables a Sedna worker pod of this kind gets, plus where to write results.
+
+    MODEL_URLS lists every input model, as Sedna's GM mounts them; for the eval of a job with
+    a deploy condition it ends with the deployed model, which DEPLOYED_MODEL_URL names too:
+    the command reports the new model's result first and the deployed model's second.
 
     ORIGINAL_DATASET_URL is the data index when the controller wrote one (a remote txt
     dataset, as Sedna's GM passes it), else the `--original-dataset-url` given, else unset.
@@ -117,6 +128,8 @@ def task_env(task: Task, settings: WorkerSettings, results_file: Path) -> dict[s
     env["TRAIN_DATASET_URL" if task.kind == "train" else "TEST_DATASET_URL"] = task.data_url
     if task.model_urls:
         env["MODEL_URLS"] = MODEL_URL_SEPARATOR.join(task.model_urls)
+    if task.deployed_model_url:
+        env[DEPLOYED_MODEL_ENV] = task.deployed_model_url
     original = task.data_index_url or settings.original_dataset_url
     if original:
         env["ORIGINAL_DATASET_URL"] = original

@@ -121,8 +121,6 @@ def test_a_worse_model_is_held_back_the_deploy_file_untouched_the_samples_kept()
     to_eval(d, 20)
     trained = d.job.trained
     assert samples.count(trained) == 8
-    d.dataset(25)  # samples arriving meanwhile wait behind the round's
-    later = d.job.pending
     d.effects.clear()
     d.apply(eval_report(results(0.75, 0.8)))
     assert not d.of(CopyModel), "a held-back model is never copied"
@@ -135,21 +133,36 @@ def test_a_worse_model_is_held_back_the_deploy_file_untouched_the_samples_kept()
     assert [m["metrics"] for m in held["output"]["models"]] == [
         {"accuracy": [0.75]}, {"accuracy": [0.8]}
     ]
-    assert d.job.pending == samples.concat(trained, later)
+    assert d.job.pending == trained and d.job.returned == 8
     assert d.job.trained == ()
     assert d.job.deployed is not None and d.job.deployed.version == 1
-    # not a failure: the count resets, the next check comes one period later
-    assert (d.job.consecutive_failures, d.job.last_error) == (0, None)
-    assert d.job.retry_at_ms == d.now_ms + 30_000 == d.job.next_check_ms
+    # not a failure: the count resets, no backoff; the trigger is checked as after a deploy
+    assert (d.job.consecutive_failures, d.job.last_error, d.job.retry_at_ms) == (0, None, None)
     assert ScheduleCheck(due_ms=d.now_ms + 30_000) in d.effects
     record = records(d)[-1]
     assert (record.version, record.outcome) == (2, "held_back")
     assert record.candidate == {"accuracy": (0.75,)} and record.deployed == {"accuracy": (0.8,)}
     assert record.deployed_version == 1 and record.gate is not None
-    # the next round trains on the held-back round's samples and the new ones
+    # the returned samples alone do not fire a round: the same data would give the same model
     d.now_ms += 30_000
     d.tick()
-    assert d.job.version == 3 and d.job.round == samples.concat(trained, later)
+    assert (d.job.step, d.job.version) == ("waiting", 2)
+    # the next round trains on them and on what arrived since
+    d.dataset(25)
+    assert d.job.version == 3 and d.job.round == samples.concat(trained, ((20, 24),))
+    assert d.job.returned == 0
+
+
+def test_samples_arriving_during_a_held_back_round_start_the_next_at_once() -> None:
+    d = gated()
+    deploy_round(d, 10, 0.8)
+    to_eval(d, 20)
+    trained = d.job.trained
+    d.dataset(25)  # arrived while round 2 was evaluated: they wait behind its samples
+    later = d.job.pending
+    d.apply(eval_report(results(0.7, 0.8)))
+    assert (d.job.version, d.job.step) == (3, "preparing")
+    assert d.job.round == samples.concat(trained, later)
 
 
 def test_a_better_model_then_deploys_and_the_previous_is_kept_for_rollback() -> None:
@@ -157,8 +170,7 @@ def test_a_better_model_then_deploys_and_the_previous_is_kept_for_rollback() -> 
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
     d.apply(eval_report(results(0.7, 0.8)))
-    d.now_ms += 1000
-    d.tick()
+    d.dataset(30)  # new samples: round 3
     d.written("train")
     d.apply(report("train", "completed", model(3)))
     d.written("eval")
@@ -307,3 +319,58 @@ def test_the_upstream_of_a_held_back_round_is_one_deploy_completed() -> None:
     ]
     assert statuses[1]["gate"]["value"] == 0.0
     assert JOB and NS  # the driver's job
+
+
+GATED_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["grow", "grow", "advance", "advance", "advance", "fail", "tick"]),
+        st.integers(1, 30),
+        st.sampled_from([0.5, 0.7, 0.9]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(GATED_ACTIONS)
+def test_with_a_gate_no_train_sample_is_lost_or_duplicated(
+    actions: list[tuple[str, int, float]],
+) -> None:
+    """Every train sample is in exactly one place: consumed by a round that ended (deployed,
+    or failed after training), in the round training, trained awaiting the deploy decision,
+    or pending; a held-back round gives its samples back."""
+    d = gated(check_period_s=1)
+    available, consumed, all_train = 0, [], []
+    for action, amount, accuracy in actions:
+        before = d.job
+        d.effects.clear()
+        d.now_ms += 3_600_000  # past any backoff
+        if action == "grow":
+            available += amount
+            train, _eval = samples.split_batch(before.taken, available, before.spec.train_prob)
+            all_train += range(*train)
+            d.dataset(available)
+        elif action == "tick":
+            d.tick()
+        elif before.step == "preparing":
+            d.written(before.phase, None if action == "advance" else "disk full")
+        elif before.step == "running" and before.phase == "eval" and action == "advance":
+            d.apply(eval_report(results(accuracy, 0.7)))
+        elif before.step == "running":
+            url = f"/output/train/{before.version}/m.pkl"
+            d.apply(report(before.phase, "completed", url) if action == "advance"
+                    else report(before.phase, "failed"))  # fmt: skip
+        elif before.step == "copying":
+            d.copied(None if action == "advance" else "copy failed")
+        if any(r.outcome in ("deployed", "failed") for r in records(d)):
+            consumed += samples.indices(before.trained)
+        job = d.job
+        train_side = (
+            consumed + samples.indices(job.round) + samples.indices(job.trained)
+            + samples.indices(job.pending)
+        )  # fmt: skip
+        assert len(train_side) == len(set(train_side)), "a train sample is duplicated"
+        assert sorted(train_side) == all_train, "a train sample was lost"
+        assert 0 <= job.returned <= samples.count(job.pending)
+        if job.phase == "deploy":
+            assert job.step == "copying"
