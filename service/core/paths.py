@@ -146,13 +146,21 @@ def is_beneath(path: str, directory: str) -> bool:
     return inner[: len(outer)] == outer
 
 
+_SYSTEM_PARTS = {tuple(d.strip("/").split("/")): d for d in SYSTEM_DIRS}
+_SYSTEM_DEPTH = max(map(len, _SYSTEM_PARTS))
+
+
 def system_dir_of(path: str) -> str | None:
     """The system directory (``SYSTEM_DIRS``, or "/" for the root itself) ``path`` is or lies
     in; None for any other path."""
     parts = segments(path)
     if parts == ():
         return "/"
-    return next((d for d in SYSTEM_DIRS if is_beneath(path, d)), None)
+    for depth in range(1, min(len(parts or ()), _SYSTEM_DEPTH) + 1):
+        found = _SYSTEM_PARTS.get((parts or ())[:depth])
+        if found is not None:
+            return found
+    return None
 
 
 def host_path(prefix: str, path: str) -> str:
