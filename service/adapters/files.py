@@ -66,10 +66,6 @@ class LocalFiles:
     def __init__(self, roots: DataRoots | None = None) -> None:
         self._roots = roots or DataRoots()
 
-    @property
-    def roots(self) -> DataRoots:
-        return self._roots
-
     def open_regular(self, path: str) -> int:
         """A read-only descriptor of the regular file ``path`` (blocking reads).
 
