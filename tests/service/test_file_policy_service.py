@@ -109,7 +109,7 @@ def test_hostile_models_fail_their_deploy_and_the_next_round_deploys(stack: Stac
     assert controller.stop() == 0
 
 
-def test_swapped_dirs_system_dirs_and_huge_lines_are_refused(stack: Stack) -> None:
+def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack) -> None:
     cloud, controller, data, out = setup(stack)
     victim = stack.workdir / "victim"
     victim.mkdir()
@@ -138,6 +138,11 @@ def test_swapped_dirs_system_dirs_and_huge_lines_are_refused(stack: Stack) -> No
         job_resource("huge-job", "huge-dataset", str(stack.workdir / "huge-out"), train_prob=1.0),
     )
 
+    # a FIFO as a dataset: each poll is refused at once (it blocked an effect thread forever)
+    fifo = stack.workdir / "data" / "fifo.txt"
+    os.mkfifo(fifo)
+    cloud.downstream("dataset", "insert", dataset_resource("fifo-dataset", str(fifo)))
+
     # round 1 runs; the worker then swaps the next round's data dir for a link elsewhere
     train_round(cloud, out, 1, after=0)
     cloud.report(JOB, "eval", "completed", model(out / "eval" / "1" / "m.pkl", b"model 1"))
@@ -158,6 +163,7 @@ def test_swapped_dirs_system_dirs_and_huge_lines_are_refused(stack: Stack) -> No
 
     log = controller.log()
     assert "huge.txt: the line at byte 0 is longer than 1048576 bytes" in log
+    assert "fifo.txt is a FIFO, not a regular file" in log
     assert cloud.samples("huge-dataset") == []
     assert cloud.upstream("huge-job") == []
     assert peak_rss_mb(controller) < 300
