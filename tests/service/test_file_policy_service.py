@@ -16,6 +16,7 @@ from tests.harness import (
     dataset_resource,
     job_resource,
     lines,
+    metric_sum,
     wait_ingress,
 )
 from tests.stack import Stack
@@ -126,6 +127,7 @@ def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack)
         "$.spec.url: '/etc/passwd' is in the system directory /etc",
     ]
     assert cloud.upstream("root-job") == cloud.upstream("etc-job") == []
+    assert metric_sum(controller, "lifelong_rejections_total", reason="path_refused") == 3
 
     # a 512 MiB sparse one-line dataset: its poll is refused; the controller stays small
     huge = stack.workdir / "data" / "huge.txt"
