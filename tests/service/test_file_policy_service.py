@@ -163,9 +163,15 @@ def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack)
     assert "out/deploy is a symbolic link" in deploy_failure(cloud, after)
     assert list(victim.iterdir()) == []
 
-    log = controller.log()
-    assert "huge.txt: the line at byte 0 is longer than 1048576 bytes" in log
-    assert "fifo.txt is a FIFO, not a regular file" in log
+    # both datasets are reported unreadable on the errors topic, with the reason
+    def unreadable(name: str) -> str | None:
+        prefix = f"dataset default/{name} cannot be read: "
+        return next((r["reason"] for r in cloud.errors() if r["reason"].startswith(prefix)), None)
+
+    huge_reason = cloud.wait_for(lambda: unreadable("huge-dataset"), 15, "huge unreadable")
+    assert "huge.txt: the line at byte 0 is longer than 1048576 bytes" in huge_reason
+    fifo_reason = cloud.wait_for(lambda: unreadable("fifo-dataset"), 15, "fifo unreadable")
+    assert "fifo.txt is a FIFO, not a regular file" in fifo_reason
     assert cloud.samples("huge-dataset") == []
     assert cloud.upstream("huge-job") == []
     assert peak_rss_mb(controller) < 300
