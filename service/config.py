@@ -22,6 +22,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
 from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
+from service.core.paths import DataRoots, segments, system_dir_of
 from service.errors import ConfigError
 from service.urls import redact_url
 
@@ -41,6 +42,11 @@ _BEARER_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}=*")
 _BEARER_TOKEN_RULE = (
     "a bearer token must be at least 16 letters, digits or - . _ ~ + / (then optional =)"
 )
+_KIB = 1 << 10
+_SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
+_MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
+_MAX_LINE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +67,9 @@ class Config:
     gm_address: str = ""
     http_token: str = dataclasses.field(default="", repr=False)
     http_token_file: str = ""
+    data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"
+    max_model_bytes: int = 4 << 30
+    max_line_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
@@ -93,6 +102,15 @@ class Config:
         if "node_name" not in values:
             values["node_name"] = _NODE_NAME.parse(socket.gethostname(), "hostname")
         return cls(**values)  # type: ignore[arg-type]
+
+    def path_policy(self) -> DataRoots:
+        """Where a job's local files may lie: the data roots (default: the volume prefix,
+        the host's root as mounted, else "/") with the volume prefix."""
+        if self.data_roots:
+            roots = tuple(self.data_roots.split(":"))
+        else:
+            roots = (self.volume_prefix or "/",)
+        return DataRoots(roots=roots, prefix=self.volume_prefix)
 
     def upstream_topic_for(self, namespace: str) -> str:
         """The topic a status of a resource in `namespace` is published to."""
@@ -366,6 +384,47 @@ def _parse_token_file(value: str, source: str) -> str:
     return value
 
 
+def _parse_data_roots(value: str, source: str) -> str:
+    """':'-separated absolute directories (as PATH), each normalized to no trailing '/';
+    empty for the default. A system directory cannot be a root: nothing beneath it is
+    allowed anyway."""
+    if value == "":
+        return value
+    roots: list[str] = []
+    for root in value.split(":"):
+        parts = segments(root)
+        if not root or parts is None:
+            raise ConfigError(
+                f"{source}: data root {root!r} must be an absolute path without '..' "
+                "(roots are separated by ':')"
+            )
+        normal = "/" + "/".join(parts)
+        system = system_dir_of(normal)
+        if system not in (None, "/"):
+            raise ConfigError(f"{source}: data root {root!r} is in the system directory {system}")
+        roots.append(normal)
+    return ":".join(roots)
+
+
+def _parse_bytes(value: str, source: str, minimum: int, maximum: int) -> int:
+    """A byte count: digits with an optional KiB, MiB, GiB or TiB."""
+    match = _SIZE_RE.fullmatch(value.strip())
+    if match is None:
+        raise ConfigError(f"{source}: {value!r} is not a size (bytes, or with KiB/MiB/GiB/TiB)")
+    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+    if not minimum <= size <= maximum:
+        raise ConfigError(f"{source}: {value!r} must be between {minimum} and {maximum} bytes")
+    return size
+
+
+def _parse_model_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, 1, 2**63 - 1)
+
+
+def _parse_line_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, _MIN_LINE_BYTES, _MAX_LINE_BYTES)
+
+
 @dataclass(frozen=True)
 class _Setting:
     """One configurable value: where it is read from and how it is parsed."""
@@ -453,5 +512,19 @@ _SETTINGS: tuple[_Setting, ...] = (
         "http_token_file", "LIFELONG_HTTP_TOKEN_FILE", "--http-token-file", _parse_token_file,
         "file holding that token, e.g. a mounted Kubernetes secret (read at start-up)", "none",
         "FILE",
+    ),
+    _Setting(
+        "data_roots", "LIFELONG_DATA_ROOTS", "--data-roots", _parse_data_roots,
+        "':'-separated directories a job's local files (datasets, output dirs, models) must "
+        "lie under", "the volume prefix if set, else /", "DIRS",
+    ),
+    _Setting(
+        "max_model_bytes", "LIFELONG_MAX_MODEL_BYTES", "--max-model-bytes", _parse_model_bytes,
+        "largest model the deploy copy takes (bytes, or with KiB/MiB/GiB)", "4GiB", "SIZE",
+    ),
+    _Setting(
+        "max_line_bytes", "LIFELONG_MAX_LINE_BYTES", "--max-line-bytes", _parse_line_bytes,
+        "longest dataset line (1MiB..1GiB); a longer one stops the dataset with a reason",
+        "1MiB", "SIZE",
     ),
 )  # fmt: skip

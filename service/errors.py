@@ -26,6 +26,7 @@ RejectCode = Literal[
     "unknown_job",
     "immutable_field",
     "rollback_refused",
+    "path_refused",
 ]
 
 
@@ -62,6 +63,11 @@ class PermanentError(ServiceError):
 
 class BrokerRefused(PermanentError):
     """The MQTT broker refused our CONNECT (bad password, not authorised) or a publish."""
+
+
+class Refused(PermanentError):
+    """The file access policy forbids the path or object: outside the data roots or the job's
+    output, a symlink, not a regular file, over a size cap. Never worth retrying."""
 
 
 class TransientError(ServiceError):

@@ -75,6 +75,7 @@ class Intake:
         gm_factory: GmFactory | None = None,
     ) -> None:
         self._downstream_topic = config.downstream_topic()
+        self._data_roots = config.path_policy()
         self._store = store
         self._leases = leases
         self._rejections = rejections
@@ -183,7 +184,9 @@ class Intake:
 
     def _accept(self, msg: Inbound, now_ms: int) -> Accepted:
         if msg.topic in (self._downstream_topic, GM_TOPIC):
-            return accept_downstream(msg.topic, msg.payload, now_ms)
+            return accept_downstream(
+                msg.topic, msg.payload, now_ms, data_roots=self._data_roots
+            )
         worker = worker_topic_name(msg.topic)
         if worker is None:
             raise InvalidMessage(f"no handler for topic {msg.topic!r}", code="unknown_topic")
