@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Protocol
 
 from service import config as config_mod
-from service import demo, embedded, ops, schemas, worker
+from service import demo, embedded, ops, rollback_cli, schemas, worker
 from service.errors import ConfigError, ServiceError, TransientError
 from service.logs import redact, setup_logging
 from service.runtime import Replica
@@ -38,7 +38,7 @@ class CommandModule(Protocol):
 
 
 #: Modules contributing further subcommands (apply, get, worker, demo, ...).
-COMMAND_MODULES: list[CommandModule] = [ops, worker, demo]
+COMMAND_MODULES: list[CommandModule] = [ops, rollback_cli, worker, demo]
 
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2

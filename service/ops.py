@@ -39,6 +39,7 @@ from service import config as config_mod
 from service import messages
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
+from service.core.rounds import decode_rounds
 from service.core.state import DatasetState, JobState, State, decode_state
 from service.errors import (
     BrokerRefused,
@@ -52,6 +53,7 @@ from service.history import decode_records, last_change_ms
 from service.keys import DATASET_KIND, JOB_KIND, Keys, rkey
 from service.logs import redact, setup_logging
 from service.messages import Dataset, LifelongLearningJob
+from service.rounds_view import describe_json, describe_lines, get_columns
 from service.tables import (
     dataset_row,
     describe_dataset,
@@ -156,14 +158,21 @@ GET_EXAMPLES = (
   lifelong get jobs -o json | jq '.[].phase'
 
 STATE is the job's step (waiting, preparing, running, copying), or no-dataset when its
-dataset is unknown and paused when its dataset was deleted."""
+dataset is unknown and paused when its dataset was deleted. DEPLOYED is the round whose
+model the deploy file holds, METRIC its main metric (the deploy condition's, else the first
+reported) as measured in that round."""
     + _COMMON_NOTE
 )
 
 DESCRIBE_EXAMPLES = (
     """examples:
   lifelong describe job atcii-classifier-demo
+  lifelong describe job atcii-classifier-demo -o json | jq '.rounds[-1]'
   lifelong describe dataset lifelong-atcii-dataset -n team-a --history 50
+
+A job shows its deploy gate, the deployed model (and the versions a rollback can restore)
+and its last 50 rounds (times, sample counts, the metrics of the new and of the deployed
+model, why a round was not deployed) under a sparkline of the main metric.
 """
     + _COMMON_NOTE
 )
@@ -294,6 +303,10 @@ def _add_describe(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     describe.add_argument(
         "--history", type=_count_arg, default=DEFAULT_HISTORY, metavar="N",
         help=f"history events to show (default: {DEFAULT_HISTORY}, at most 100)",
+    )  # fmt: skip
+    describe.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text",
+        help="json: a job's deploys and rounds as data (datasets: text only)",
     )  # fmt: skip
     _add_connection_flags(describe)
     describe.set_defaults(func=_describe)
@@ -879,7 +892,7 @@ def _get(args: argparse.Namespace) -> int:
     for key, raw in raw_states.items():
         state = None if raw is None else _state_or_none(key, raw)
         if isinstance(state, JobState):
-            rows.append(job_row(state, changed[key], now_ms))
+            rows.append({**job_row(state, changed[key], now_ms), **get_columns(state)})
         elif isinstance(state, DatasetState):
             rows.append(dataset_row(state, changed[key], now_ms))
     if args.output == "json":
@@ -916,12 +929,17 @@ def _describe(args: argparse.Namespace) -> int:
         resource = store.load_resource(key)
         records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
         users = store.dataset_jobs(key) if args.kind == DATASET_WIRE_KIND else []
+        rounds = decode_rounds(store.rounds(key)) if args.kind == JOB_WIRE_KIND else []
     state = _state_or_none(key, raw)
     if state is None:
         return EXIT_PROBLEM
+    if args.output == "json" and isinstance(state, JobState):
+        print(redact(json.dumps(describe_json(state, rounds), indent=2)))
+        return EXIT_OK
     now_ms = time.time_ns() // 1_000_000
     if isinstance(state, JobState):
         lines = describe_job(state, _decoded_job(resource), records, now_ms)
+        lines += describe_lines(state, rounds)
     else:
         lines = describe_dataset(state, users, records, now_ms)
     lines += history_lines(records[-args.history :], now_ms)

@@ -201,6 +201,8 @@ def test_apply_get_describe_watch_delete(stack: Stack, tmp_path: Path) -> None:
             "pending": "0",
             "eval-batches": "1",
             "age": rows[0]["age"],
+            "deployed": "-",
+            "metric": "-",
         }
     ]
     table = run_cli(env, "get", "jobs")
@@ -208,6 +210,7 @@ def test_apply_get_describe_watch_delete(stack: Stack, tmp_path: Path) -> None:
     header, row = table.stdout.splitlines()
     assert header.split() == [
         "NAMESPACE", "NAME", "PHASE", "STATE", "VERSION", "PENDING", "EVAL-BATCHES", "AGE",
+        "DEPLOYED", "METRIC",
     ]  # fmt: skip
     assert row.split()[:7] == ["default", JOB, "train", "running", "1", "0", "1"]
     datasets = get_json(env, "datasets")
