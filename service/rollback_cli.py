@@ -3,9 +3,10 @@
 The command sends a `rollback` of the job on its node's downstream topic (content
 `{"version": V}`, or none for the version deployed before the current one), the same durable
 intake every downstream message goes through, and waits for the outcome the controller
-publishes: a deploy `ready` upstream carrying `rollback` (exit 0), or a record on the errors
-topic whose reason starts with `rollback of job <namespace>/<name>` (exit 1, the reason
-printed). It subscribes to both before it sends, so the answer cannot slip past.
+publishes: a deploy `ready` upstream carrying `rollback` (exit 0, said on stdout), or a
+record on the errors topic whose reason starts with `rollback of job <namespace>/<name>`
+(exit 1, the reason on stderr). It subscribes to both before it sends, so the answer cannot
+slip past.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import sys
 import time
 from typing import Any
 
@@ -108,7 +110,7 @@ def _rollback(args: argparse.Namespace) -> int:
             f"serving node {node}? (`lifelong watch` shows what it says)"
         )
     ok, text = answer
-    print(text, flush=True)
+    print(text, file=sys.stdout if ok else sys.stderr, flush=True)
     return ops.EXIT_OK if ok else ops.EXIT_PROBLEM
 
 

@@ -259,7 +259,8 @@ def rollback_copied(job: JobState, event: ModelCopied, out: Recorder) -> JobStat
         subject = json.dumps({"job": f"{job.namespace}/{job.name}", "version": target.version})
         out.add(Refused(code="rollback_refused", reason=f"{reason}refused: {event.error}",
                         subject=subject))  # fmt: skip
-        out.add(RecordRound(record=replace(record, outcome="refused", reason=event.error)))
+        refused = replace(record, outcome="refused", reason=event.error, candidate={})
+        out.add(RecordRound(record=refused))
         if _waiting_on(job, target.version):
             why = f"the rollback to version {target.version} it was compared with failed"
             return _hold_back(job, why, _results_kept(job), out)
