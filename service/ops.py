@@ -121,7 +121,10 @@ _REFERENCE: dict[str, dict[str, Any]] = {
                 },
             },
             "evalSpec": {"template": {}},
-            "deploySpec": {"template": {}},
+            "deploySpec": {
+                "template": {},
+                "trigger": {"condition": {"operator": "", "threshold": 0, "metric": "accuracy"}},
+            },
             "outputDir": "/output",
         },
     },

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import msgspec
 import pytest
 
+from service import ops
 from service.cli import main
 from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord
@@ -152,3 +155,20 @@ def test_a_bad_version_is_a_usage_error(text: str) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["rollback", "job", "j", "--to-version", text])
     assert exited.value.code == 2
+
+
+def test_validate_knows_the_deploy_condition() -> None:
+    job = copy.deepcopy(ops._REFERENCE["lifelonglearningjob"])
+    job["spec"]["deploySpec"]["trigger"] = {
+        "condition": {"operator": ">", "threshold": "1e999", "metric": "acc[x]"}
+    }
+    _, problems = ops.resource_problems(job)
+    assert [(p.path, p.reason) for p in problems] == [
+        ("$.spec.deploySpec.trigger.condition.metric",
+         "must be a metric name like 'num_of_samples' or 'name[i]'"),
+        ("$.spec.deploySpec.trigger.condition.threshold", "must be a finite number"),
+    ]  # fmt: skip
+    job["spec"]["deploySpec"]["trigger"]["condition"] = {
+        "operator": "ge", "threshold": 0.02, "metric": "precision_delta[1]"
+    }
+    assert ops.resource_problems(job)[1] == []
