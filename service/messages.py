@@ -296,8 +296,9 @@ class JobInput(_Wire, frozen=True, kw_only=True):
     """What the next worker gets; note Sedna's capitals in `dataURL` and `dataIndexURL`.
 
     For a job with a deploy condition, once a model is deployed, an eval round's `models`
-    ends with the deployed model (the deploy file), which `deployedModel` names again: the
-    eval worker reports the new model's result first and the deployed one's second.
+    ends with the deployed model (its own round's model file, of which the deploy file is a
+    copy), which `deployedModel` names again: the eval worker reports the new model's result
+    first and the deployed one's second.
     """
 
     models: list[ModelRef] = []

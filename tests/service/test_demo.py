@@ -11,6 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
+from service.demo.progress import Progress
+
 DEMO = [sys.executable, "-m", "service.cli", "demo", "--fast"]
 BUDGET_S = 60
 LAST_LINE = re.compile(
@@ -93,3 +97,38 @@ def test_demo_stops_everything_it_started_on_sigterm() -> None:
     while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in started if alive(pid)]
+
+
+def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
+    progress = Progress()
+
+    def status(content: dict[str, object]) -> str | None:
+        return progress.update({"header": {}, "content": content})
+
+    gate = {"metric": "accuracy_delta", "operator": ">", "threshold": 0.05, "version": 1}
+    status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/1"}})
+    status({"phase": "eval", "status": "ready", "input": {"outputDir": "/o/eval/1"}})
+    assert status({"phase": "deploy", "status": "ready", "input": {},
+                   "gate": {**gate, "holds": True}}) == (
+        "round 1: deployed (accuracy_delta: nothing deployed to beat)"
+    )  # fmt: skip
+    status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/2"}})
+    evaluating = status({"phase": "eval", "status": "ready",
+                         "input": {"outputDir": "/o/eval/2", "deployedModel": {"url": "/m"}}})
+    assert evaluating == "round 2: evaluating on 0 samples (and the deployed model)"
+    models = [{"metrics": {"accuracy": [0.91]}}, {"metrics": {"accuracy": [0.9]}}]
+    assert status({"phase": "eval", "status": "completed",
+                   "output": {"models": models, "ownerInfo": {}}}) == (
+        "round 2: eval accuracy 0.91 (deployed model 0.90)"
+    )  # fmt: skip
+    held = {**gate, "holds": False, "value": 0.01, "version": 2}
+    assert status({"phase": "deploy", "status": "completed", "output": {"models": models},
+                   "gate": held}) == (
+        "round 2: held back by the deploy gate (accuracy_delta = +0.01, needs > 0.05)"
+    )  # fmt: skip
+    assert (progress.finished, progress.deployed, progress.held_back) == (2, 1, 1)
+    console = Console(width=140, record=True)
+    console.print(progress.table(3, 5.0))
+    view = " ".join(console.export_text().split())  # the caption wraps
+    assert "│ 2 │ held back │" in view
+    assert "1/3 rounds deployed, 1 held back by the deploy gate (accuracy_delta > 0.05)" in view
