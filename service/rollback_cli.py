@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         commands, "rollback", "put an earlier round's model back in a job's deploy file",
         ROLLBACK_EXAMPLES,
     )  # fmt: skip
-    parser.add_argument("kind", choices=("job",), metavar="job")
+    parser.add_argument("kind", choices=("job", JOB_WIRE_KIND), metavar="job")
     parser.add_argument("name", type=ops._name_arg, metavar="NAME")
     parser.add_argument(
         "--to-version", type=_version_arg, default=None, metavar="V",

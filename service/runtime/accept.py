@@ -67,7 +67,8 @@ def target_of(event: Event) -> str:
 def accept_downstream(
     topic: str, payload: bytes, received_ms: int, *, data_roots: DataRoots | None = None
 ) -> Accepted:
-    """A downstream envelope (insert or delete of a dataset or job) as an event.
+    """A downstream envelope (insert or delete of a dataset or job, a job's rollback) as an
+    event.
 
     With ``data_roots``, a dataset url or job outputDir outside them (or in a system
     directory) is refused too.
