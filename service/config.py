@@ -18,17 +18,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
-from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
 from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
 from service.core.paths import DataRoots, segments, system_dir_of
 from service.errors import ConfigError
-from service.urls import redact_url
+from service.urls import parse_redis_url
 
 LogFormat = Literal["text", "json"]
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
 _UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
 _LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 _MAX_NODE_NAME_CHARS = 253
@@ -61,6 +59,7 @@ class Config:
     volume_prefix: str = ""
     http_addr: str = "127.0.0.1:9100"
     key_prefix: str = "lifelong"
+    redis_min_replicas: int | None = None
     dataset_poll_s: float = 60
     lease_s: float = 10
     log_format: LogFormat = "text"
@@ -75,6 +74,8 @@ class Config:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
         for setting in _SETTINGS:
             value = getattr(self, setting.field)
+            if value is None:
+                continue  # an optional setting left to its default
             setting.check(value if isinstance(value, str) else repr(value), setting.env)
         if self.http_token and self.http_token_file:
             raise ConfigError(
@@ -111,6 +112,13 @@ class Config:
         else:
             roots = (self.volume_prefix or "/",)
         return DataRoots(roots=roots, prefix=self.volume_prefix)
+
+    def min_replicas(self) -> int:
+        """Replicas a write must reach before it is acted on: as set, else 0 for a single
+        Redis server and 1 behind Sentinel or in a Cluster."""
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return parse_redis_url(self.redis_url).default_min_replicas
 
     def upstream_topic_for(self, namespace: str) -> str:
         """The topic a status of a resource in `namespace` is published to."""
@@ -183,27 +191,6 @@ def _lookup(
     return None, setting.env
 
 
-def _split_url(value: str, source: str, schemes: tuple[str, ...]) -> SplitResult:
-    shown = redact_url(value)
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ConfigError(f"{source}: {shown!r} is not a valid URL ({_no_secret(e)})") from None
-    if parts.scheme.lower() not in schemes:
-        wanted = ", ".join(f"{s}://" for s in schemes)
-        raise ConfigError(f"{source}: scheme of {shown!r} must be one of {wanted}")
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{source}: port {port} is outside 1..65535")
-    return parts
-
-
-def _no_secret(error: ValueError) -> str:
-    """urlsplit's messages may quote the port text; keep only the kind of failure."""
-    text = str(error)
-    return "bad port" if "port" in text.lower() else "malformed"
-
-
 def _parse_mqtt_url(value: str, source: str) -> str:
     """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
     try:
@@ -214,17 +201,14 @@ def _parse_mqtt_url(value: str, source: str) -> str:
 
 
 def _parse_redis_url(value: str, source: str) -> str:
-    parts = _split_url(value, source, _REDIS_SCHEMES)
-    if parts.scheme.lower() == "unix":
-        if not parts.path.startswith("/"):
-            raise ConfigError(f"{source}: a unix:// Redis URL needs an absolute socket path")
-        return value
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {redact_url(value)!r} names no Redis host")
-    database = parts.path.lstrip("/")
-    if database and not database.isdigit():
-        raise ConfigError(f"{source}: Redis database {database!r} is not a number")
+    parse_redis_url(value, source)
     return value
+
+
+def _parse_min_replicas(value: str, source: str) -> int:
+    if not value.strip().isdigit():
+        raise ConfigError(f"{source}: {value!r} is not a whole number of replicas (0 or more)")
+    return int(value)
 
 
 def _check_topic_level(value: str, source: str, what: str) -> None:
@@ -460,7 +444,15 @@ _SETTINGS: tuple[_Setting, ...] = (
     ),
     _Setting(
         "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,
-        "Redis URL (rediss:// for TLS, unix:// for a socket)", "redis://127.0.0.1:6379/0", "URL",
+        "Redis URL: redis:// (rediss:// for TLS, unix:// for a socket), "
+        "redis+sentinel://host:port[,...]/<master>[/<db>] or redis+cluster://host:port[,...]",
+        "redis://127.0.0.1:6379/0", "URL",
+    ),
+    _Setting(
+        "redis_min_replicas", "LIFELONG_REDIS_MIN_REPLICAS", "--redis-min-replicas",
+        _parse_min_replicas,
+        "replicas (Redis WAIT) that must hold a write before it is acknowledged or acted on",
+        "0 for one server, 1 for Sentinel and Cluster", "N",
     ),
     _NODE_NAME,
     _Setting(
