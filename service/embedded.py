@@ -9,6 +9,7 @@ watched by sentinels, and a Redis Cluster (`redis-cli --cluster create`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from service.errors import ConfigError
 
@@ -278,17 +280,16 @@ class SentinelTopology:
         masters = [s for s in self.data if s.proc is not None and _role(s.port) == "master"]
         if len(masters) != 1:
             return False
-        info = _info(masters[0].port, "replication")
-        running = sum(1 for s in self.data if s.proc is not None) - 1
-        online = [
-            value
-            for key, value in info.items()
-            if key.startswith("slave")
-            and isinstance(value, dict)
-            and value.get("state") == "online"
-        ]
-        offset = info["master_repl_offset"]
-        return len(online) == running and all(v.get("offset") == offset for v in online)
+        replicas = sum(1 for s in self.data if s.proc is not None) - 1
+        return _caught_up(masters[0].port, replicas)
+
+
+def _caught_up(port: int, replicas: int) -> bool:
+    """Whether ``replicas`` replicas hold everything the master on ``port`` took so far (a
+    probe write, then WAIT for it; replication keeps the master's order)."""
+    with _client(port) as client:
+        client.set("embedded:sync-probe", "1", px=60_000)
+        return int(client.wait(replicas, 500)) >= replicas
 
 
 def _role(port: int) -> object:
@@ -392,14 +393,7 @@ class ClusterTopology:
         masters = [n for n in running if _role(n.port) == "master"]
         if len(masters) != self.masters:
             return False
-        for master in masters:
-            info = _info(master.port, "replication")
-            if int(str(info["connected_slaves"])) < 1:
-                return False
-            replica = info.get("slave0")
-            if not isinstance(replica, dict) or replica.get("state") != "online":
-                return False
-        return True
+        return all(_caught_up_in_cluster(master.port) for master in masters)
 
     def wait_promoted(self, old: Server, timeout_s: float = 30) -> None:
         """Block until the cluster replaced the dead master ``old`` and serves every slot."""
@@ -417,6 +411,26 @@ class ClusterTopology:
             if "cluster_state:ok" not in text.split():
                 return False
         return True
+
+
+def _caught_up_in_cluster(port: int) -> bool:
+    """`_caught_up` for a cluster master and its one replica (the probe key hashes to a slot
+    the master serves)."""
+    with _client(port) as client:
+        ranges = [
+            (int(first), int(last))
+            for first, last, primary, *_ in client.execute_command("CLUSTER", "SLOTS")
+            if int(primary[1]) == port
+        ]
+        if not ranges:
+            return False
+        tag = next(
+            str(i)
+            for i in itertools.count()
+            if any(first <= key_slot(str(i).encode()) <= last for first, last in ranges)
+        )
+        client.set(f"embedded:sync-probe:{{{tag}}}", "1", px=60_000)
+        return int(client.wait(1, 500)) >= 1
 
 
 def _cluster_roles(nodes_text: str) -> dict[int, str]:
