@@ -14,50 +14,24 @@ second one complete; every check of `Fleet.check` holds.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import redis
 
 from service.embedded import ClusterTopology, SentinelTopology, Server
 from service.keys import Keys, shard_of
-from tests.faults.rounds import Fleet, topology_stack, wait_until
+from tests.faults.rounds import (
+    Fleet,
+    cut_off,
+    markers,
+    reached,
+    replica_of,
+    topology_stack,
+    wait_until,
+)
 from tests.integration.harness import NS
 
 JOBS = 3
 KEYS = Keys()
-
-
-@contextlib.contextmanager
-def cut_off(replica: Server, master: Server) -> Iterator[None]:
-    """Freeze the replica and close its replication link: the master's later writes never
-    reach it. Thawed on the way out (it then finds its master gone)."""
-    replica.freeze()
-    try:
-        with redis.Redis(port=master.port) as raw:
-            raw.client_kill_filter(_type="replica")
-        yield
-    finally:
-        replica.thaw()
-
-
-def markers(master: Server) -> int:
-    """Messages the master took in recently (each leaves a dedupe marker for a minute)."""
-    with redis.Redis(port=master.port) as raw:
-        return sum(1 for _ in raw.scan_iter(match="lifelong:*:seen:*", count=1000))
-
-
-def reached(master: Server, before: int) -> None:
-    """Wait until the master took in one of the reports sent since it had ``before`` markers."""
-    wait_until(lambda: markers(master) > before, 20, "a report to reach the master")
-
-
-def replica_of(master: Server, nodes: list[Server]) -> Server:
-    with redis.Redis(port=master.port, decode_responses=True) as raw:
-        port = int(raw.info("replication")["slave0"]["port"])
-    return next(n for n in nodes if n.port == port)
 
 
 def test_sentinel_failover_loses_no_accepted_report(
@@ -118,3 +92,30 @@ def test_cluster_failover_loses_no_accepted_report(
         fleet.train_reports()
         fleet.finish_round()
         fleet.check(cluster.url)
+
+
+def test_a_replica_slower_than_the_wait_changes_nothing(
+    tmp_path: Path, mosquitto: Server, sentinel: SentinelTopology
+) -> None:
+    """No failover: the replica stalls past the WAIT bound and then catches up, so writes
+    the controller saw as not done did happen. Reports are still applied exactly once (the
+    intake retries its appends as redeliveries), the HTTP endpoint says 503 meanwhile (not
+    accepted), and nothing goes upstream before the replica holds it."""
+    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
+        r1 = stack.start("r1")
+        fleet = Fleet.create(stack, 1)
+        fleet.next_round()
+        replica = replica_of(sentinel.master(), sentinel.data)
+        published = len(stack.cloud.upstream())
+        replica.freeze()
+        try:
+            fleet.train_reports()
+            wait_until(
+                lambda: "ingress not durable yet" in r1.log(), 20, "the intake to hold reports"
+            )
+            assert fleet.post_running(r1, fleet.jobs[0]) == 503
+            assert len(stack.cloud.upstream()) == published  # nothing acted on
+        finally:
+            replica.thaw()
+        fleet.finish_round()
+        fleet.check(sentinel.url)
