@@ -391,6 +391,7 @@ def test_fence_never_goes_back_when_its_counter_was_lost(
     assert second is not None
     assert fence_of(second) > fence_of(first)
     raw.delete(lease, fence)  # the counter gone altogether
+    time.sleep(0.01)
     third = store.acquire(lease, fence, "r1", TTL_MS)
     assert third is not None and fence_of(third) > fence_of(second)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from service.embedded import Server
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, shard_of
 from tests.faults.conftest import DurableCloud, kind_of
-from tests.integration.harness import (
+from tests.harness import (
     NODE,
     NS,
     PREFIX,
@@ -36,6 +35,7 @@ from tests.integration.harness import (
     job_resource,
     lines,
 )
+from tests.wait import wait_until
 
 DATASET = "ha-dataset"
 LINES_PER_ROUND = 10
@@ -80,17 +80,6 @@ def topology_stack(tmp_path: Path, broker: Server, redis_url: str) -> Iterator[T
         for controller in stack.controllers.values():
             controller.kill()
         cloud.close()
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from tests.faults.rounds import (
     topology_stack,
     wait_until,
 )
-from tests.integration.harness import NS
+from tests.harness import NS
 
 JOBS = 3
 KEYS = Keys()

@@ -30,7 +30,7 @@ from tests.faults.rounds import (
     topology_stack,
     wait_until,
 )
-from tests.integration.harness import NS
+from tests.harness import NS
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
