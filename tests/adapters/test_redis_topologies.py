@@ -280,6 +280,10 @@ def test_cluster_waits_on_the_node_that_took_the_write(shared_cluster: ClusterTo
             assert store.append_ingress(other, b"fine") is not None
             with pytest.raises(StoreUnavailable, match="replica"):
                 store.append_ingress(2, b"unconfirmed")
+            for items in ([(other, b"a", None, False), (2, b"b", None, False)],
+                          [(2, b"c", None, False), (other, b"d", None, False)]):  # fmt: skip
+                with pytest.raises(StoreUnavailable, match="replica"):
+                    store.append_many(items)  # one call, two nodes: each node's WAIT counts
         shared_cluster.wait_healthy()
 
 
