@@ -161,6 +161,9 @@ def running(*servers: Server) -> Iterator[tuple[Server, ...]]:
 # --- replicated Redis topologies (tests and the benchmark) ------------------------------
 
 SENTINEL_MASTER = "lifelong"
+#: Sentinels' failover-timeout: after a failover of a master they start none for the same
+#: master within twice this (tests killing masters in a row wait that long in between).
+SENTINEL_FAILOVER_TIMEOUT_MS = 3_000
 _DATA_NODE_ARGS = (
     # a replica starts its sync at once instead of waiting 5 s for more replicas to join
     "--repl-diskless-sync-delay",
@@ -315,7 +318,7 @@ def sentinel_topology(workdir: Path, replicas: int = 1, sentinels: int = 3) -> S
             f"port {port}\nbind 127.0.0.1\ndir {home}\n"
             f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master.port} 2\n"
             f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
-            f"sentinel failover-timeout {SENTINEL_MASTER} 3000\n"
+            f"sentinel failover-timeout {SENTINEL_MASTER} {SENTINEL_FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
         )
         binary = find_binary("redis-server", "/usr/bin/redis-server")
