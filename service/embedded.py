@@ -41,12 +41,17 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
 
 
+#: The Debian package of each binary started here.
+_PACKAGES = {"mosquitto": "mosquitto", "redis-server": "redis-server", "redis-cli": "redis-tools"}
+
+
 def find_binary(name: str, *fallbacks: str) -> str:
     found = shutil.which(name) or next((f for f in fallbacks if Path(f).exists()), None)
     if found is None:
+        package = _PACKAGES.get(name, name)
         raise ConfigError(
-            f"{name} not found on PATH: install it (Debian: apt-get install mosquitto "
-            "redis-server) or use `docker compose up`"
+            f"{name} not found on PATH: install it (Debian: apt-get install {package}) "
+            "or use `docker compose up`"
         )
     return found
 
