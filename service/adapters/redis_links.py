@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -264,11 +265,13 @@ class ClusterLink:
         self._make = make
         self._barrier_key = barrier_key
         self._client: RedisCluster[bytes] | None = None
+        self._lock = threading.Lock()
 
     def _cluster(self) -> RedisCluster[bytes]:
-        if self._client is None:
-            self._client = self._make()
-        return self._client
+        with self._lock:  # every thread of the controller shares the one client
+            if self._client is None:
+                self._client = self._make()
+            return self._client
 
     def run(
         self, commands: Sequence[Routed], *, atomic: bool = False, confirm: Confirm | None = None
