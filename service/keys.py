@@ -3,7 +3,8 @@
 Per-shard keys carry the hash tag ``{s<N>}`` so that each Lua script touches one hash slot
 (Redis Cluster compatible). A resource's keys (state, resource JSON, history) live in the
 shard of its resource key (``rkey``), so a commit for one resource never leaves its slot.
-The ingress lease and its fence share the tag ``{ingress}`` (one script takes both). The
+The ingress lease, its fence and its holder's "subscribed" marker share the tag
+``{ingress}`` (one script takes lease and fence, one MGET lease and marker). The
 other global keys (live replicas, dead letters, a dataset's jobs, the GM link's state)
 carry no tag: each is only ever used alone, one key per command or transaction, so its
 slot is its own.

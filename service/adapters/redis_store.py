@@ -766,14 +766,13 @@ class RedisStore:
     def mark_ingress_subscribed(self, token: str, ttl_ms: int) -> None:
         """Say that the ingress lease holder ``token`` has its subscription acknowledged,
         for ``ttl_ms`` (renewed with the lease, so it lapses with a dead holder)."""
-        with _store_errors("mark_ingress_subscribed"):
-            self._client.set(self.keys.ingress_subscribed(), token, px=ttl_ms)
+        key = self.keys.ingress_subscribed()
+        self._run([Routed(key, ("SET", key, token, "PX", ttl_ms))], what="mark_ingress_subscribed")
 
     def ingress_subscribed(self) -> bool:
         """Whether the current ingress lease holder said its subscription is acknowledged."""
         keys = (self.keys.ingress_lease(), self.keys.ingress_subscribed())  # one slot
-        with _store_errors("ingress_subscribed"):
-            lease, marker = self._client.mget(keys)
+        [(lease, marker)] = self._run([Routed(keys[0], ("MGET", *keys))], what="ingress_subscribed")
         return lease is not None and lease == marker
 
     # -- replicas ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ def script_key_sets() -> list[tuple[str, ...]]:
         sets.append((k.lease(s), k.effects(s), k.ingress(s)))  # complete_effect
         sets.append((k.lease(s), k.fence(s)))  # acquire
     sets.append((k.ingress_lease(), k.ingress_fence()))  # acquire of the ingress lease
+    sets.append((k.ingress_lease(), k.ingress_subscribed()))  # one MGET
     return sets
 
 

@@ -137,6 +137,9 @@ def test_every_operation_on_a_cluster(shared_cluster: ClusterTopology) -> None:
         lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
         ingress = store.acquire(lease, fence, "r1", TTL_MS)
         assert ingress is not None and store.lease_holder(lease) == ingress
+        assert not store.ingress_subscribed()
+        store.mark_ingress_subscribed(ingress, TTL_MS)
+        assert store.ingress_subscribed()  # lease and marker read in one MGET, one slot
         assert store.renew(lease, ingress, TTL_MS) and store.release(lease, ingress)
         assert store.heartbeat("r1", 1_000, TTL_MS) == ["r1"]
         assert store.heartbeat("r2", 1_000, TTL_MS) == ["r1", "r2"]
