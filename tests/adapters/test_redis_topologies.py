@@ -1,6 +1,6 @@
 """The store on a real Redis Cluster and behind real sentinels: every operation stays in one
-slot, commits and reads span nodes, failovers are transient outages, and a write too few
-replicas confirmed is not done."""
+slot, commits and reads span nodes, a write too few replicas confirmed is not done, and (in
+`make soak`) failovers are transient outages after which every confirmed write is there."""
 
 from __future__ import annotations
 
@@ -191,6 +191,7 @@ def test_flushed_scripts_are_reloaded_on_every_cluster_node(
         assert all(isinstance(o, list) for o in outcomes)
 
 
+@pytest.mark.soak  # make test keeps one failover per kind: faults/test_redis_failover.py
 def test_a_cluster_master_killed_is_an_outage_then_its_replica_serves(
     shared_cluster: ClusterTopology,
 ) -> None:
@@ -211,6 +212,7 @@ def test_a_cluster_master_killed_is_an_outage_then_its_replica_serves(
         round_trip_every_shard(store, tokens, "after")
 
 
+@pytest.mark.soak  # as above
 def test_a_sentinel_master_killed_is_an_outage_then_the_replica_serves(
     shared_sentinel: SentinelTopology,
 ) -> None:
