@@ -85,8 +85,9 @@ class NotReplicated(Exception):
 
 
 class SlotMoved(redis.ConnectionError):
-    """A Cluster node answered for a slot it does not serve (any more): nothing after that
-    command ran there; the slot map is refreshed and the caller retries."""
+    """A Cluster node refused a command for a slot it does not serve (any more): that one
+    did not run, others of the exchange may have; the slot map is refreshed and the caller
+    retries the operation."""
 
 
 class Link(Protocol):
@@ -278,7 +279,19 @@ class ClusterLink:
     ) -> list[Any]:
         if not commands:
             return []
-        cluster = self._cluster()
+        try:
+            return self._run(self._cluster(), commands, atomic, confirm)
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
+            self._refresh()
+            raise
+
+    def _run(
+        self,
+        cluster: RedisCluster[bytes],
+        commands: Sequence[Routed],
+        atomic: bool,
+        confirm: Confirm | None,
+    ) -> list[Any]:
         by_node: dict[str, tuple[ClusterNode, dict[int | None, list[int]]]] = {}
         for i, command in enumerate(commands):
             slot = None if command.key is None else int(cluster.keyslot(command.key))
@@ -298,11 +311,7 @@ class ClusterLink:
             for _, slots in by_node.values()
         ]
         pools = [cluster.get_redis_connection(node).connection_pool for node in nodes]
-        try:
-            return _exchange(pools, exchanges, commands)
-        except (redis.ConnectionError, redis.TimeoutError):
-            self._refresh()
-            raise
+        return _exchange(pools, exchanges, commands)
 
     def _refresh(self) -> None:
         """Re-read the slot map from any node that answers (failures leave the old one)."""
