@@ -9,9 +9,10 @@ lease expired or was taken can never write again (fencing). Every script touches
 slot: a shard's keys share the tag ``{s<N>}``, the ingress lease and its fence ``{ingress}``.
 
 The hot path per batch is exactly three round trips: ``read_ingress``, ``load`` and
-``commit``. Scripts run via EVALSHA; they are loaded on every new connection (so a restarted
-Redis, a promoted replica or a Cluster node is transparent) and, should they still be
-missing (``SCRIPT FLUSH``), loaded and the refused calls retried once.
+``commit`` (on a Cluster an idle read takes a second one, to block on one shard). Scripts
+run via EVALSHA; they are loaded on every new connection (so a restarted Redis, a promoted
+replica or a Cluster node is transparent) and, should they still be missing (``SCRIPT
+FLUSH``), loaded and the refused calls retried once.
 
 Replication is asynchronous, so a failover may lose the last writes the old master took.
 With ``min_replicas`` > 0 every write the controller acts on (an event taken in before the
@@ -19,8 +20,8 @@ broker or an HTTP client is answered, a commit before its upstream messages and 
 lease before its fencing token is used, an effect's outcome) is followed, in the same
 exchange, by ``WAIT min_replicas``; too few confirmations within the bound raise
 ``StoreUnavailable``, and the caller treats the write as not done. Reads whose content is
-about to be acted on (unsent outbox entries, pending effect intents) end with a barrier
-write and the same WAIT, so nothing a failover could take back goes out.
+about to be acted on (unsent outbox and GM outbox entries, pending effect intents) end with
+a barrier write and the same WAIT, so nothing a failover could take back goes out.
 
 Library errors never leave this module: connection-level failures, a topology in motion
 and unconfirmed writes become ``StoreUnavailable``, a fenced script ``LeaseLost``, anything
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import time
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,8 +58,6 @@ from service.adapters.redis_links import (
 from service.errors import LeaseLost, PermanentError, StoreUnavailable
 from service.keys import INGRESS_CONSUMER, INGRESS_GROUP, NUM_SHARDS, Keys, shard_of
 from service.urls import RedisTarget, parse_redis_url
-
-log = logging.getLogger("service.adapters.redis_store")
 
 HISTORY_MAXLEN = 100
 DLQ_MAXLEN = 10_000
