@@ -130,6 +130,17 @@ class Config:
         """Where the cloud sends resources for this node."""
         return f"{self.topic_prefix}/{self.node_name}/downstream"
 
+    def upstream_topic_filter(self) -> str:
+        """A subscription matching this node's upstream topic in every namespace: a level of
+        the template that holds `{namespace}` becomes `+`."""
+        levels = []
+        for level in self.upstream_topic.split("/"):
+            if "{namespace}" in level:
+                levels.append("+")
+            else:
+                levels.append(level.format(prefix=self.topic_prefix, node=self.node_name))
+        return "/".join(levels)
+
     def worker_topic_filter(self) -> str:
         """Subscription filter matching every worker's report topic on this node."""
         return f"{self.topic_prefix}/{self.node_name}/workers/+/info"
@@ -141,6 +152,20 @@ class Config:
     def presence_topic(self, replica: str) -> str:
         """Retained online/offline topic of one controller replica."""
         return f"{self.topic_prefix}/{self.node_name}/controllers/{replica}"
+
+    def presence_filter_all_nodes(self) -> str:
+        """A subscription matching every replica's presence topic, on every node."""
+        return f"{self.topic_prefix}/+/controllers/+"
+
+    def node_of_presence_topic(self, topic: str) -> str | None:
+        """The node a presence topic belongs to (None: not a presence topic under our prefix)."""
+        levels = topic.split("/")
+        is_presence = len(levels) == 4 and levels[0] == self.topic_prefix
+        return levels[1] if is_presence and levels[2] == "controllers" else None
+
+    def for_node(self, node_name: str) -> Config:
+        """The same settings for another node (its topics), checked like any node name."""
+        return dataclasses.replace(self, node_name=node_name)
 
     def http_host_port(self) -> tuple[str, int]:
         """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
@@ -211,28 +236,42 @@ def _parse_min_replicas(value: str, source: str) -> int:
     return int(value)
 
 
-def _check_topic_level(value: str, source: str, what: str) -> None:
+def _topic_level_problem(value: str, what: str) -> str | None:
     if not value:
-        raise ConfigError(f"{source}: {what} must not be empty")
+        return f"{what} must not be empty"
     bad = sorted(set(value) & {"+", "#", "/", "\0"})
     if bad:
-        raise ConfigError(f"{source}: {what} {value!r} must not contain {' '.join(bad)!r}")
+        return f"{what} {value!r} must not contain {' '.join(bad)!r}"
     if value.startswith("$"):
-        raise ConfigError(f"{source}: {what} {value!r} must not start with '$' (broker-reserved)")
+        return f"{what} {value!r} must not start with '$' (broker-reserved)"
+    return None
+
+
+def node_name_problem(value: str) -> str | None:
+    """Why `value` cannot name an edge node (it is a topic level and a DNS-1123 name), or
+    None when it can: the one rule for node names, wherever one is given."""
+    problem = _topic_level_problem(value, "node name")
+    if problem is None and (
+        len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value)
+    ):
+        problem = (
+            f"node name {value!r} is not a DNS-1123 name "
+            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return problem
 
 
 def _parse_node_name(value: str, source: str) -> str:
-    _check_topic_level(value, source, "node name")
-    if len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value):
-        raise ConfigError(
-            f"{source}: node name {value!r} is not a DNS-1123 name "
-            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
-        )
+    problem = node_name_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 
 def _parse_topic_prefix(value: str, source: str) -> str:
-    _check_topic_level(value, source, "topic prefix")
+    problem = _topic_level_problem(value, "topic prefix")
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 

@@ -45,7 +45,7 @@ from service.adapters.mqtt import MqttClient, MqttSettings
 from service.demo_model import CSV_HEADER, comfort_rows, drift_c
 from service.errors import BrokerUnavailable, ConfigError
 from service.logs import setup_logging
-from service.worker import Worker, WorkerSettings, upstream_filter
+from service.worker import Worker, WorkerSettings
 
 log = logging.getLogger("service.demo")
 
@@ -441,7 +441,7 @@ def _run_in(
 def _client(cfg: config_mod.Config) -> Iterator[MqttClient]:
     client = MqttClient(
         MqttSettings(url=cfg.mqtt_url, client_id=f"lifelong-demo-{os.getpid()}"),
-        subscriptions=[upstream_filter(cfg)],
+        subscriptions=[cfg.upstream_topic_filter()],
     )
     client.start()
     try:

@@ -1,10 +1,4 @@
-"""`lifelong`: the command line of the controller.
-
-Failures print one clear line and exit non-zero, never a traceback.
-
-Exit codes: 0 success; 1 the command ran and found a problem; 2 bad usage or configuration;
-3 a server the command needs is unreachable.
-"""
+"""`lifelong serve`: run one controller replica, optionally on its own broker and Redis."""
 
 from __future__ import annotations
 
@@ -16,33 +10,19 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
 
 from service import config as config_mod
-from service import demo, embedded, ops, schemas, worker
-from service.errors import ConfigError, ServiceError, TransientError
-from service.logs import redact, setup_logging
+from service import embedded
+from service.cli.arguments import Subcommands
+from service.cli.connections import EXIT_OK
+from service.logs import setup_logging
 from service.runtime import Replica
 
 log = logging.getLogger("service.cli")
 
-
-class CommandModule(Protocol):
-    """A module adding subcommands: `register` adds parsers and sets `func=handler`
-    (handler(args) -> exit code)."""
-
-    def register(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
-
-
-#: Modules contributing further subcommands (apply, get, worker, demo, ...).
-COMMAND_MODULES: list[CommandModule] = [ops, worker, demo]
-
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
 SWITCH_INTERVAL_S = 0.0005
 
 SERVE_EXAMPLES = """examples:
@@ -52,14 +32,8 @@ SERVE_EXAMPLES = """examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lifelong",
-        description="Edge controller of Sedna lifelong-learning jobs.",
-        epilog="exit codes: 0 ok, 1 problem found, 2 bad usage or configuration, "
-        "3 server unreachable",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def register(commands: Subcommands) -> None:
+    """Add serve."""
     serve = commands.add_parser(
         "serve",
         help="run the controller",
@@ -77,42 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start mosquitto and redis-server (from PATH) on free ports in a temporary "
         "directory and serve against them",
     )
-    schema = commands.add_parser(
-        "schemas",
-        help="generate schemas/ (JSON Schema + AsyncAPI) from the wire types",
-        description="Write the JSON Schemas and AsyncAPI document; --check only compares.",
-    )
-    schema.add_argument("--check", action="store_true", help="exit 1 if schemas/ is stale")
-    schema.add_argument("--out", default=None, help="output directory (default: schemas/)")
     serve.set_defaults(func=_serve)
-    schema.set_defaults(func=_schemas)
-    for module in COMMAND_MODULES:
-        module.register(commands)
-    return parser
-
-
-def _schemas(args: argparse.Namespace) -> int:
-    extra = ["--check"] if args.check else []
-    extra += ["--out", args.out] if args.out else []
-    return schemas.main(extra)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ConfigError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_USAGE
-    except TransientError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except ServiceError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_PROBLEM
-    except KeyboardInterrupt:
-        return 130
 
 
 @contextlib.contextmanager
@@ -153,8 +92,4 @@ def _serve(args: argparse.Namespace) -> int:
         replica.start()
         replica.wait()
         replica.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return EXIT_OK

@@ -1,7 +1,7 @@
 """What the operator commands print: tables, ages, job and dataset views, watch lines.
 
-Pure functions of stored state and messages, kept apart from the commands (service/ops.py)
-so they are tested without servers; plain text (no colours, no box drawing) so output pipes
+Pure functions of stored state and messages, kept apart from the commands so they are
+tested without servers; plain text (no colours, no box drawing) so output pipes
 cleanly into grep, awk and CI logs. Free text passes through `redact` before it is shown.
 """
 
@@ -16,6 +16,7 @@ from service import messages
 from service.core import paths, samples
 from service.core.state import DatasetState, JobState, ModelRef
 from service.history import HistoryRecord, last_change_ms
+from service.keys import parse_rkey
 from service.logs import redact
 from service.messages import LifelongLearningJob, rfc3339_utc
 
@@ -175,10 +176,9 @@ def round_files(state: JobState, records: Sequence[HistoryRecord]) -> list[tuple
     for phase in ("train", "eval"):
         if phase not in reached:
             continue
-        data_dir = paths.round_data_dir(out, phase, version)
-        files.append((f"{phase} data", paths.join(data_dir, paths.data_file(fmt))))
+        files.append((f"{phase} data", paths.round_data_file(out, phase, version, fmt)))
         if paths.needs_index(state.dataset.url, fmt):
-            files.append((f"{phase} index", paths.join(data_dir, "dataIndex.txt")))
+            files.append((f"{phase} index", paths.round_index_file(out, phase, version)))
         files.append((f"{phase} output", paths.round_output_dir(out, phase, version)))
     if "deploy" in reached:
         files.append(("deployed model", paths.deploy_model(out)))
@@ -225,7 +225,7 @@ def describe_dataset(
     """`describe dataset`: source, sample count and the jobs using it."""
     changed = last_change_ms(records)
     since = "-" if changed is None else f"{format_age(now_ms - changed)} ago"
-    jobs = ", ".join(u.partition(":")[2] or u for u in users) or "-"
+    jobs = ", ".join(_key_path(u) for u in users) or "-"
     return [
         _field("Name", state.name),
         _field("Namespace", state.namespace),
@@ -235,6 +235,14 @@ def describe_dataset(
         _field("Last change", since),
         _field("Used by", jobs),
     ]
+
+
+def _key_path(resource_key: str) -> str:
+    """`namespace/name` of a resource key (the key as it is, should it not parse)."""
+    try:
+        return parse_rkey(resource_key).path
+    except ValueError:
+        return resource_key
 
 
 def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:
