@@ -23,6 +23,7 @@ from service.config import node_name_problem
 from service.errors import InvalidMessage
 from service.logs import redact
 from service.messages import Dataset, LifelongLearningJob
+from service.wire_fields import unknown_spec_fields
 
 DEFAULT_NAMESPACE = "default"
 MAX_PROBLEMS_PER_DOCUMENT = 50
@@ -106,8 +107,10 @@ def check_document(
 ) -> Checked:
     """Validate one document as the controller would receive it from `apply`.
 
-    Every field problem found is reported, and the node name a job's template gives; once
-    the resource decodes, the insert and delete envelopes built for it are checked too.
+    Every field problem found is reported, every field of the spec the controller would not
+    understand (a misspelling would otherwise fall back to a default unnoticed), and the node
+    name a job's template gives; once the resource decodes, the insert and delete envelopes
+    built for it are checked too.
     """
     obj = doc.obj
     if not isinstance(obj, dict):
@@ -115,6 +118,7 @@ def check_document(
         return Checked(doc.where, (InvalidMessage(reason, "$"),))
     title = _title(obj)
     resource, problems = resource_problems(obj, default_namespace)
+    problems += [InvalidMessage(field.reason, field.path) for field in unknown_spec_fields(obj)]
     node, node_problem = target_node(obj, default_node)
     problems += [node_problem] if node_problem else []
     if resource is None or problems:

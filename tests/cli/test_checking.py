@@ -102,3 +102,22 @@ def test_checked_envelope_is_what_the_controller_accepts() -> None:
     assert decoded.dataset.metadata.namespace == "team-b"
     job = check(JOB, default_namespace="team-b")
     assert job.namespace == "team-a", "a namespace the document names wins"
+
+
+def test_misspelt_spec_fields_are_problems_with_a_hint() -> None:
+    job = copy(JOB)
+    job["spec"]["trainSpec"]["trigger"] = {"checkPeriodSecond": 5}
+    job["spec"]["outputDirectory"] = "/elsewhere"
+    job["spec"]["dataset"]["trainProbability"] = 0.9
+    job["spec"]["trainSpec"]["template"]["spec"]["anyField"] = 1  # templates stay free-form
+    job["metadata"]["creationTimestamp"] = "2024-05-01T00:00:00Z"  # metadata too
+    checked = check(job)
+    assert checked.envelope == b"", "nothing to send"
+    assert checked.problem_lines() == [
+        "f.yaml: document 1 (LifelongLearningJob job): $.spec.dataset.trainProbability: "
+        "unknown field (did you mean trainProb?)",
+        "f.yaml: document 1 (LifelongLearningJob job): $.spec.trainSpec.trigger."
+        "checkPeriodSecond: unknown field (did you mean checkPeriodSeconds?)",
+        "f.yaml: document 1 (LifelongLearningJob job): $.spec.outputDirectory: "
+        "unknown field (did you mean outputDir?)",
+    ]

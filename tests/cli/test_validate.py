@@ -64,3 +64,49 @@ def test_sedna_examples_validate_as_they_are() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LifelongLearningJob default/atcii-classifier-demo is valid" in result.stdout
+
+
+MISSPELT = """\
+apiVersion: sedna.io/v1alpha1
+kind: LifelongLearningJob
+metadata:
+  name: misspelt
+  creationTimestamp: "2024-05-01T00:00:00Z"
+spec:
+  dataset:
+    name: ds
+    trainProb: 0.8
+    trainProbability: 0.5
+  trainSpec:
+    template:
+      spec:
+        nodeName: edge-node
+        anythingGoes: here
+    trigger:
+      checkPeriodSecond: 5
+  evalSpec:
+    template: {}
+  deploySpec:
+    template: {}
+  outputDirectory: /elsewhere
+  outputDir: /out
+"""
+
+
+def test_misspelt_fields_are_rejected_with_a_hint(tmp_path: Path) -> None:
+    manifest = tmp_path / "misspelt.yaml"
+    manifest.write_text(MISSPELT)
+    env = cli_env("mqtt://127.0.0.1:1", "redis://127.0.0.1:1/0")
+    result = run_cli(env, "validate", "-f", str(manifest))
+    assert result.returncode == 1, result.stdout
+    where = f"{manifest}: document 1 (LifelongLearningJob misspelt)"
+    assert result.stdout.splitlines() == [
+        f"{where}: $.spec.dataset.trainProbability: unknown field (did you mean trainProb?)",
+        f"{where}: $.spec.trainSpec.trigger.checkPeriodSecond: unknown field "
+        "(did you mean checkPeriodSeconds?)",
+        f"{where}: $.spec.outputDirectory: unknown field (did you mean outputDir?)",
+    ]
+    # apply checks the same way and sends nothing: it never reaches for the (closed) broker
+    applied = run_cli(env, "apply", "-f", str(manifest))
+    assert applied.returncode == 1
+    assert applied.stderr.splitlines()[:3] == result.stdout.splitlines()

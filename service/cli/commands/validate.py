@@ -16,7 +16,9 @@ VALIDATE_EXAMPLES = """examples:
   kubectl get lifelonglearningjobs -o yaml | lifelong validate -f -
 
 Checks offline, with the controller's own rules; prints one line per problem, naming the
-field (like $.spec.dataset.trainProb), and exits 1 when there is any.
+field (like $.spec.dataset.trainProb), and exits 1 when there is any. A field of the spec the
+controller does not know is a problem too (a misspelt one would silently take its default),
+with the closest known name; worker templates stay free-form.
 exit codes: 0 valid, 1 problems found, 2 file unreadable."""
 
 
