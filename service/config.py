@@ -14,7 +14,7 @@ import math
 import re
 import socket
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -45,6 +45,7 @@ _SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
 _MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
 _MAX_LINE_BYTES = 1 << 30
+_HOSTNAME_VARIABLE = "HOSTNAME"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,8 +197,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Build a Config from parsed flags (added by `add_arguments`) over `environ`."""
-    overrides = {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
-    return Config.from_env(environ, overrides)
+    return Config.from_env(environ, _flag_values(args))
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, str | None]:
+    return {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
+
+
+def node_name_chosen(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """Whether someone chose the node name: its flag, LIFELONG_NODE_NAME or NODENAME. The
+    host name and HOSTNAME (set in every container) are fallbacks, not choices."""
+    raw, source = _lookup(_NODE_NAME, environ, _flag_values(args)["node_name"])
+    return raw is not None and source != _HOSTNAME_VARIABLE
+
+
+def environment(cfg: Config, fields: Iterable[str]) -> dict[str, str]:
+    """The variables that give another process these settings of `cfg`: {name: value}."""
+    names = {s.field: s.env for s in _SETTINGS}
+    return {names[f]: str(getattr(cfg, f)) for f in fields}
 
 
 # --- parsing and validation, one function per kind of value -------------------------------
@@ -471,7 +488,8 @@ class _Setting:
 
 _NODE_NAME = _Setting(
     "node_name", "LIFELONG_NODE_NAME", "--node-name", _parse_node_name,
-    "the edge node this controller serves", "the host name", "NAME", ("NODENAME", "HOSTNAME"),
+    "the edge node this controller serves", "the host name", "NAME",
+    ("NODENAME", _HOSTNAME_VARIABLE),
 )  # fmt: skip
 
 _SETTINGS: tuple[_Setting, ...] = (

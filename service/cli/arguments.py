@@ -44,7 +44,10 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     """The server and topic settings (as `serve` has them) and -v."""
     config_mod.add_arguments(parser)
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log connection details to stderr"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="name the servers used and log connection details to stderr",
     )
 
 

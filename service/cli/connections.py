@@ -4,6 +4,9 @@ what each failure means as an exit code.
 Exit codes: 0 success; 1 the command ran and found a problem; 2 bad usage or configuration;
 3 a server the command needs is unreachable. Failures print one line, never a traceback,
 and never a password: URLs are shown through `redact_url`, free text through `redact`.
+
+The broker's answers reach the user at two places only: `_connected` (a refused CONNECT)
+and `publish_all` (a refused PUBLISH), each with the broker's reason.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ EXIT_INTERRUPTED = 130
 STORE_TIMEOUT_S = 3.0
 _STOP_TIMEOUT_S = 2.0
 
+log = logging.getLogger("service.cli")
+
 
 def exit_code(error: ServiceError) -> int:
     """The exit code a command's failure ends with."""
@@ -51,7 +56,8 @@ def exit_code(error: ServiceError) -> int:
 
 
 def command_config(args: argparse.Namespace) -> config_mod.Config:
-    """Settings from flags over the environment; library logs only with --verbose."""
+    """Settings from flags over the environment; logs (the servers used, the libraries'
+    connection details) only with --verbose."""
     cfg = config_mod.from_args(args, os.environ)
     setup_logging(cfg.log_format, logging.INFO if args.verbose else logging.CRITICAL)
     return cfg
@@ -67,6 +73,7 @@ def mqtt_session(
     inbound: queue.SimpleQueue[Inbound] | None = None,
 ) -> Iterator[MqttClient]:
     """A connected broker session under a fresh client id, closed on the way out."""
+    log.info("MQTT broker %s (node %s)", redact_url(cfg.mqtt_url), cfg.node_name)
     client = MqttClient(
         MqttSettings(
             cfg.mqtt_url,
@@ -100,6 +107,7 @@ def _connected(client: MqttClient, url: str, timeout_s: float) -> None:
 @contextlib.contextmanager
 def store_session(cfg: config_mod.Config) -> Iterator[RedisStore]:
     """A Redis store; connection failures name the (redacted) URL."""
+    log.info("Redis %s (key prefix %s)", redact_url(cfg.redis_url), cfg.key_prefix)
     store = RedisStore(cfg.redis_url, Keys(cfg.key_prefix), socket_timeout_s=STORE_TIMEOUT_S)
     try:
         yield store

@@ -27,12 +27,17 @@ _HOUR_S = 60 * _MINUTE_S
 _DAY_S = 24 * _HOUR_S
 
 
-def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+#: A cell of `get`: text, a number, or None for "not known" (`-` in a table, null in JSON).
+Cell = str | int | None
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
     """Rows under upper-case headers, columns left-aligned, like `kubectl get`.
 
-    Trailing spaces are stripped so the last column never pads the line.
+    None shows as `-`; trailing spaces are stripped so the last column never pads the line.
     """
-    table = [[h.upper() for h in headers], *[list(map(str, row)) for row in rows]]
+    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    table = [[h.upper() for h in headers], *cells]
     for row in table:
         if len(row) != len(headers):
             raise ValueError(f"row {row!r} has {len(row)} cells, expected {len(headers)}")
@@ -78,29 +83,30 @@ def job_state_word(state: JobState) -> str:
     return state.step
 
 
-def job_row(state: JobState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
-    """One `get jobs` row; keys are the column headers."""
+def job_row(state: JobState, changed_ms: int | None, now_ms: int) -> dict[str, Cell]:
+    """One `get jobs` row; keys are the column headers, counts are numbers."""
     return {
         "namespace": state.namespace,
         "name": state.name,
         "phase": state.phase,
         "state": job_state_word(state),
-        "version": str(state.version),
-        "pending": str(samples.count(state.pending)),
-        "eval-batches": str(len(state.eval_batches)),
-        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+        "version": state.version,
+        "pending": samples.count(state.pending),
+        "eval-batches": len(state.eval_batches),
+        "age": None if changed_ms is None else format_age(now_ms - changed_ms),
     }
 
 
-def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
-    """One `get datasets` row; keys are the column headers."""
+def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dict[str, Cell]:
+    """One `get datasets` row; keys are the column headers, the sample count a number
+    (None until the dataset was first read)."""
     return {
         "namespace": state.namespace,
         "name": state.name,
         "format": state.format,
-        "samples": "-" if state.num_samples < 0 else str(state.num_samples),
+        "samples": None if state.num_samples < 0 else state.num_samples,
         "url": redact(state.url),
-        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+        "age": None if changed_ms is None else format_age(now_ms - changed_ms),
     }
 
 

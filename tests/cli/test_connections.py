@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
-from service.embedded import free_port
+from service.embedded import Server, free_port
 from tests.cli.documents import DATASET, UNROUTED_JOB
 from tests.cli.runner import assert_one_clean_line, cli_env, run_cli
 from tests.harness import NODE
@@ -50,7 +51,8 @@ def test_broker_refusals_exit_1_with_the_brokers_reason(tmp_path: Path) -> None:
         url = f"mqtt://cli:right-password@127.0.0.1:{broker.port}"
         env = cli_env(url, "redis://127.0.0.1:1/0")
         routed = json.loads(json.dumps(UNROUTED_JOB))  # to the default node, which cli may not use
-        applied = run_cli(env, "apply", "-f", "-", stdin=json.dumps([DATASET, routed]))
+        # --force: no controller serves these nodes here (the presence check: test_send.py)
+        applied = run_cli(env, "apply", "-f", "-", "--force", stdin=json.dumps([DATASET, routed]))
         assert applied.returncode == 1, applied.stderr
         assert applied.stdout.splitlines() == ["dataset default/ds sent to sedna/edge-1/downstream"]
         assert_one_clean_line(applied)
@@ -59,13 +61,13 @@ def test_broker_refusals_exit_1_with_the_brokers_reason(tmp_path: Path) -> None:
             f"to sedna/{NODE}/downstream (Not authorized)\n"
         )
 
-        deleted = run_cli(env, "delete", "job", "a", "b")
+        deleted = run_cli(env, "delete", "job", "a", "b", "--force")
         assert deleted.returncode == 1, deleted.stderr
         assert "sent" not in deleted.stdout
         assert_one_clean_line(deleted)
         assert "refused delete of lifelonglearningjob default/a" in deleted.stderr
         assert "delete of lifelonglearningjob default/b" in deleted.stderr
-        allowed = run_cli(env, "delete", "job", "a", "--node", "edge-1")
+        allowed = run_cli(env, "delete", "job", "a", "--node", "edge-1", "--force")
         assert allowed.returncode == 0, allowed.stderr
 
         for pin in ("", "?protocol=3.1.1"):
@@ -78,3 +80,30 @@ def test_broker_refusals_exit_1_with_the_brokers_reason(tmp_path: Path) -> None:
                 "refused the connection: not authorised (the broker said: "
             ), refused.stderr
             assert "wrong-password" not in refused.stderr
+
+
+def test_verbose_names_the_servers_each_command_uses(tmp_path: Path, redis_proc: Server) -> None:
+    password = secrets.token_urlsafe(12)
+    acl = "user operator\ntopic readwrite sedna/#\n"
+    broker = locked_mosquitto(tmp_path / "locked", {"operator": password}, acl)
+    redis_url = f"redis://127.0.0.1:{redis_proc.port}/0"
+    with running(broker):
+        env = cli_env(f"mqtt://operator:{password}@127.0.0.1:{broker.port}", redis_url)
+        mqtt_shown = f"MQTT broker mqtt://operator:***@127.0.0.1:{broker.port}"
+        commands = {
+            ("apply", "-f", "examples/dataset.yaml", "--force", "-v"): mqtt_shown,
+            ("delete", "dataset", "lifelong-dataset", "--force", "-v"): mqtt_shown,
+            ("watch", "--timeout", "1", "-v"): mqtt_shown,
+            ("get", "jobs", "-v"): f"Redis {redis_url}",
+            ("describe", "job", "x", "-v"): f"Redis {redis_url}",
+        }
+        for args, server in commands.items():
+            result = run_cli(env, *args)
+            assert "Traceback" not in result.stderr, result.stderr
+            assert server in result.stderr, (args, result.stderr)
+            assert password not in result.stderr + result.stdout
+            quiet = run_cli(env, *args[:-1])
+            assert server not in quiet.stderr, "without -v, only what went wrong"
+    # finding nothing, `get` says where it looked: the defaults may name another Redis
+    empty = run_cli(env, "get", "datasets")
+    assert empty.stderr == f"No dataset resources found in {redis_url}.\n"

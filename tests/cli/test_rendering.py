@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from service import messages
@@ -60,7 +61,7 @@ def test_job_row_and_state_word() -> None:
     row = rendering.job_row(job_state(), 4_000, 64_000)
     assert row == {
         "namespace": "default", "name": "j", "phase": "eval", "state": "running",
-        "version": "2", "pending": "2", "eval-batches": "2", "age": "1m",
+        "version": 2, "pending": 2, "eval-batches": 2, "age": "1m",
     }  # fmt: skip
     assert rendering.job_state_word(job_state(dataset=None)) == "no-dataset"
     gone = DatasetInfo(url="/d", format="txt", present=False)
@@ -69,8 +70,13 @@ def test_job_row_and_state_word() -> None:
 
 def test_dataset_row_shows_unknown_count_as_dash() -> None:
     state = DatasetState(namespace="n", name="d", url="/d.csv", format="csv", digest="x")
-    assert rendering.dataset_row(state, None, 0)["samples"] == "-"
-    assert rendering.dataset_row(state, None, 0)["age"] == "-"
+    row = rendering.dataset_row(state, None, 0)
+    assert (row["samples"], row["age"]) == (None, None), "null in JSON"
+    assert rendering.render(list(row), [list(row.values())]).splitlines()[1].split() == [
+        "n", "d", "csv", "-", "/d.csv", "-",
+    ]  # fmt: skip
+    read = rendering.dataset_row(msgspec.structs.replace(state, num_samples=7), 0, 0)
+    assert read["samples"] == 7, "a number in JSON"
 
 
 def test_round_files_follow_the_phases_the_round_reached() -> None:

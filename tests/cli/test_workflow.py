@@ -121,9 +121,9 @@ def test_apply_get_describe_watch_delete(stack: Stack, tmp_path: Path) -> None:
             "name": JOB,
             "phase": "train",
             "state": "running",
-            "version": "1",
-            "pending": "0",
-            "eval-batches": "1",
+            "version": 1,
+            "pending": 0,
+            "eval-batches": 1,
             "age": rows[0]["age"],
         }
     ]
@@ -135,7 +135,7 @@ def test_apply_get_describe_watch_delete(stack: Stack, tmp_path: Path) -> None:
     ]  # fmt: skip
     assert row.split()[:7] == ["default", JOB, "train", "running", "1", "0", "1"]
     datasets = get_json(env, "datasets")
-    assert [(d["name"], d["samples"], d["format"]) for d in datasets] == [(DATASET, "10", "txt")]
+    assert [(d["name"], d["samples"], d["format"]) for d in datasets] == [(DATASET, 10, "txt")]
 
     # the train worker completes: describe shows the round's files and the history
     model = out / "train" / "1" / "model.pkl"

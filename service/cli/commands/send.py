@@ -2,15 +2,19 @@
 
 The operator talks to the controller the way Sedna's cloud does: resources go down the
 node's downstream topic as insert/delete envelopes. Nothing changes state directly, so a
-command can never bypass the lifecycle.
+command can never bypass the lifecycle. Before sending, the target nodes must be served by
+a live controller (see `service.cli.presence`), unless --force.
 """
 
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
+from collections.abc import Sequence
 
 from service import messages
+from service.adapters.mqtt import Inbound
 from service.cli.arguments import (
     COMMON_NOTE,
     Subcommands,
@@ -32,6 +36,8 @@ from service.cli.connections import (
     publish_all,
 )
 from service.cli.envelopes import delete_envelope
+from service.cli.presence import PRESENCE_WAIT_S, online_replicas, require_served
+from service.config import Config
 from service.errors import InvalidMessage
 
 APPLY_EXAMPLES = (
@@ -42,14 +48,17 @@ APPLY_EXAMPLES = (
 
 Each Dataset goes to the node in its spec.nodeName, each LifelongLearningJob to the node in
 spec.trainSpec.template.spec.nodeName, anything else to LIFELONG_NODE_NAME. Nothing is sent
-unless every document is valid."""
+unless every document is valid and every node it goes to is served by a live controller
+(--force sends anyway)."""
     + COMMON_NOTE
 )
 
 DELETE_EXAMPLES = (
     """examples:
   lifelong delete lifelonglearningjob atcii-classifier-demo
-  lifelong delete dataset lifelong-atcii-dataset -n team-a --node edge-2
+  lifelong delete dataset lifelong-dataset --node edge-node
+
+Nothing is sent unless the node is served by a live controller (--force sends anyway).
 """
     + COMMON_NOTE
 )
@@ -61,6 +70,7 @@ def register(commands: Subcommands) -> None:
     add_files_flag(apply)
     add_namespace_flag(apply, "namespace of documents that name none (default: default)")
     add_timeout_flag(apply)
+    _add_force_flag(apply)
     add_connection_flags(apply)
     apply.set_defaults(func=_apply)
 
@@ -74,8 +84,17 @@ def register(commands: Subcommands) -> None:
         "--node", type=node_arg, default=None, help="edge node (default: LIFELONG_NODE_NAME)"
     )
     add_timeout_flag(delete)
+    _add_force_flag(delete)
     add_connection_flags(delete)
     delete.set_defaults(func=_delete)
+
+
+def _add_force_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force", action="store_true",
+        help="send even when no live controller serves the node (it reads the message when "
+        "one starts)",
+    )  # fmt: skip
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -93,8 +112,8 @@ def _apply(args: argparse.Namespace) -> int:
         (c.label, cfg.for_node(c.node or cfg.node_name).downstream_topic(), c.envelope)
         for c in checked
     ]
-    with mqtt_session(cfg, "apply", args.timeout) as client:
-        publish_all(client, outgoing, args.timeout)
+    nodes = [c.node or cfg.node_name for c in checked]
+    _send(cfg, "apply", nodes, outgoing, args)
     return EXIT_OK
 
 
@@ -106,6 +125,24 @@ def _delete(args: argparse.Namespace) -> int:
         envelope = delete_envelope(args.kind.wire, args.namespace, name)
         messages.decode_envelope(envelope)  # the controller's own header rules
         outgoing.append((f"delete of {args.kind.wire} {args.namespace}/{name}", topic, envelope))
-    with mqtt_session(cfg, "delete", args.timeout) as client:
-        publish_all(client, outgoing, args.timeout)
+    _send(cfg, "delete", [args.node or cfg.node_name], outgoing, args)
     return EXIT_OK
+
+
+def _send(
+    cfg: Config,
+    verb: str,
+    nodes: Sequence[str],
+    outgoing: Sequence[tuple[str, str, bytes]],
+    args: argparse.Namespace,
+) -> None:
+    """Publish to the nodes' downstream topics, once their presence says they are served."""
+    presence: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+    subscriptions = [] if args.force else [cfg.presence_filter_all_nodes()]
+    with mqtt_session(
+        cfg, verb, args.timeout, subscriptions=subscriptions, inbound=presence
+    ) as client:
+        if not args.force:
+            online = online_replicas(cfg, presence, nodes, PRESENCE_WAIT_S)
+            require_served(cfg, nodes, online)
+        publish_all(client, outgoing, args.timeout)

@@ -38,6 +38,7 @@ from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
 from service.messages import LifelongLearningJob
+from service.urls import redact_url
 
 HISTORY_FOR_AGE = 100
 DEFAULT_HISTORY = 20
@@ -56,7 +57,7 @@ dataset is unknown and paused when its dataset was deleted."""
 DESCRIBE_EXAMPLES = (
     """examples:
   lifelong describe job atcii-classifier-demo
-  lifelong describe dataset lifelong-atcii-dataset -n team-a --history 50
+  lifelong describe dataset lifelong-dataset --history 50
 """
     + COMMON_NOTE
 )
@@ -108,8 +109,10 @@ def _get(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(rows, indent=2))
     elif not rows:
+        # name the Redis read: the defaults may point at another one than the controller's
         where = f" in namespace {args.namespace}" if args.namespace else ""
-        print(f"No {args.kind.wire} resources found{where}.", file=sys.stderr)
+        shown = redact_url(cfg.redis_url)
+        print(f"No {args.kind.wire} resources found{where} in {shown}.", file=sys.stderr)
     else:
         print(render(list(rows[0]), [list(row.values()) for row in rows]))
     return EXIT_OK
