@@ -75,11 +75,14 @@ def format_time_ms(at_ms: int) -> str:
 
 
 def job_state_word(state: JobState) -> str:
-    """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset."""
+    """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset
+    or waits out the backoff after failed rounds."""
     if state.dataset is None:
         return "no-dataset"
     if not state.dataset.present:
         return "paused"
+    if state.step == "waiting" and state.retry_at_ms is not None:
+        return "backoff"
     return state.step
 
 
@@ -105,9 +108,18 @@ def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dic
         "name": state.name,
         "format": state.format,
         "samples": None if state.num_samples < 0 else state.num_samples,
+        "status": dataset_status(state),
         "url": redact(state.url),
         "age": None if changed_ms is None else format_age(now_ms - changed_ms),
     }
+
+
+def dataset_status(state: DatasetState) -> str | None:
+    """STATUS of `get datasets`: `unreadable` while its source cannot be read, `ok` once it
+    was read, None before the first read."""
+    if state.unreadable is not None:
+        return "unreadable"
+    return None if state.num_samples < 0 else "ok"
 
 
 def _field(label: str, value: object) -> str:
@@ -216,6 +228,7 @@ def describe_job(
         _field("Workers", _workers(job)),
         _field("Credential", _credential(job)),
         _field("Last error", state.last_error or "-"),
+        _field("Failures", _failures(state, now_ms)),
     ]  # fmt: skip
     files = round_files(state, records)
     if files:
@@ -225,10 +238,22 @@ def describe_job(
     return lines
 
 
+def _failures(state: JobState, now_ms: int) -> str:
+    """Failed rounds in a row and when the next round may start (the backoff)."""
+    if not state.consecutive_failures:
+        return "none in a row"
+    text = f"{state.consecutive_failures} in a row"
+    if state.retry_at_ms is not None:
+        wait = state.retry_at_ms - now_ms
+        when = f"in {format_age(wait)}" if wait > 0 else "now"
+        text += f"; next try {format_time_ms(state.retry_at_ms)} ({when})"
+    return text
+
+
 def describe_dataset(
     state: DatasetState, users: Sequence[str], records: Sequence[HistoryRecord], now_ms: int
 ) -> list[str]:
-    """`describe dataset`: source, sample count and the jobs using it."""
+    """`describe dataset`: source, whether it can be read, sample count, the jobs using it."""
     changed = last_change_ms(records)
     since = "-" if changed is None else f"{format_age(now_ms - changed)} ago"
     jobs = ", ".join(_key_path(u) for u in users) or "-"
@@ -237,6 +262,7 @@ def describe_dataset(
         _field("Namespace", state.namespace),
         _field("URL", state.url),
         _field("Format", state.format),
+        _field("Unreadable", state.unreadable or "-"),
         _field("Samples", "not read yet" if state.num_samples < 0 else state.num_samples),
         _field("Last change", since),
         _field("Used by", jobs),

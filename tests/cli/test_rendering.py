@@ -66,6 +66,8 @@ def test_job_row_and_state_word() -> None:
     assert rendering.job_state_word(job_state(dataset=None)) == "no-dataset"
     gone = DatasetInfo(url="/d", format="txt", present=False)
     assert rendering.job_state_word(job_state(dataset=gone)) == "paused"
+    backing_off = job_state(phase="train", step="waiting", retry_at_ms=9_000)
+    assert rendering.job_state_word(backing_off) == "backoff"
 
 
 def test_dataset_row_shows_unknown_count_as_dash() -> None:
@@ -73,10 +75,19 @@ def test_dataset_row_shows_unknown_count_as_dash() -> None:
     row = rendering.dataset_row(state, None, 0)
     assert (row["samples"], row["age"]) == (None, None), "null in JSON"
     assert rendering.render(list(row), [list(row.values())]).splitlines()[1].split() == [
-        "n", "d", "csv", "-", "/d.csv", "-",
+        "n", "d", "csv", "-", "-", "/d.csv", "-",
     ]  # fmt: skip
     read = rendering.dataset_row(msgspec.structs.replace(state, num_samples=7), 0, 0)
-    assert read["samples"] == 7, "a number in JSON"
+    assert (read["samples"], read["status"]) == (7, "ok"), "a number in JSON"
+
+
+def test_an_unreadable_dataset_says_so_and_why() -> None:
+    state = DatasetState(namespace="n", name="d", url="/d.csv", format="csv", digest="x",
+                         num_samples=7, unreadable="/d.csv: no such file")  # fmt: skip
+    assert rendering.dataset_row(state, None, 0)["status"] == "unreadable"
+    lines = rendering.describe_dataset(state, ["job:n/j"], [], 0)
+    assert "Unreadable:     /d.csv: no such file" in lines
+    assert "Used by:        n/j" in lines
 
 
 def test_round_files_follow_the_phases_the_round_reached() -> None:
@@ -133,3 +144,16 @@ def test_watch_lines() -> None:
     assert rendering.watch_line("t", b"\xff", 0).endswith("t: unreadable payload (1 bytes)")
     as_json = json.loads(rendering.watch_line("t", ready, 1.0, "json"))
     assert as_json["topic"] == "t" and as_json["payload"]["content"]["status"] == "ready"
+
+
+def test_describe_job_shows_the_failures_in_a_row_and_the_next_try() -> None:
+    error = "train worker w failed (exit code 2)"
+    failing = job_state(
+        phase="train", step="waiting", consecutive_failures=3, retry_at_ms=250_000, last_error=error
+    )
+    text = "\n".join(rendering.describe_job(failing, None, [], 10_000))
+    assert "Last error:     train worker w failed (exit code 2)" in text
+    assert "Failures:       3 in a row; next try 1970-01-01T00:04:10.000Z (in 4m)" in text
+    assert "Failures:       none in a row" in "\n".join(
+        rendering.describe_job(job_state(), None, [], 10_000)
+    )

@@ -50,7 +50,9 @@ GET_EXAMPLES = (
   lifelong get jobs -o json | jq '.[].phase'
 
 STATE is the job's step (waiting, preparing, running, copying), or no-dataset when its
-dataset is unknown and paused when its dataset was deleted."""
+dataset is unknown, paused when its dataset was deleted, backoff while it waits to retry after
+failed rounds (describe says until when). A dataset's STATUS is ok once read, unreadable while
+its source cannot be read (describe says why)."""
     + COMMON_NOTE
 )
 
