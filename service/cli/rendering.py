@@ -19,6 +19,7 @@ from service.history import HistoryRecord, last_change_ms
 from service.keys import parse_rkey
 from service.logs import redact
 from service.messages import LifelongLearningJob, rfc3339_utc
+from service.runtime.gm import GmLinkRecord
 
 COLUMN_GAP = "   "
 _SECOND_MS = 1000
@@ -295,6 +296,19 @@ def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:
         )
         lines += [f"      {note}" for note in record.notes]
     return lines
+
+
+def gm_link_line(record: GmLinkRecord | None, now_ms: int) -> str:
+    """`GM link: ...` as its holder last recorded it (the record lapses with a dead holder)."""
+    if record is None:
+        return _field("GM link", "none (no GM configured, or no replica holds the link now)")
+    link = record.link
+    since = format_age(now_ms - int(link.since * 1000))
+    parts = [f"{link.status} for {since}, held by {record.replica}, {record.address}"]
+    parts.append(f"frames in {link.frames_in} out {link.frames_out}, reconnects {link.reconnects}")
+    if link.last_error:
+        parts.append(f"last error: {link.last_error}")
+    return _field("GM link", "; ".join(parts))
 
 
 def watch_line(topic: str, payload: bytes, received_at_s: float, output: str = "text") -> str:

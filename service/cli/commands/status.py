@@ -11,6 +11,7 @@ import time
 import msgspec
 
 from service import messages
+from service.adapters.redis_store import RedisStore
 from service.cli.arguments import (
     COMMON_NOTE,
     Subcommands,
@@ -28,6 +29,7 @@ from service.cli.rendering import (
     dataset_row,
     describe_dataset,
     describe_job,
+    gm_link_line,
     history_lines,
     job_row,
     render,
@@ -38,6 +40,7 @@ from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
 from service.messages import LifelongLearningJob
+from service.runtime.gm import GmLinkRecord
 from service.urls import redact_url
 
 HISTORY_FOR_AGE = 100
@@ -100,6 +103,7 @@ def _get(args: argparse.Namespace) -> int:
         changed = {
             k: last_change_ms(decode_records(store.history(k, HISTORY_FOR_AGE))) for k in keys
         }
+        link = _gm_link(store)
     now_ms = time.time_ns() // 1_000_000
     rows = []
     for key, raw in raw_states.items():
@@ -117,7 +121,21 @@ def _get(args: argparse.Namespace) -> int:
         print(f"No {args.kind.wire} resources found{where} in {shown}.", file=sys.stderr)
     else:
         print(render(list(rows[0]), [list(row.values()) for row in rows]))
+    if args.output != "json" and link is not None:
+        # on stderr, so the table stays the only thing a pipe reads
+        print(gm_link_line(link, now_ms), file=sys.stderr)
     return EXIT_OK
+
+
+def _gm_link(store: RedisStore) -> GmLinkRecord | None:
+    """The GM link as its holder last recorded it; None when none is recorded or readable."""
+    raw = store.gm_link()
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=GmLinkRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _state_or_none(resource_key: str, raw: bytes) -> State | None:
@@ -149,6 +167,7 @@ def _describe(args: argparse.Namespace) -> int:
         resource = store.load_resource(key)
         records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
         users = store.dataset_jobs(key) if args.kind is DATASET else []
+        link = _gm_link(store)
     state = _state_or_none(key, raw)
     if state is None:
         return EXIT_PROBLEM
@@ -157,6 +176,7 @@ def _describe(args: argparse.Namespace) -> int:
         lines = describe_job(state, _decoded_job(resource), records, now_ms)
     else:
         lines = describe_dataset(state, users, records, now_ms)
+    lines.append(gm_link_line(link, now_ms))
     lines += history_lines(records[-args.history :], now_ms)
     print(redact("\n".join(lines)))
     return EXIT_OK
