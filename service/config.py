@@ -14,21 +14,19 @@ import math
 import re
 import socket
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
-from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
 from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
 from service.core.paths import DataRoots, segments, system_dir_of
 from service.errors import ConfigError
-from service.urls import redact_url
+from service.urls import parse_redis_url
 
 LogFormat = Literal["text", "json"]
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
 _UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
 _LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 _MAX_NODE_NAME_CHARS = 253
@@ -47,6 +45,7 @@ _SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
 _MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
 _MAX_LINE_BYTES = 1 << 30
+_HOSTNAME_VARIABLE = "HOSTNAME"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +60,7 @@ class Config:
     volume_prefix: str = ""
     http_addr: str = "127.0.0.1:9100"
     key_prefix: str = "lifelong"
+    redis_min_replicas: int | None = None
     dataset_poll_s: float = 60
     lease_s: float = 10
     log_format: LogFormat = "text"
@@ -75,6 +75,8 @@ class Config:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
         for setting in _SETTINGS:
             value = getattr(self, setting.field)
+            if value is None:
+                continue  # an optional setting left to its default
             setting.check(value if isinstance(value, str) else repr(value), setting.env)
         if self.http_token and self.http_token_file:
             raise ConfigError(
@@ -112,6 +114,13 @@ class Config:
             roots = (self.volume_prefix or "/",)
         return DataRoots(roots=roots, prefix=self.volume_prefix)
 
+    def min_replicas(self) -> int:
+        """Replicas a write must reach before it is acted on: as set, else 0 for a single
+        Redis server and 1 behind Sentinel or in a Cluster."""
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return parse_redis_url(self.redis_url).default_min_replicas
+
     def upstream_topic_for(self, namespace: str) -> str:
         """The topic a status of a resource in `namespace` is published to."""
         return self.upstream_topic.format(
@@ -121,6 +130,17 @@ class Config:
     def downstream_topic(self) -> str:
         """Where the cloud sends resources for this node."""
         return f"{self.topic_prefix}/{self.node_name}/downstream"
+
+    def upstream_topic_filter(self) -> str:
+        """A subscription matching this node's upstream topic in every namespace: a level of
+        the template that holds `{namespace}` becomes `+`."""
+        levels = []
+        for level in self.upstream_topic.split("/"):
+            if "{namespace}" in level:
+                levels.append("+")
+            else:
+                levels.append(level.format(prefix=self.topic_prefix, node=self.node_name))
+        return "/".join(levels)
 
     def worker_topic_filter(self) -> str:
         """Subscription filter matching every worker's report topic on this node."""
@@ -133,6 +153,20 @@ class Config:
     def presence_topic(self, replica: str) -> str:
         """Retained online/offline topic of one controller replica."""
         return f"{self.topic_prefix}/{self.node_name}/controllers/{replica}"
+
+    def presence_filter_all_nodes(self) -> str:
+        """A subscription matching every replica's presence topic, on every node."""
+        return f"{self.topic_prefix}/+/controllers/+"
+
+    def node_of_presence_topic(self, topic: str) -> str | None:
+        """The node a presence topic belongs to (None: not a presence topic under our prefix)."""
+        levels = topic.split("/")
+        is_presence = len(levels) == 4 and levels[0] == self.topic_prefix
+        return levels[1] if is_presence and levels[2] == "controllers" else None
+
+    def for_node(self, node_name: str) -> Config:
+        """The same settings for another node (its topics), checked like any node name."""
+        return dataclasses.replace(self, node_name=node_name)
 
     def http_host_port(self) -> tuple[str, int]:
         """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
@@ -163,8 +197,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Build a Config from parsed flags (added by `add_arguments`) over `environ`."""
-    overrides = {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
-    return Config.from_env(environ, overrides)
+    return Config.from_env(environ, _flag_values(args))
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, str | None]:
+    return {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
+
+
+def node_name_chosen(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """Whether someone chose the node name: its flag, LIFELONG_NODE_NAME or NODENAME. The
+    host name and HOSTNAME (set in every container) are fallbacks, not choices."""
+    raw, source = _lookup(_NODE_NAME, environ, _flag_values(args)["node_name"])
+    return raw is not None and source != _HOSTNAME_VARIABLE
+
+
+def environment(cfg: Config, fields: Iterable[str]) -> dict[str, str]:
+    """The variables that give another process these settings of `cfg`: {name: value}."""
+    names = {s.field: s.env for s in _SETTINGS}
+    return {names[f]: str(getattr(cfg, f)) for f in fields}
 
 
 # --- parsing and validation, one function per kind of value -------------------------------
@@ -183,27 +233,6 @@ def _lookup(
     return None, setting.env
 
 
-def _split_url(value: str, source: str, schemes: tuple[str, ...]) -> SplitResult:
-    shown = redact_url(value)
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ConfigError(f"{source}: {shown!r} is not a valid URL ({_no_secret(e)})") from None
-    if parts.scheme.lower() not in schemes:
-        wanted = ", ".join(f"{s}://" for s in schemes)
-        raise ConfigError(f"{source}: scheme of {shown!r} must be one of {wanted}")
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{source}: port {port} is outside 1..65535")
-    return parts
-
-
-def _no_secret(error: ValueError) -> str:
-    """urlsplit's messages may quote the port text; keep only the kind of failure."""
-    text = str(error)
-    return "bad port" if "port" in text.lower() else "malformed"
-
-
 def _parse_mqtt_url(value: str, source: str) -> str:
     """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
     try:
@@ -214,41 +243,52 @@ def _parse_mqtt_url(value: str, source: str) -> str:
 
 
 def _parse_redis_url(value: str, source: str) -> str:
-    parts = _split_url(value, source, _REDIS_SCHEMES)
-    if parts.scheme.lower() == "unix":
-        if not parts.path.startswith("/"):
-            raise ConfigError(f"{source}: a unix:// Redis URL needs an absolute socket path")
-        return value
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {redact_url(value)!r} names no Redis host")
-    database = parts.path.lstrip("/")
-    if database and not database.isdigit():
-        raise ConfigError(f"{source}: Redis database {database!r} is not a number")
+    parse_redis_url(value, source)
     return value
 
 
-def _check_topic_level(value: str, source: str, what: str) -> None:
+def _parse_min_replicas(value: str, source: str) -> int:
+    if not value.strip().isdigit():
+        raise ConfigError(f"{source}: {value!r} is not a whole number of replicas (0 or more)")
+    return int(value)
+
+
+def _topic_level_problem(value: str, what: str) -> str | None:
     if not value:
-        raise ConfigError(f"{source}: {what} must not be empty")
+        return f"{what} must not be empty"
     bad = sorted(set(value) & {"+", "#", "/", "\0"})
     if bad:
-        raise ConfigError(f"{source}: {what} {value!r} must not contain {' '.join(bad)!r}")
+        return f"{what} {value!r} must not contain {' '.join(bad)!r}"
     if value.startswith("$"):
-        raise ConfigError(f"{source}: {what} {value!r} must not start with '$' (broker-reserved)")
+        return f"{what} {value!r} must not start with '$' (broker-reserved)"
+    return None
+
+
+def node_name_problem(value: str) -> str | None:
+    """Why `value` cannot name an edge node (it is a topic level and a DNS-1123 name), or
+    None when it can: the one rule for node names, wherever one is given."""
+    problem = _topic_level_problem(value, "node name")
+    if problem is None and (
+        len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value)
+    ):
+        problem = (
+            f"node name {value!r} is not a DNS-1123 name "
+            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return problem
 
 
 def _parse_node_name(value: str, source: str) -> str:
-    _check_topic_level(value, source, "node name")
-    if len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value):
-        raise ConfigError(
-            f"{source}: node name {value!r} is not a DNS-1123 name "
-            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
-        )
+    problem = node_name_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 
 def _parse_topic_prefix(value: str, source: str) -> str:
-    _check_topic_level(value, source, "topic prefix")
+    problem = _topic_level_problem(value, "topic prefix")
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 
@@ -448,7 +488,8 @@ class _Setting:
 
 _NODE_NAME = _Setting(
     "node_name", "LIFELONG_NODE_NAME", "--node-name", _parse_node_name,
-    "the edge node this controller serves", "the host name", "NAME", ("NODENAME", "HOSTNAME"),
+    "the edge node this controller serves", "the host name", "NAME",
+    ("NODENAME", _HOSTNAME_VARIABLE),
 )  # fmt: skip
 
 _SETTINGS: tuple[_Setting, ...] = (
@@ -460,7 +501,15 @@ _SETTINGS: tuple[_Setting, ...] = (
     ),
     _Setting(
         "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,
-        "Redis URL (rediss:// for TLS, unix:// for a socket)", "redis://127.0.0.1:6379/0", "URL",
+        "Redis URL: redis:// (rediss:// for TLS, unix:// for a socket), "
+        "redis+sentinel://host:port[,...]/<master>[/<db>] or redis+cluster://host:port[,...]",
+        "redis://127.0.0.1:6379/0", "URL",
+    ),
+    _Setting(
+        "redis_min_replicas", "LIFELONG_REDIS_MIN_REPLICAS", "--redis-min-replicas",
+        _parse_min_replicas,
+        "replicas (Redis WAIT) that must hold a write before it is acknowledged or acted on",
+        "0 for one server, 1 for Sentinel and Cluster", "N",
     ),
     _NODE_NAME,
     _Setting(

@@ -85,11 +85,13 @@ def _fire(job: JobState, out: Recorder) -> JobState:
 def write_round(
     job: JobState, phase: RoundPhase, ranges: samples.Ranges, out: Recorder
 ) -> WriteRound:
+    """Where the round's samples go: the files its ready message will name, on disk."""
     assert job.dataset is not None  # only fired while active
     prefix = out.ctx.volume_prefix
     dataset = job.dataset
-    data_dir = paths.round_data_dir(job.spec.output_dir, phase, job.version)
-    index = paths.needs_index(dataset.url, dataset.format)
+    files = round_input(job, phase, ())
+    assert files.data_url is not None
+    index_url = files.data_index_url
     return WriteRound(
         id=out.next_id(),
         namespace=job.namespace,
@@ -100,11 +102,9 @@ def write_round(
         source_url=paths.add_prefix(prefix, dataset.url),
         format=dataset.format,
         ranges=ranges,
-        data_url=paths.add_prefix(prefix, paths.join(data_dir, paths.data_file(dataset.format))),
-        index_url=paths.add_prefix(prefix, paths.join(data_dir, "dataIndex.txt"))
-        if index
-        else None,
-        index_prefix=paths.index_prefix(dataset.url) if index else None,
+        data_url=paths.add_prefix(prefix, files.data_url),
+        index_url=None if index_url is None else paths.add_prefix(prefix, index_url),
+        index_prefix=None if index_url is None else paths.index_prefix(dataset.url),
     )
 
 
@@ -115,15 +115,15 @@ def round_input(job: JobState, phase: RoundPhase, models: tuple[ModelRef, ...]) 
     `deployedModel`: the worker scores both on the same data.
     """
     assert job.dataset is not None
-    data_dir = paths.round_data_dir(job.spec.output_dir, phase, job.version)
-    index = paths.needs_index(job.dataset.url, job.dataset.format)
+    out, version, fmt = job.spec.output_dir, job.version, job.dataset.format
+    index = paths.needs_index(job.dataset.url, fmt)
     deployment = compared(job) if phase == "eval" else None
     deployed = deployment.model if deployment is not None else None
     return JobInput(
         models=[*models, deployed] if deployed is not None else list(models),
-        data_url=paths.join(data_dir, paths.data_file(job.dataset.format)),
-        data_index_url=paths.join(data_dir, "dataIndex.txt") if index else None,
-        output_dir=paths.round_output_dir(job.spec.output_dir, phase, job.version),
+        data_url=paths.round_data_file(out, phase, version, fmt),
+        data_index_url=paths.round_index_file(out, phase, version) if index else None,
+        output_dir=paths.round_output_dir(out, phase, version),
         deployed_model=deployed,
     )
 

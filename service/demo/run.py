@@ -32,7 +32,7 @@ from service.demo.scenario import (
 )
 from service.demo.servers import READY_TIMEOUT_S, Controller, controllers, ensure_servers
 from service.errors import BrokerUnavailable
-from service.worker import Worker, WorkerSettings, upstream_filter
+from service.worker import Worker, WorkerSettings
 
 PUBACK_TIMEOUT_S = 10.0
 
@@ -103,7 +103,7 @@ def _run_in(
 def _client(cfg: config_mod.Config) -> Iterator[MqttClient]:
     client = MqttClient(
         MqttSettings(url=cfg.mqtt_url, client_id=f"lifelong-demo-{os.getpid()}"),
-        subscriptions=[upstream_filter(cfg)],
+        subscriptions=[cfg.upstream_topic_filter()],
     )
     client.start()
     try:

@@ -29,6 +29,7 @@ from service.runtime.gm import GM_TOPIC, GmBridge
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
+from service.runtime.unknown_fields import UnknownFields
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Intake:
         self._gm_factory = gm_factory
         self._client: MqttClient | None = None
         self._gm: GmBridge | None = None
+        self._unknown_fields = UnknownFields()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ the subscription
@@ -154,6 +156,7 @@ class Intake:
                 self._rejections.refuse(msg.topic, e.code, e.detail, msg.payload, now_ms)
                 self._ack(msg)
                 continue
+            self._unknown_fields.check(event)
             # MQTT may redeliver a message: its digest lets the store drop the copy. The GM
             # never redelivers, and re-sends a resource on purpose: no marker is needed.
             digest = None if msg.topic == GM_TOPIC else _digest(msg)
@@ -168,17 +171,21 @@ class Intake:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
         and the broker redelivers it to the next holder)."""
         failpoints.hit("intake-before-durable")
+        retry = False
         while not self._stop.is_set():
             try:
                 # the token fences a holder frozen past its lease: messages the new holder
-                # already took in are dropped by their marker, not taken in twice
+                # already took in are dropped by their marker, not taken in twice. A retry
+                # may follow appends that happened but were not confirmed (no reply, too few
+                # replicas): it sends them as redeliveries, so only the missing ones go in.
                 self._store.append_many(
-                    [(s, data, d, m.dup) for m, s, data, d in accepted],
+                    [(s, data, d, m.dup or retry) for m, s, data, d in accepted],
                     token=self._leases.ingress_token,
                 )
                 return True
             except StoreUnavailable as e:
                 log.warning("ingress not durable yet, holding %d messages: %s", len(accepted), e)
+                retry = True
                 self._stop.wait(STORE_RETRY_S)
         return False
 

@@ -86,7 +86,9 @@ class Replica:
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics(gm_link=bool(config.gm_address))
-        self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
+        self.store = RedisStore(
+            config.redis_url, Keys(config.key_prefix), min_replicas=config.min_replicas()
+        )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         will = presence_payload(self.replica, "offline", self.clock.now_ms())

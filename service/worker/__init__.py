@@ -29,7 +29,7 @@ a command, reading its results), `reports` (MQTT and HTTP reporters), `runner` (
 from service.worker.cli import register, settings_from_args
 from service.worker.commands import Outcome, Stopped, read_results, run_command
 from service.worker.reports import HttpReporter, MqttReporter, worker_message
-from service.worker.runner import Worker, default_lc_server, upstream_filter
+from service.worker.runner import Worker, default_lc_server
 from service.worker.tasks import Task, WorkerSettings, parse_ready, task_env
 
 __all__ = [
@@ -47,6 +47,5 @@ __all__ = [
     "run_command",
     "settings_from_args",
     "task_env",
-    "upstream_filter",
     "worker_message",
 ]

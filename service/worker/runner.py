@@ -52,7 +52,7 @@ class Worker:
                 session_expiry_s=SESSION_EXPIRY_S,
                 manual_ack=True,
             ),
-            subscriptions=[upstream_filter(cfg)],
+            subscriptions=[cfg.upstream_topic_filter()],
         )
         self._reporter: Reporter = (
             HttpReporter(settings.lc_server, token=cfg.http_bearer_token())
@@ -79,7 +79,7 @@ class Worker:
                 )
             self._stopping.wait(_POLL_S / 4)
         log.info("worker serving node %s: subscribed to %s", self._cfg.node_name,
-                 upstream_filter(self._cfg))  # fmt: skip
+                 self._cfg.upstream_topic_filter())  # fmt: skip
         self._thread.start()
 
     def request_stop(self) -> None:
@@ -162,11 +162,6 @@ class Worker:
             self._reporter.report(task.worker_name, message)
         except (TransientError, PermanentError) as e:
             log.error("%s: %s report not delivered: %s", task.worker_name, message["status"], e)
-
-
-def upstream_filter(cfg: config_mod.Config) -> str:
-    """The subscription for every namespace's upstream topic (`{namespace}` becomes `+`)."""
-    return cfg.upstream_topic.format(prefix=cfg.topic_prefix, node=cfg.node_name, namespace="+")
 
 
 def default_lc_server(cfg: config_mod.Config) -> str:

@@ -7,13 +7,10 @@ import copy
 import msgspec
 import pytest
 
-from service import ops
 from service.cli import main
-from service.core.gate import GateSpec
-from service.core.rounds import Deployment, RoundRecord
-from service.core.state import JobSpec, JobState, ModelRef
-from service.rollback_cli import answer_of, rollback_envelope
-from service.rounds_view import (
+from service.cli.checking import resource_problems
+from service.cli.commands.rollback import answer_of, rollback_envelope
+from service.cli.rounds import (
     describe_json,
     describe_lines,
     get_columns,
@@ -21,6 +18,10 @@ from service.rounds_view import (
     metric_value,
     sparkline,
 )
+from service.core.gate import GateSpec
+from service.core.rounds import Deployment, RoundRecord
+from service.core.state import JobSpec, JobState, ModelRef
+from tests.cli.documents import JOB as REFERENCE_JOB
 
 T0 = 1_700_000_000_000
 
@@ -118,9 +119,9 @@ def test_describe_json_holds_the_same_data() -> None:
 
 
 def test_get_jobs_shows_the_deployed_version_and_its_main_metric() -> None:
-    assert get_columns(job()) == {"deployed": "-", "metric": "-"}
+    assert get_columns(job()) == {"deployed": None, "metric": None}
     assert get_columns(job(deployed=deployment(4, 0.91234))) == {
-        "deployed": "v4", "metric": "accuracy=0.9123"
+        "deployed": 4, "metric": "accuracy=0.9123"
     }
 
 
@@ -158,11 +159,11 @@ def test_a_bad_version_is_a_usage_error(text: str) -> None:
 
 
 def test_validate_knows_the_deploy_condition() -> None:
-    job = copy.deepcopy(ops._REFERENCE["lifelonglearningjob"])
+    job = copy.deepcopy(REFERENCE_JOB)
     job["spec"]["deploySpec"]["trigger"] = {
         "condition": {"operator": ">", "threshold": "1e999", "metric": "acc[x]"}
     }
-    _, problems = ops.resource_problems(job)
+    _, problems = resource_problems(job)
     assert [(p.path, p.reason) for p in problems] == [
         ("$.spec.deploySpec.trigger.condition.metric",
          "must be a metric name like 'num_of_samples' or 'name[i]'"),
@@ -171,4 +172,4 @@ def test_validate_knows_the_deploy_condition() -> None:
     job["spec"]["deploySpec"]["trigger"]["condition"] = {
         "operator": "ge", "threshold": 0.02, "metric": "precision_delta[1]"
     }
-    assert ops.resource_problems(job)[1] == []
+    assert resource_problems(job)[1] == []

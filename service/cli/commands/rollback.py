@@ -18,12 +18,30 @@ import sys
 import time
 from typing import Any
 
-from service import messages, ops
+from service import messages
 from service.adapters.mqtt import Inbound, MqttClient
+from service.cli.arguments import (
+    COMMON_NOTE,
+    Subcommands,
+    add_connection_flags,
+    add_namespace_flag,
+    name_arg,
+    node_arg,
+    seconds_arg,
+    subcommand,
+)
+from service.cli.connections import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    command_config,
+    mqtt_session,
+    publish_all,
+)
+from service.cli.kinds import JOB
+from service.cli.presence import PRESENCE_WAIT_S, online_replicas, require_served
 from service.errors import BrokerUnavailable, PermanentError
 
 DEFAULT_WAIT_S = 30.0
-JOB_WIRE_KIND = "lifelonglearningjob"
 
 ROLLBACK_EXAMPLES = (
     """examples:
@@ -33,35 +51,38 @@ ROLLBACK_EXAMPLES = (
 The controller copies that round's model to <outputDir>/deploy/index.pkl (whole or not at
 all) and says deploy ready upstream; it refuses while the job's deploy copy is in flight,
 while another rollback copies, while an eval compares its model with the deployed one, or
-when the model file is gone. Exit 1 with its reason, or when no answer came in --timeout."""
-    + ops._COMMON_NOTE
+when the model file is gone. Exit 1 with its reason, or when no answer came in --timeout.
+Nothing is sent unless the node is served by a live controller (--force sends anyway)."""
+    + COMMON_NOTE
 )
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Subcommands) -> None:
     """Add `lifelong rollback`."""
-    parser = ops._parser(
+    parser = subcommand(
         commands, "rollback", "put an earlier round's model back in a job's deploy file",
         ROLLBACK_EXAMPLES,
     )  # fmt: skip
-    parser.add_argument("kind", choices=("job", JOB_WIRE_KIND), metavar="job")
-    parser.add_argument("name", type=ops._name_arg, metavar="NAME")
+    parser.add_argument("kind", choices=("job", JOB.wire), metavar="job")
+    parser.add_argument("name", type=name_arg, metavar="NAME")
     parser.add_argument(
         "--to-version", type=_version_arg, default=None, metavar="V",
         help="the round whose model to restore (default: the previously deployed version)",
     )  # fmt: skip
+    add_namespace_flag(parser, "the job's namespace (default: default)")
     parser.add_argument(
-        "-n", "--namespace", type=ops._namespace_arg, default=ops.DEFAULT_NAMESPACE,
-        help="the job's namespace (default: default)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--node", type=ops._node_arg, default=None, help="edge node (default: LIFELONG_NODE_NAME)"
+        "--node", type=node_arg, default=None, help="edge node (default: LIFELONG_NODE_NAME)"
     )
     parser.add_argument(
-        "--timeout", type=ops._seconds_arg, default=DEFAULT_WAIT_S, metavar="SECONDS",
+        "--timeout", type=seconds_arg, default=DEFAULT_WAIT_S, metavar="SECONDS",
         help=f"how long to wait for the controller's answer (default: {DEFAULT_WAIT_S:g})",
     )  # fmt: skip
-    ops._add_connection_flags(parser)
+    parser.add_argument(
+        "--force", action="store_true",
+        help="send even when no live controller serves the node (it reads the message when "
+        "one starts; the command still waits --timeout for the answer)",
+    )  # fmt: skip
+    add_connection_flags(parser)
     parser.set_defaults(func=_rollback)
 
 
@@ -78,9 +99,8 @@ def _version_arg(text: str) -> int:
 def rollback_envelope(namespace: str, name: str, version: int | None) -> bytes:
     """The downstream `rollback` of a job (checked by the controller's own decoder)."""
     header = messages.Header(
-        namespace=namespace, resource_kind=JOB_WIRE_KIND, resource_name=name,
-        operation="rollback",
-    )  # fmt: skip
+        namespace=namespace, resource_kind=JOB.wire, resource_name=name, operation="rollback"
+    )
     content = None if version is None else {"version": version}
     envelope = messages.encode(messages.Envelope(header=header, content=content))
     messages.decode_envelope(envelope)
@@ -88,30 +108,32 @@ def rollback_envelope(namespace: str, name: str, version: int | None) -> bytes:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    cfg = ops._config(args)
-    node = args.node or cfg.node_name
-    topics = [
-        ops.upstream_filter(cfg.upstream_topic, cfg.topic_prefix, node),
-        f"{cfg.topic_prefix}/{node}/errors",
-    ]
+    cfg = command_config(args)
+    node_cfg = cfg.for_node(args.node or cfg.node_name)
     envelope = rollback_envelope(args.namespace, args.name, args.to_version)
     job = f"{args.namespace}/{args.name}"
+    target = f"version {args.to_version}" if args.to_version else "the previous version"
+    outgoing = [(f"rollback of job {job} to {target}", node_cfg.downstream_topic(), envelope)]
     inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
-    with ops._mqtt(cfg, "rollback", args.timeout, subscriptions=topics, inbound=inbound) as c:
-        _wait_subscribed(c, args.timeout)
-        target = f"version {args.to_version}" if args.to_version else "the previous version"
-        outgoing = [(f"rollback of job {job} to {target}", ops.downstream_topic(
-            cfg.topic_prefix, node), envelope)]  # fmt: skip
-        ops._publish_all(c, outgoing, args.timeout)
+    answers = [node_cfg.upstream_topic_filter(), node_cfg.errors_topic()]
+    presence = [] if args.force else [cfg.presence_filter_all_nodes()]
+    with mqtt_session(
+        cfg, "rollback", args.timeout, subscriptions=answers + presence, inbound=inbound
+    ) as client:
+        _wait_subscribed(client, args.timeout)
+        if not args.force:
+            online = online_replicas(cfg, inbound, [node_cfg.node_name], PRESENCE_WAIT_S)
+            require_served(cfg, [node_cfg.node_name], online)
+        publish_all(client, outgoing, args.timeout)
         answer = _answer(inbound, args, time.monotonic() + args.timeout)
     if answer is None:
         raise PermanentError(
             f"no answer to the rollback of job {job} within {args.timeout:g}s: is a controller "
-            f"serving node {node}? (`lifelong watch` shows what it says)"
+            f"serving node {node_cfg.node_name}? (`lifelong watch` shows what it says)"
         )
     ok, text = answer
     print(text, file=sys.stdout if ok else sys.stderr, flush=True)
-    return ops.EXIT_OK if ok else ops.EXIT_PROBLEM
+    return EXIT_OK if ok else EXIT_PROBLEM
 
 
 def _wait_subscribed(client: MqttClient, timeout_s: float) -> None:

@@ -1,4 +1,4 @@
-"""How the operator commands show a job's rounds, its deployed model and its deploy gate.
+"""How `describe job` and `get jobs` show a job's rounds, its deployed model and its gate.
 
 Pure functions of stored state and round records, for `describe job` (a table of rounds with
 a sparkline of the main metric, or the same data as JSON) and `get jobs` (the deployed
@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
+from service.cli.rendering import Cell, format_time_ms, render
 from service.core.gate import DELTA_SUFFIX, Metrics
 from service.core.rounds import RoundRecord
 from service.core.state import JobState
 from service.logs import redact
-from service.tables import format_time_ms, render
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 NO_VALUE = "·"
@@ -81,14 +81,15 @@ def _deployed_metrics(state: JobState) -> Metrics:
     return state.deployed.metrics if state.deployed is not None else {}
 
 
-def get_columns(state: JobState) -> dict[str, str]:
-    """The `get jobs` columns of the deploy: the deployed version and its main metric."""
+def get_columns(state: JobState) -> dict[str, Cell]:
+    """The `get jobs` columns of the deploy: the deployed version and its main metric as
+    measured in its round (None: nothing deployed, or no such metric)."""
     if state.deployed is None:
-        return {"deployed": "-", "metric": "-"}
+        return {"deployed": None, "metric": None}
     metric = main_metric(state)
     value = metric_value(state.deployed.metrics, metric)
-    shown = "-" if value is None or metric is None else f"{metric}={value:.4g}"
-    return {"deployed": f"v{state.deployed.version}", "metric": shown}
+    shown = None if value is None or metric is None else f"{metric}={value:.4g}"
+    return {"deployed": state.deployed.version, "metric": shown}
 
 
 def describe_lines(state: JobState, records: Sequence[RoundRecord]) -> list[str]:
