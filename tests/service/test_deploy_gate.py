@@ -198,6 +198,12 @@ def test_gate_holds_back_a_worse_model_and_rollback_restores_the_previous(
     _describe_and_get_show_it_all(stack)
     _metrics_show_it(controller)
 
+    # with no controller serving the node, nothing is sent (its presence says offline)
+    controller.stop()
+    unserved = cli(stack, "rollback", "job", JOB)
+    assert unserved.returncode == 1
+    assert "no live controller serves node edge-node" in unserved.stderr
+
 
 def _describe_and_get_show_it_all(stack: Stack) -> None:
     described = cli(stack, "describe", "job", JOB, "-o", "json")
@@ -224,7 +230,7 @@ def _describe_and_get_show_it_all(stack: Stack) -> None:
     assert "Rounds (last 5, oldest first), accuracy: ▃▁█▃·" in text.stdout
     table = cli(stack, "get", "jobs", "-o", "json")
     [row] = json.loads(table.stdout)
-    assert (row["deployed"], row["metric"]) == ("v1", "accuracy=0.7")
+    assert (row["deployed"], row["metric"]) == (1, "accuracy=0.7")
 
 
 def _metrics_show_it(controller: Controller) -> None:
