@@ -31,22 +31,24 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from service import failpoints
 from service.adapters import s3
-from service.adapters.datasets import (
+from service.adapters.datasets.scanner import (
     BLOCK_BYTES,
-    BOTO_ERRORS,
     DEFAULT_MAX_LINE_BYTES,
     Chunk,
     LineCensus,
-    LocalSource,
-    S3Source,
     SampleBatch,
     SampleScanner,
+    iter_batches,
+    sample_lines,
+)
+from service.adapters.datasets.sources import (
+    BOTO_ERRORS,
+    LocalSource,
+    S3Source,
     SourceMissing,
     io_errors,
-    iter_batches,
     open_local,
     open_source,
-    sample_lines,
 )
 from service.adapters.files import LocalFiles
 from service.adapters.s3 import S3Clients, S3CredentialLike
