@@ -1,7 +1,8 @@
 """The history of a job or dataset: one typed record per event that changed or said something.
 
 Written by the processor in the same commit as the state the event produced, read back by the
-CLI (`describe`, `get`); kept as JSON so a record is readable in Redis as it is.
+CLI (`describe`, `get`); stored as msgpack (an idle job's history is most of what it costs
+in Redis), read back from JSON too (the form records had before).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def worth_keeping(record: HistoryRecord) -> bool:
     return record.outcome != "ignored" or bool(record.notes)
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(HistoryRecord)
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(HistoryRecord)
+_json_decoder = msgspec.json.Decoder(HistoryRecord)
 
 
 def encode_record(record: HistoryRecord) -> bytes:
@@ -72,7 +74,8 @@ def decode_records(stored: Iterable[bytes]) -> list[HistoryRecord]:
     records = []
     for data in stored:
         try:
-            records.append(_decoder.decode(data))
+            decoder = _json_decoder if data[:1] == b"{" else _decoder
+            records.append(decoder.decode(data))
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
     return records

@@ -35,7 +35,7 @@ Metrics = dict[str, Values]
 _NAME_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<index>\d+)\])?$")
 
 
-class GateSpec(msgspec.Struct, frozen=True, kw_only=True):
+class GateSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """`deploySpec.trigger.condition`, interpreted (an empty operator is no condition)."""
 
     operator: str

@@ -55,7 +55,7 @@ OPERATORS: Mapping[str, Callable[[float, float], bool]] = {
 }  # fmt: skip
 
 
-class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
+class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The interpreted part of `trainSpec.trigger`.
 
     `window` is (start, end) in minutes of the day, both inclusive; `None` means no timer.

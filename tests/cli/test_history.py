@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from service.history import decode_records, encode_record, last_change_ms
 from tests.cli.documents import RECORDS
 
@@ -13,5 +15,11 @@ def test_last_change_skips_events_that_changed_nothing() -> None:
 
 
 def test_records_skip_unreadable_history() -> None:
-    history = [encode_record(RECORDS[0]), b"not json", b"[]", b'{"at": "x"}']
+    history = [encode_record(RECORDS[0]), b"not json", b"[]", b'{"at": "x"}', b"\x93\x01"]
     assert decode_records(history) == [RECORDS[0]]
+
+
+def test_records_stored_as_json_by_earlier_versions_are_read() -> None:
+    earlier = msgspec.json.encode(RECORDS[1])
+    assert earlier.startswith(b"{") and decode_records([earlier]) == [RECORDS[1]]
+    assert len(encode_record(RECORDS[1])) < len(earlier), "msgpack is the smaller form"
