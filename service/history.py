@@ -38,6 +38,15 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         return (self.phase, self.step, self.version, self.samples)
 
 
+def view_of(state: State | None) -> tuple[str | int | None, ...]:
+    """The view a record of `state` would have (`HistoryRecord.view`)."""
+    if isinstance(state, JobState):
+        return (state.phase, state.step, state.version, None)
+    if isinstance(state, DatasetState) and state.num_samples >= 0:
+        return (None, None, None, state.num_samples)
+    return (None, None, None, None)
+
+
 def record_of(event: str, outcome: Outcome, *, at_ms: int, token: str) -> HistoryRecord:
     """The record of one transition: its verdict, what it said, and the view it left."""
     record = HistoryRecord(
@@ -56,7 +65,8 @@ def record_of(event: str, outcome: Outcome, *, at_ms: int, token: str) -> Histor
 def worth_keeping(record: HistoryRecord) -> bool:
     """Whether a record is stored: an event that changed nothing but bookkeeping and said
     nothing (an idle trigger check, a poll that found nothing new) is only counted, so
-    10,000 idle jobs do not fill Redis with their heartbeats."""
+    10,000 idle jobs do not fill Redis with their heartbeats. Every applied event is kept:
+    the history is the audit of what was applied (a forwarded report included)."""
     return record.outcome != "ignored" or bool(record.notes)
 
 

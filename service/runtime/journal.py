@@ -18,15 +18,23 @@ class Journal:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def write(self, rkey: str, records: Iterable[HistoryRecord]) -> None:
-        for record in records:
+    def write(
+        self, rkey: str, records: Iterable[HistoryRecord], changed: Iterable[bool]
+    ) -> None:
+        """Count every record; log the applied ones and those that say something: at INFO
+        when the transition changed the resource's view or said something, else at DEBUG
+        (thousands of forwarded progress reports a second would otherwise cost more than
+        applying them)."""
+        for record, moved in zip(records, changed, strict=True):
             self._metrics.events.labels(type=record.event, outcome=record.outcome).inc()
             if record.samples is not None:
                 key = parse_rkey(rkey)
                 self._metrics.dataset_samples.labels(key.namespace, key.name).set(record.samples)
-            if worth_keeping(record):
+            level = logging.INFO if moved or record.notes else logging.DEBUG
+            if worth_keeping(record) and log.isEnabledFor(level):
                 key = parse_rkey(rkey)
-                log.info(
+                log.log(
+                    level,
                     "%s %s -> %s%s",
                     record.event,
                     record.outcome,

@@ -63,6 +63,10 @@ class Plan:
     work: tuple[tuple[str, Work], ...]
     #: the history record of every transition, kept or not (the journal counts them all)
     records: tuple[history.HistoryRecord, ...]
+    #: for each record, whether its transition changed the resource's view (phase, step,
+    #: version, sample count): the journal logs those and the records that say something at
+    #: INFO, the rest (a forwarded progress report) at DEBUG
+    changed: tuple[bool, ...]
     rejected: tuple[Rejected, ...]
     #: datasets found unreadable (newly, or for a new reason): on the errors topic, counted
     unreadable: tuple[DatasetUnreadable, ...] = ()
@@ -75,16 +79,20 @@ def plan(
 ) -> Plan:
     """One commit carrying everything the steps did to the resource."""
     fold = _Fold(rkey, initial)
+    view = history.view_of(initial)
     for step in steps:
         if step.accepted is None or step.outcome is None:
             continue
         fold.add(step.entry_id, step.accepted, step.outcome, step.at_ms, config)
         event = type(step.accepted.event).__name__
-        fold.records.append(history.record_of(event, step.outcome, at_ms=step.at_ms, token=token))
+        record = history.record_of(event, step.outcome, at_ms=step.at_ms, token=token)
+        fold.records.append(record)
+        fold.changed.append(record.view() != view)
+        view = record.view()
     ack_ids = tuple(step.entry_id for step in steps)
     return Plan(
-        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected),
-        tuple(fold.unreadable), fold.state,
+        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.changed),
+        tuple(fold.rejected), tuple(fold.unreadable), fold.state,
     )  # fmt: skip
 
 
@@ -99,6 +107,7 @@ class _Fold:
     gm: list[tuple[str, bytes]] = field(default_factory=list)
     work: list[tuple[str, Work]] = field(default_factory=list)
     records: list[history.HistoryRecord] = field(default_factory=list)
+    changed: list[bool] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     unreadable: list[DatasetUnreadable] = field(default_factory=list)
     rounds: list[bytes] = field(default_factory=list)

@@ -231,7 +231,7 @@ class Processor:
                 continue
             for p in batch.plans:
                 _remember(batch.states, p.commit)
-                self._journal.write(p.commit.rkey, p.records)
+                self._journal.write(p.commit.rkey, p.records, p.changed)
                 for rejected in p.rejected:
                     self._rejections.recorded(
                         rejected.topic, rejected.code, rejected.reason, rejected.record

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+
+import pytest
 
 from service.config import Config
 from service.core.effects import AttachDataset, DetachDataset, decode_work
@@ -25,7 +28,9 @@ from service.core.state import DatasetState, State, decode_state
 from service.core.transition import transition
 from service.history import decode_records
 from service.keys import dataset_key, job_key
+from service.metrics import Metrics
 from service.runtime.accept import Accepted
+from service.runtime.journal import Journal
 from service.runtime.planner import Plan, Step, plan
 from tests.core.driver import DATASET, JOB, NS, info, report, spec
 from tests.core.test_rollback import rollback_copied, three_deployed
@@ -166,3 +171,27 @@ def test_an_ended_round_joins_the_commit_and_a_late_refusal_goes_to_the_errors_t
     assert json.loads(base64.b64decode(refusal["payload"])) == {"job": f"{NS}/{JOB}", "version": 1}
     (rejected,) = result.rejected
     assert rejected.code == "rollback_refused" and rejected.record == entry.payload
+
+
+def test_only_transitions_that_change_the_view_count_as_changed() -> None:
+    changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
+    state, _ = steps_of(created(), changed)  # round 1 fires: train/preparing
+    result = planned(state, report("train", "running"), report("train", "running"))
+    assert result.changed == (False, False), "forwarded progress reports move nothing"
+    moved = planned(created(), changed)
+    assert moved.changed == (True,) and moved.records[0].step == "preparing"
+
+
+def test_the_journal_logs_moves_at_info_and_forwards_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, "service.runtime.journal")
+    changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
+    state, _ = steps_of(created(), changed)
+    forwarded = planned(state, report("train", "running"))
+    moved = planned(created(), changed)
+    journal = Journal(Metrics())
+    journal.write(RKEY, forwarded.records, forwarded.changed)
+    journal.write(RKEY, moved.records, moved.changed)
+    levels = [(r.levelno, r.getMessage().split()[0]) for r in caplog.records]
+    assert levels == [(logging.DEBUG, "WorkerReported"), (logging.INFO, "DatasetChanged")]
