@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import baselines, files, idle, lifecycle
+from bench import baselines, decode, files, idle, lifecycle
 from bench.common import Controller, Result, Stack, scratch, stack
 from bench.report import markdown_table, text_table
 
@@ -58,7 +58,7 @@ FULL = Sizes(
     idle_window_s=60,
     failover_trials=20,
 )
-SUITES = ("latency", "throughput", "datasets", "idle", "failover")
+SUITES = ("latency", "throughput", "datasets", "idle", "failover", "decode")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -137,6 +137,9 @@ def run(args: argparse.Namespace) -> list[Result]:
                 "failover",
                 lambda s: lifecycle.failover(s, trials=sizes.failover_trials, lease_s=3.0),
             )
+        if "decode" in wanted:  # in this process: no servers
+            print("[bench] decode...", file=sys.stderr, flush=True)
+            results.extend(decode.decode_cost())
     return results
 
 

@@ -68,7 +68,12 @@ class DatasetChanged(
 class WorkerReported(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="worker-reported"
 ):
-    """A worker's report as it came; what its results mean is the core's to decide."""
+    """A worker's report as it came; what its results mean is the core's to decide.
+
+    `owner_info` is the report's `ownerInfo` as JSON text, validated at intake and only ever
+    forwarded, so it is never parsed again. `channel` says how it came: over the broker,
+    where the ACL ties the worker's name to its login, or over HTTP.
+    """
 
     namespace: str
     name: str  # the owning job
@@ -76,7 +81,8 @@ class WorkerReported(
     kind: WorkerKind
     status: WorkerStatus
     results: tuple[dict[str, Any], ...] = ()
-    owner_info: dict[str, Any] = {}
+    owner_info: bytes = b"{}"
+    channel: Literal["mqtt", "http"] = "mqtt"
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tick"):

@@ -42,7 +42,7 @@ def apply(state: State | None, event: Event, out: Recorder) -> State | None:
     if isinstance(event, JobApplied):
         return _job_applied(state, event, out)
     if isinstance(event, WorkerReported):
-        refusal = reports.refusal(state, event)
+        refusal = reports.refusal(state, event, out.ctx.volume_prefix)
         if refusal is not None:
             out.add(refusal)
             return state
@@ -348,7 +348,7 @@ def _model_copied(job: JobState, event: Event, out: Recorder) -> JobState:
 
 def _forward(job: JobState, event: WorkerReported, out: Recorder) -> None:
     """Every worker message for a known job goes upstream as it came."""
-    output = JobOutput(models=list(event.results), owner_info=event.owner_info)
+    output = JobOutput(models=list(event.results), owner_info=msgspec.Raw(event.owner_info))
     _publish(job, out, JobStatus(phase=event.kind, status=event.status, output=output))
 
 

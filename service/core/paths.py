@@ -72,3 +72,46 @@ def index_prefix(dataset_url: str) -> str:
         head, _, _ = dataset_url[len(S3_SCHEME) :].rpartition("/")
         return S3_SCHEME + head + "/"
     return posixpath.dirname(dataset_url).rstrip("/") + "/"
+
+
+def is_beneath(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies inside it, judged on the names alone.
+
+    Local paths must both be absolute; they are compared component by component after
+    dropping empty and "." components (`/a//b/./c` is `/a/b/c`), so `/a/bc` is not beneath
+    `/a/b`. A ".." component anywhere, a NUL, or a relative path makes the answer False:
+    without the file system, ".." cannot be resolved safely. S3 URLs compare by bucket, then
+    by key prefix ending at a "/" (S3 keys are literal: `s3://b/a//x` is not beneath
+    `s3://b/a/x`); a "." or ".." key component makes the answer False, since some clients
+    normalise them. A local path is never beneath an S3 URL, nor the other way round.
+    Nothing is resolved: symlinks are the file system's business.
+    """
+    if is_remote(path) != is_remote(directory):
+        return False
+    if is_remote(path):
+        return _s3_beneath(path[len(S3_SCHEME) :], directory[len(S3_SCHEME) :])
+    inner, outer = _local_parts(path), _local_parts(directory)
+    if inner is None or outer is None:
+        return False
+    return inner[: len(outer)] == outer
+
+
+def _local_parts(path: str) -> tuple[str, ...] | None:
+    if not path.startswith("/") or "\0" in path:
+        return None
+    parts = tuple(part for part in path.split("/") if part not in ("", "."))
+    return None if ".." in parts else parts
+
+
+def _s3_beneath(path: str, directory: str) -> bool:
+    """Both without the scheme: `bucket/key`."""
+    bucket, _, key = path.partition("/")
+    dir_bucket, _, dir_key = directory.partition("/")
+    if not bucket or bucket != dir_bucket or "\0" in path:
+        return False
+    if any(part in (".", "..") for part in key.split("/") + dir_key.split("/")):
+        return False
+    prefix = dir_key.rstrip("/")
+    if not prefix:
+        return True  # the whole bucket
+    return key.rstrip("/") == prefix or key.startswith(prefix + "/")

@@ -1,5 +1,25 @@
 """What a worker's report means to its job: whether the job will hear it, and which of its
-results are models the lifecycle can go on with."""
+results are models the lifecycle can go on with.
+
+A report is bound to its job and its round:
+
+- **By name.** A report for job `J` must come from a worker named `J-<kind>-<suffix>` (the
+  suffix one DNS label without '-': `J-train-1`, `J-eval-x7k2p`): how Sedna's GM names a
+  job's pods (`{job}-{train|eval}-` plus five random characters) and how `lifelong worker`
+  names its workers (`{job}-{kind}-{version}`). Deploy and inference reports come from the
+  inference worker, named `J-inference-<suffix>` or `J-deploy-<suffix>`. Under the broker's
+  ACL a worker can only publish under its own name, so this is what ties a report to a job.
+  Sedna's worker library reports over HTTP under its `WORKER_NAME`, which the GM sets to
+  `train-worker-<suffix>`, `eval-worker-<suffix>` or `inferworker-<suffix>`, names that say
+  nothing of the job; over HTTP (unauthenticated, so a name proves nothing anyway) those are
+  accepted for reports of their kind.
+- **By round.** The models of a `completed` train or eval report must lie under the output
+  dir the round's `ready` message gave the worker (`{outputDir}/train/{v}/`,
+  `{outputDir}/eval/{v}/` for the job's current version v; an eval report may also name the
+  deployed model, `{outputDir}/deploy/index.pkl`, as Sedna's deploy gate compares against
+  it). A replayed report of an earlier round, or one naming files elsewhere, is refused and
+  changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +27,88 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from service.core import paths
 from service.core.effects import Reject
 from service.core.events import WorkerReported
-from service.core.state import ModelRef, State
+from service.core.state import JobState, ModelRef, State
 from service.messages import STORAGE_URL_PATTERN, Model
 
 _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
+#: The last part of a worker's name: Sedna's five random characters, our runner's version.
+_SUFFIX = re.compile(r"[a-z0-9]+")
+#: The kind levels a worker of each report kind may carry in its name.
+_NAME_KINDS = {
+    "train": ("train",),
+    "eval": ("eval",),
+    "deploy": ("inference", "deploy"),
+    "inference": ("inference", "deploy"),
+}
+#: Sedna's GM sets WORKER_NAME to these plus a random suffix; its library reports over HTTP.
+_SEDNA_LIBRARY_NAMES = {
+    "train": "train-worker-",
+    "eval": "eval-worker-",
+    "deploy": "inferworker-",
+    "inference": "inferworker-",
+}
 
 
-def refusal(state: State | None, report: WorkerReported) -> Reject | None:
+def refusal(state: State | None, report: WorkerReported, volume_prefix: str = "") -> Reject | None:
     """Why a job will not hear this report at all (None: it will).
 
-    The worker endpoint asks this before answering, the transition before applying.
+    The worker endpoint asks this before answering, the transition before applying. The
+    rules (the job exists, the worker is named for it, the models lie in the current round's
+    output dir) are the module's docstring.
     """
-    if state is None:
+    if not isinstance(state, JobState):
         return Reject(code="unknown_job", reason=f"unknown job {report.namespace}/{report.name}")
+    if not worker_named_for(report):
+        levels = " or ".join(f"'{report.name}-{k}-<suffix>'" for k in _NAME_KINDS[report.kind])
+        return Reject(
+            code="foreign_worker",
+            reason=(
+                f"worker {report.worker!r} may not report for job "
+                f"{report.namespace}/{report.name}: a {report.kind} worker of that job is "
+                f"named {levels}"
+            ),
+        )
+    return _outside_round(state, report, volume_prefix)
+
+
+def worker_named_for(report: WorkerReported) -> bool:
+    """Whether the worker's name ties it to the report's job and kind."""
+    worker = report.worker
+    for level in _NAME_KINDS[report.kind]:
+        prefix = f"{report.name}-{level}-"
+        if worker.startswith(prefix) and _SUFFIX.fullmatch(worker[len(prefix) :]):
+            return True
+    library = _SEDNA_LIBRARY_NAMES[report.kind]
+    return (
+        report.channel == "http"
+        and worker.startswith(library)
+        and _SUFFIX.fullmatch(worker[len(library) :]) is not None
+    )
+
+
+def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) -> Reject | None:
+    """Refuses a completed train/eval report naming a model outside the current round."""
+    if report.status != "completed" or report.kind not in ("train", "eval"):
+        return None
+    out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
+    round_dir = paths.round_output_dir(out, report.kind, job.version)
+    deployed = paths.deploy_model(out)
+    for model in usable_models(report.results):
+        url = paths.trim_prefix(volume_prefix, model.url)
+        if paths.is_beneath(url, round_dir) or (report.kind == "eval" and url == deployed):
+            continue
+        return Reject(
+            code="outside_round",
+            reason=(
+                f"{report.kind} worker {report.worker} reported model {url!r}, which is not "
+                f"under {round_dir}/, the output dir of round {job.version} of job "
+                f"{job.namespace}/{job.name}: a replayed report of another round, or a file "
+                "the job does not own"
+            ),
+        )
     return None
 
 
