@@ -14,7 +14,6 @@ Constraints live in the types (``Annotated[..., Meta(...)]``) so the JSON Schema
 import base64
 import binascii
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,8 +23,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import numpy as np
 
+from service import masking
 from service.errors import InvalidMessage, RejectCode
-from service.logs import redact
 
 # --- limits -----------------------------------------------------------------------------------
 # Every inbound message, before it is parsed. What parsing costs is mostly one allocation per
@@ -516,42 +515,19 @@ def rfc3339_utc(moment: datetime) -> str:
     return aware.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-_SECRET_HINT = re.compile(rb"(?i)secret|access_key|password")
-# A JSON string value that is all base64, possibly cut short by the 4 KiB head: how Sedna's
-# GM sends a resource (`content`), so a credential may hide inside it.
-_BASE64_STRING = re.compile(rb'"([A-Za-z0-9+/]{16,}={0,2})(?="|\Z)')
-
-
-def _redact_base64_strings(head: bytes) -> bytes:
-    """Re-encode, masked, every base64 string value whose decoded text names a secret."""
-
-    def masked(match: re.Match[bytes]) -> bytes:
-        encoded = match[1]
-        try:  # a cut-short tail (len % 4 != 0) is dropped: it could only show secret bytes
-            decoded = base64.b64decode(encoded[: len(encoded) // 4 * 4], validate=True)
-        except binascii.Error:
-            return match[0]
-        if not _SECRET_HINT.search(decoded):
-            return match[0]
-        return b'"' + base64.b64encode(redact(decoded.decode("utf-8", "replace")).encode())
-
-    return _BASE64_STRING.sub(masked, head)
-
-
 def make_rejection(topic: str, reason: str, payload: bytes, received_at: datetime) -> Rejection:
     """The errors-topic record of a refused message (first 4 KiB of it, base64).
 
-    Secret-named values (the `sedna.io/credential` annotation's keys) are masked first, in
-    plain JSON and inside base64 content alike: a refused resource must not carry its
-    credential onto the errors topic.
+    Credentials are masked by structure (`service.masking`) in the first 4 KiB, cut off or
+    not, and in the reason; the masked text is cut to 4 KiB again (masking may lengthen it),
+    which can only drop masked text: a refused resource never carries its credential onto
+    the errors topic, the dead-letter stream or a log line.
     """
-    head = _redact_base64_strings(bytes(payload[:REJECTION_PAYLOAD_BYTES]))
-    if _SECRET_HINT.search(head):
-        head = redact(head.decode("utf-8", "replace")).encode()
+    head = masking.mask_bytes(bytes(payload[:REJECTION_PAYLOAD_BYTES]))
     return Rejection(
         topic=topic,
-        reason=redact(reason),
-        payload=base64.b64encode(head).decode("ascii"),
+        reason=masking.mask(reason),
+        payload=base64.b64encode(head[:REJECTION_PAYLOAD_BYTES]).decode("ascii"),
         received_at=rfc3339_utc(received_at),
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from service import messages
+from service import masking, messages
 from service.errors import RejectCode, ServiceError, StoreUnavailable
 from service.metrics import Metrics
 from service.runtime.ports import DeadLetters, Publisher
@@ -58,8 +58,10 @@ class Rejections:
                 log.warning("could not publish rejection: %s", e)
 
     def recorded(self, topic: str, code: RejectCode, reason: str, record: bytes) -> None:
-        """Log, count and dead-letter a rejection whose record is already built."""
-        log.warning("rejected message on %s: %s", topic, reason, extra={"outcome": "rejected"})
+        """Log, count and dead-letter a rejection whose record is already built (its reason
+        is logged masked, as the record holds it)."""
+        masked = masking.mask(reason)
+        log.warning("rejected message on %s: %s", topic, masked, extra={"outcome": "rejected"})
         self._metrics.rejections.labels(reason=code).inc()
         try:
             self._dead_letters.dead_letter(record)
