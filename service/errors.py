@@ -16,7 +16,8 @@ from typing import Literal
 #: come from decoding (`too_many`: a count cap of a free-form field); `unknown_job`,
 #: `immutable_field`, `foreign_worker` (a report from a worker not named for the job),
 #: `outside_round` (a report's model outside the current round's output dir) and
-#: `output_dir_taken` (another job already writes to that outputDir) from the lifecycle.
+#: `output_dir_taken` (another job already writes to that outputDir) from the lifecycle;
+#: `quarantined` when the job's stored state cannot be decoded.
 RejectCode = Literal[
     "invalid",
     "invalid_json",
@@ -31,6 +32,7 @@ RejectCode = Literal[
     "foreign_worker",
     "outside_round",
     "output_dir_taken",
+    "quarantined",
 ]
 
 

@@ -123,6 +123,10 @@ class Keys:
     def fence(self, shard: int) -> str:
         return f"{self._shard(shard)}:fence"
 
+    def broken(self, shard: int) -> str:
+        """Quarantine marks of the shard's resources: a hash rkey -> mark."""
+        return f"{self._shard(shard)}:broken"
+
     def seen(self, shard: int, dedupe: str) -> str:
         """Dedupe marker; the caller's key is digested so any string is a safe key part."""
         return f"{self._shard(shard)}:seen:{_digest(dedupe)}"

@@ -45,6 +45,7 @@ _SCRIPT_NAMES = (
     "acquire",
     "renew",
     "release",
+    "quarantine",
 )
 
 
@@ -87,12 +88,25 @@ class Commit:
     outbox: tuple[OutboxEntry, ...] = ()
     effects: tuple[tuple[str, bytes], ...] = ()
     history: tuple[bytes, ...] = ()
+    clear_mark: bool = False  # the resource's quarantine ended
 
     def __post_init__(self) -> None:
         if self.delete and (self.state is not None or self.keep_state):
             raise ValueError(f"{self.rkey}: delete takes neither state nor keep_state")
         if not self.delete and not self.keep_state and self.state is None:
             raise ValueError(f"{self.rkey}: state is None without delete or keep_state")
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Entries taken out of the ingress (their records dead-lettered by the caller) and,
+    unless ``rkey`` is None (entries of no known resource), the resource's quarantine mark
+    set (``mark``) and a retry timer (``retry_at_ms``) set; applied all-or-nothing."""
+
+    rkey: str | None
+    ack_ids: tuple[str, ...]
+    mark: bytes | None = None
+    retry_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +381,7 @@ class RedisStore:
             return list(self._client.lrange(self.keys.history(rkey), -count, -1))
 
     def commit(
-        self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
+        self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
     ) -> list[list[list[str]] | LeaseLost]:
         """Apply (shard, token, commits) batches, every shard's in one round trip.
 
@@ -376,28 +390,84 @@ class RedisStore:
         them. Per batch, in order: the outbox stream ids of each commit's entries (for
         ``outbox_done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
         by its token, in which case none of that shard's commits wrote anything (the lease
-        cannot change inside the transaction) while the other shards' went through.
+        cannot change inside the transaction) while the other shards' went through. A
+        ``Quarantine`` has no outbox entries (its ids are empty); a commit that clears its
+        resource's mark runs the quarantine script after the commit script.
         """
         calls: list[_Call] = []
         spans: list[tuple[int, int]] = []
+        firsts: list[list[int]] = []  # per batch, the call index of each commit's reply
         for shard, token, commits in batches:
             for c in commits:
-                if shard_of(c.rkey) != shard:
+                if c.rkey is not None and shard_of(c.rkey) != shard:
                     raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
-            start = len(calls)
-            calls.extend(self._commit_call(shard, token, c) for c in commits)
+            start, first = len(calls), []
+            for c in commits:
+                first.append(len(calls))
+                calls.extend(self._commit_calls(shard, token, c))
             spans.append((start, len(calls)))
+            firsts.append([i - start for i in first])
         results = self._eval_raw(calls, what="commit", transaction=len(calls) > 1) if calls else []
         outcomes: list[list[list[str]] | LeaseLost] = []
         with _store_errors("commit"):
-            for start, end in spans:
+            for (start, end), first in zip(spans, firsts, strict=True):
                 try:
                     replies = [_checked(r) for r in results[start:end]]
                 except LeaseLost as e:
                     outcomes.append(e)
                     continue
-                outcomes.append([[_text(stream_id) for stream_id in ids] for ids in replies])
+                outcomes.append(
+                    [
+                        [_text(stream_id) for stream_id in replies[i]]
+                        if isinstance(replies[i], list)
+                        else []
+                        for i in first
+                    ]
+                )
         return outcomes
+
+    def _commit_calls(self, shard: int, token: str, c: Commit | Quarantine) -> list[_Call]:
+        if isinstance(c, Quarantine):
+            return [self._quarantine_call(shard, token, c)]
+        calls = [self._commit_call(shard, token, c)]
+        if c.clear_mark:
+            calls.append(self._quarantine_call(shard, token, Quarantine(c.rkey, ()), clear=True))
+        return calls
+
+    def _quarantine_call(
+        self, shard: int, token: str, q: Quarantine, *, clear: bool = False
+    ) -> _Call:
+        k = self.keys
+        keys = (k.lease(shard), k.broken(shard), k.ingress(shard), k.timers(shard))
+        mode = "clear" if clear else "set" if q.mark is not None else ""
+        retry = "" if q.retry_at_ms is None else str(q.retry_at_ms)
+        args: tuple[bytes | str, ...] = (
+            token, INGRESS_GROUP, q.rkey or "", mode, q.mark or b"", retry, *q.ack_ids,
+        )  # fmt: skip
+        return _Call(self._scripts["quarantine"], keys, args)
+
+    def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
+        """Per shard, the quarantine mark of each quarantined resource, in one round trip."""
+        with _store_errors("quarantine_marks"):
+            pipe = self._client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hgetall(self.keys.broken(shard))
+            replies = pipe.execute()
+        return {
+            shard: {_text(rkey): mark for rkey, mark in marks.items()}
+            for shard, marks in zip(shards, replies, strict=True)
+        }
+
+    def quarantined(self) -> dict[str, bytes]:
+        """Every quarantined resource and its mark (for `describe` and listings)."""
+        marks = self.quarantine_marks(range(NUM_SHARDS))
+        return dict(sorted((rkey, m) for shard in marks.values() for rkey, m in shard.items()))
+
+    def quarantine_mark(self, rkey: str) -> bytes | None:
+        """The resource's quarantine mark, or None when it is not quarantined."""
+        with _store_errors("quarantine_mark"):
+            mark = self._client.hget(self.keys.broken(shard_of(rkey)), rkey)
+        return None if mark is None else bytes(mark)
 
     def _commit_call(self, shard: int, token: str, c: Commit) -> _Call:
         k = self.keys

@@ -168,7 +168,12 @@ class Executor:
         raw = self._store.load([dataset])[dataset]
         if raw is None:
             return  # the job waits; the dataset's first poll will notify it
-        state = decode_state(raw)
+        try:
+            state = decode_state(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # the dataset is quarantined; its next poll after the quarantine tells the job
+            log.warning("job %s waits: dataset %s cannot be decoded", job, dataset)
+            return
         if isinstance(state, DatasetState):
             self._send(job, datasets.notice_for_job(work.namespace, work.name, state), now_ms)
 

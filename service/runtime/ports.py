@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from service.adapters.mqtt import PublishTicket
-from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry
+from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
 from service.errors import LeaseLost
 from service.keys import Keys
 
@@ -48,7 +48,7 @@ class StateStore(Protocol):
     def load(self, rkeys: Sequence[str]) -> dict[str, bytes | None]: ...
 
     def commit(
-        self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
+        self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
     ) -> list[list[list[str]] | LeaseLost]: ...
 
 
@@ -63,7 +63,9 @@ class EffectStore(Protocol):
 
 
 class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
-    """What the processor reads and writes."""
+    """What the processor reads and writes (quarantine marks too)."""
+
+    def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]: ...
 
 
 class OutboxStore(Protocol):

@@ -57,6 +57,13 @@ class Rejections:
             except ServiceError as e:
                 log.warning("could not publish rejection: %s", e)
 
+    def set_aside(self, topic: str, reason: str, payload: bytes, at_ms: int) -> None:
+        """Dead-letter an ingress entry set aside by a quarantine (which logs and counts)."""
+        try:
+            self._dead_letters.dead_letter(rejection_record(topic, reason, payload, at_ms))
+        except StoreUnavailable as e:
+            log.warning("dead-letter stream unavailable: %s", e)
+
     def recorded(self, topic: str, code: RejectCode, reason: str, record: bytes) -> None:
         """Log, count and dead-letter a rejection whose record is already built (its reason
         is logged masked, as the record holds it)."""

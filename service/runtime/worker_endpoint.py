@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import msgspec
+
 from service.core import reports
 from service.core.events import WorkerReported
 from service.core.state import decode_state
@@ -46,7 +48,11 @@ class WorkerEndpoint:
             assert isinstance(accepted.event, WorkerReported)
             job = target_of(accepted.event)
             raw = self._store.load([job])[job]
-            state = decode_state(raw) if raw else None
+            try:
+                state = decode_state(raw) if raw else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                reason = f"job {job} is quarantined: its stored state cannot be decoded"
+                raise InvalidMessage(reason, "$.ownerName", code="quarantined") from None
             refusal = reports.refusal(state, accepted.event, self._volume_prefix)
             if refusal is not None:
                 raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
