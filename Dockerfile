@@ -1,13 +1,16 @@
-# The controller, the worker runner and the demo model in one image (used by compose.yaml).
+# The controller, the worker runner, the demo model and the examples in one image (used by
+# compose.yaml). /data and /output, the examples' dataset and output directories, belong to
+# the image's user, so the examples run as they are (compose mounts volumes there).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY service ./service
+COPY examples ./examples
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --home-dir /app lifelong \
-    && mkdir -p /data && chown lifelong /data
+    && mkdir -p /data /output && chown lifelong /data /output
 
 USER lifelong
 EXPOSE 9100

@@ -9,22 +9,24 @@ came from (variable or flag) and never echoes a password.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import socket
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, cast
 from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
+from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
 from service.errors import ConfigError
 from service.urls import redact_url
 
 LogFormat = Literal["text", "json"]
 
-_MQTT_SCHEMES = ("mqtt", "mqtts")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
 _LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
@@ -34,6 +36,11 @@ _NODE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", re.IGNORECASE)
 # Braces are excluded because key names carry a Redis Cluster hash tag `{ns/name}`.
 _KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _MIN_LEASE_S = 1.0
+# RFC 6750's b64token; at least 16 characters so a guessable word is refused
+_BEARER_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}=*")
+_BEARER_TOKEN_RULE = (
+    "a bearer token must be at least 16 letters, digits or - . _ ~ + / (then optional =)"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,12 +59,18 @@ class Config:
     lease_s: float = 10
     log_format: LogFormat = "text"
     gm_address: str = ""
+    http_token: str = dataclasses.field(default="", repr=False)
+    http_token_file: str = ""
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
         for setting in _SETTINGS:
             value = getattr(self, setting.field)
             setting.check(value if isinstance(value, str) else repr(value), setting.env)
+        if self.http_token and self.http_token_file:
+            raise ConfigError(
+                "LIFELONG_HTTP_TOKEN and LIFELONG_HTTP_TOKEN_FILE: set one of them, not both"
+            )
 
     @classmethod
     def from_env(
@@ -106,6 +119,15 @@ class Config:
     def http_host_port(self) -> tuple[str, int]:
         """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
         return _split_host_port(self.http_addr, "LIFELONG_HTTP_ADDR")
+
+    def http_bearer_token(self) -> str:
+        """The token HTTP clients must present ("" for none): the setting or the file's content.
+
+        The file is read on every call, so a caller reads it once, at start-up.
+        """
+        if self.http_token_file:
+            return _read_token_file(self.http_token_file, "LIFELONG_HTTP_TOKEN_FILE")
+        return self.http_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,11 +187,11 @@ def _no_secret(error: ValueError) -> str:
 
 
 def _parse_mqtt_url(value: str, source: str) -> str:
-    parts = _split_url(value, source, _MQTT_SCHEMES)
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {redact_url(value)!r} names no broker host")
-    if parts.path not in ("", "/"):
-        raise ConfigError(f"{source}: an MQTT URL takes no path")
+    """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
+    try:
+        parse_mqtt_url(value)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     return value
 
 
@@ -315,6 +337,35 @@ def _parse_log_format(value: str, source: str) -> LogFormat:
     raise ConfigError(f"{source}: log format {value!r} must be one of {', '.join(_LOG_FORMATS)}")
 
 
+def _parse_bearer_token(value: str, source: str) -> str:
+    """Empty (no token required) or an RFC 6750 token; the value is never echoed."""
+    if value and not _BEARER_TOKEN_RE.fullmatch(value):
+        raise ConfigError(f"{source}: {_BEARER_TOKEN_RULE}")
+    return value
+
+
+def _read_token_file(path: str, source: str) -> str:
+    """The token a file holds (surrounding white space and the final newline dropped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "not readable as UTF-8"
+        raise ConfigError(f"{source}: cannot read {path!r}: {why}") from None
+    token = text.strip()
+    if not token:
+        raise ConfigError(f"{source}: {path!r} is empty")
+    if not _BEARER_TOKEN_RE.fullmatch(token):
+        raise ConfigError(f"{source}: {path!r} holds no valid token: {_BEARER_TOKEN_RULE}")
+    return token
+
+
+def _parse_token_file(value: str, source: str) -> str:
+    """Empty or a readable file holding a valid token (read now so start-up fails early)."""
+    if value:
+        _read_token_file(value, source)
+    return value
+
+
 @dataclass(frozen=True)
 class _Setting:
     """One configurable value: where it is read from and how it is parsed."""
@@ -344,7 +395,9 @@ _NODE_NAME = _Setting(
 _SETTINGS: tuple[_Setting, ...] = (
     _Setting(
         "mqtt_url", "LIFELONG_MQTT_URL", "--mqtt-url", _parse_mqtt_url,
-        "MQTT broker URL (mqtts:// for TLS, user:pass@ for auth)", "mqtt://127.0.0.1:1883", "URL",
+        "MQTT broker URL (mqtts:// for TLS, user:pass@ for auth, ?protocol=5 or "
+        f"?protocol=3.1.1 to pin the version; accepted: {', '.join(PROTOCOL_WORDS)})",
+        "mqtt://127.0.0.1:1883", "URL",
     ),
     _Setting(
         "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,
@@ -389,5 +442,16 @@ _SETTINGS: tuple[_Setting, ...] = (
         "gm_address", "LIFELONG_GM_ADDRESS", "--gm-address", _parse_gm_address,
         "Sedna GM websocket: host:port, ws:// or wss:// URL (wss: ?ca=&cert=&key=)",
         "unset: no GM link", "ADDR", ("GM_ADDRESS",),
+    ),
+    _Setting(
+        "http_token", "LIFELONG_HTTP_TOKEN", "--http-token", _parse_bearer_token,
+        "bearer token the worker endpoint and /metrics then require (a flag shows in ps: "
+        "prefer the variable or the file)", "none: open, as Sedna's worker library sends none",
+        "TOKEN",
+    ),
+    _Setting(
+        "http_token_file", "LIFELONG_HTTP_TOKEN_FILE", "--http-token-file", _parse_token_file,
+        "file holding that token, e.g. a mounted Kubernetes secret (read at start-up)", "none",
+        "FILE",
     ),
 )  # fmt: skip

@@ -42,7 +42,7 @@ from rich.table import Table
 from service import config as config_mod
 from service import embedded
 from service.adapters.mqtt import MqttClient, MqttSettings
-from service.demo_model import CSV_HEADER, comfort_rows
+from service.demo_model import CSV_HEADER, comfort_rows, drift_c
 from service.errors import BrokerUnavailable, ConfigError
 from service.logs import setup_logging
 from service.worker import Worker, WorkerSettings, upstream_filter
@@ -56,7 +56,6 @@ DATASET = "comfort-samples"
 REPLICAS = ("r1", "r2")
 TRIGGER_SAMPLES = 200
 TRAIN_PROB = 0.8
-DRIFT_C_PER_1000_SAMPLES = 3.0
 INITIAL_SAMPLES = 60
 PACKAGES = ("mosquitto", "redis-server")
 READY_TIMEOUT_S = 20.0
@@ -183,7 +182,7 @@ class Feeder:
 
     @property
     def shift_c(self) -> float:
-        return DRIFT_C_PER_1000_SAMPLES * self.total / 1000
+        return drift_c(self.total)
 
     def append(self, count: int) -> None:
         rows = comfort_rows(self._rng, count, self.shift_c)

@@ -3,7 +3,9 @@
 `python -m service.demo_model train|eval` is what the demo's worker runs, reading the
 environment a Sedna worker pod gets (TRAIN_DATASET_URL / TEST_DATASET_URL, MODEL_URLS,
 OUTPUT_URL) and writing its results to `$LIFELONG_RESULTS_FILE`, so it doubles as an example
-of a worker command. Small and numpy-only on purpose: a round trains in milliseconds, which
+of a worker command. `python -m service.demo_model feed PATH` keeps appending samples to a
+dataset file (what compose.yaml's feeder runs, so that `docker compose up` shows rounds).
+Small and numpy-only on purpose: a round trains in milliseconds, which
 keeps the demo about the controller rather than the model.
 
 The data drift: the temperature people find comfortable rises over time (`shift_c`), so a
@@ -13,9 +15,11 @@ The model file is JSON (weights plus feature scaling), never a pickle.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,8 @@ LABEL_NOISE = 0.03
 TRAIN_STEPS = 400
 LEARNING_RATE = 0.5
 MODEL_URL_SEPARATOR = ";"
+#: How far the comfortable temperature moves as samples accumulate.
+DRIFT_C_PER_1000_SAMPLES = 3.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -49,6 +55,44 @@ def comfort_rows(rng: np.random.Generator, count: int, shift_c: float) -> list[s
     flipped = rng.random(count) < LABEL_NOISE
     labels = np.where(flipped, ~comfortable, comfortable).astype(int)
     return [f"{t:.1f},{h:.0f},{y}" for t, h, y in zip(temperature, humidity, labels, strict=True)]
+
+
+def drift_c(samples_so_far: int) -> float:
+    """The comfort boundary's shift once `samples_so_far` samples were collected."""
+    return DRIFT_C_PER_1000_SAMPLES * samples_so_far / 1000
+
+
+def append_samples(path: Path, rng: np.random.Generator, count: int, samples_so_far: int) -> None:
+    """Append `count` rows to the csv at `path` (its header first when it is new or empty)."""
+    header = "" if path.exists() and path.stat().st_size > 0 else CSV_HEADER + "\n"
+    rows = comfort_rows(rng, count, drift_c(samples_so_far))
+    with open(path, "a") as f:
+        f.write(header + "".join(row + "\n" for row in rows))
+
+
+def count_samples(path: Path) -> int:
+    """Samples (non-empty lines after the header) already in the csv; 0 when it is absent."""
+    if not path.exists():
+        return 0
+    with open(path) as f:
+        return max(sum(1 for line in f if line.strip()) - 1, 0)
+
+
+def feed(path: Path, *, every_s: float, batch: int, limit: int, seed: int) -> int:
+    """Append `batch` samples every `every_s` seconds until the file holds `limit`; carries on
+    from a file that already has some (the drift continues from its count). Returns how many
+    it appended."""
+    rng = np.random.default_rng(seed)
+    have = count_samples(path)
+    appended = 0
+    while have < limit:
+        count = min(batch, limit - have)
+        append_samples(path, rng, count, have)
+        have += count
+        appended += count
+        if have < limit:
+            time.sleep(every_s)
+    return appended
 
 
 def read_csv(path: str) -> tuple[FloatArray, FloatArray]:
@@ -141,10 +185,35 @@ def evaluate(env: Mapping[str, str]) -> dict[str, object]:
     return {"results": results}
 
 
+def feed_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service.demo_model feed",
+        description="Keep appending labelled thermal-comfort samples to a csv dataset.",
+    )
+    parser.add_argument("path", type=Path, help="the dataset file (created with its header)")
+    parser.add_argument("--every", type=float, default=2.0, metavar="S",
+                        help="seconds between batches (default 2)")
+    parser.add_argument("--batch", type=int, default=25, metavar="N",
+                        help="samples per batch (default 25)")
+    parser.add_argument("--limit", type=int, default=100_000, metavar="N",
+                        help="stop once the file holds N samples (default 100000)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["feed"]:
+        options = feed_parser().parse_args(args[1:])
+        try:
+            feed(options.path, every_s=options.every, batch=options.batch, limit=options.limit,
+                 seed=options.seed)  # fmt: skip
+        except OSError as e:
+            print(f"demo_model feed: {e}", file=sys.stderr)
+            return 1
+        return 0
     if args not in (["train"], ["eval"]):
-        print("usage: python -m service.demo_model train|eval", file=sys.stderr)
+        print("usage: python -m service.demo_model train|eval|feed PATH", file=sys.stderr)
         return 2
     try:
         results = train(os.environ) if args[0] == "train" else evaluate(os.environ)

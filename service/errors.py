@@ -67,6 +67,10 @@ class PermanentError(ServiceError):
     """An operation failed in a way retrying will not fix (missing file, access denied)."""
 
 
+class BrokerRefused(PermanentError):
+    """The MQTT broker refused our CONNECT (bad password, not authorised) or a publish."""
+
+
 class TransientError(ServiceError):
     """An operation failed in a way that may succeed if retried."""
 

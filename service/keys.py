@@ -108,6 +108,9 @@ class Keys:
     def outbox(self, shard: int) -> str:
         return f"{self._shard(shard)}:outbox"
 
+    def gm_outbox(self, shard: int) -> str:
+        return f"{self._shard(shard)}:gm-outbox"
+
     def timers(self, shard: int) -> str:
         return f"{self._shard(shard)}:timers"
 
@@ -149,8 +152,16 @@ class Keys:
     def ingress_fence(self) -> str:
         return f"{self.prefix}:{{ingress}}-fence"
 
+    def ingress_subscribed(self) -> str:
+        """The ingress lease token whose holder has its subscription acknowledged."""
+        return f"{self.prefix}:{{ingress}}-subscribed"
+
     def replicas(self) -> str:
         return f"{self.prefix}:replicas"
+
+    def gm_link(self) -> str:
+        """What the GM link's holder last said of the link (a JSON value with a TTL)."""
+        return f"{self.prefix}:gm-link"
 
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"

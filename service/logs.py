@@ -4,6 +4,13 @@ Structured fields travel as `extra=` keys (`job`, `event`, `outcome`...), so the
 serves both formats. Credentials reach the service inside messages and URLs (the
 `sedna.io/credential` annotation, `mqtt://user:pass@host`), so every record is passed through
 `redact` on its way out: a log file must never become a credential store.
+
+Messages quote what senders chose (topics, paths, names), so neither format lets a control
+character through as itself: a line break, a carriage return, an escape sequence or a Unicode
+line separator in a message or a field is written as a visible escape (`\\n`, `\\x1b`,
+`\\u2028`), and no input can forge a log line or rewrite a terminal. In the text format a
+record's traceback follows on lines that each start with two spaces, so every line that starts
+with a timestamp is a record of its own.
 """
 
 from __future__ import annotations
@@ -125,6 +132,40 @@ def _trailer(formatter: logging.Formatter, record: logging.LogRecord) -> str:
     return redact("\n".join(parts))
 
 
+# C0 controls, DEL, C1 controls (U+0085 NEL among them) and the Unicode line and paragraph
+# separators: everything that can end a line or drive a terminal.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# What `json.dumps(..., ensure_ascii=False)` leaves unescaped of those (it escapes C0 itself).
+_JSON_UNESCAPED_RE = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match[0]
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def _escape_controls(text: str) -> str:
+    """`text` with every control character written as a visible escape (`\\n`, `\\x1b`...)."""
+    # isprintable() is one C-speed pass; it is False for every character escaped here (and for
+    # a few harmless ones, such as U+00A0, that the pattern then leaves as they are)
+    if text.isprintable():
+        return text
+    return _CONTROL_RE.sub(_escape_char, text)
+
+
+def _json_line(entry: dict[str, object]) -> str:
+    """One JSON object on one line, with no raw control character even inside strings."""
+    line = json.dumps(entry, default=str, ensure_ascii=False)
+    if line.isprintable():
+        return line
+    return _JSON_UNESCAPED_RE.sub(lambda m: f"\\u{ord(m[0]):04x}", line)
+
+
 def _text_value(value: object) -> str:
     if isinstance(value, str) and value and not re.search(r'[\s"=]', value):
         return value
@@ -132,16 +173,20 @@ def _text_value(value: object) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`<ts> <LEVEL> <logger> key=value ... <message>`, traceback on the following lines."""
+    """`<ts> <LEVEL> <logger> key=value ... <message>`, traceback on the following, indented
+    lines; control characters escaped."""
 
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(f"{k}={_text_value(v)}" for k, v in extras(record).items())
         head = " ".join(
             part for part in (_timestamp(record), record.levelname, record.name, fields) if part
         )
-        line = f"{head} {record.getMessage()}"
+        line = _escape_controls(f"{head} {record.getMessage()}")
         trailer = _trailer(self, record)
-        return f"{line}\n{trailer}" if trailer else line
+        if not trailer:
+            return line
+        indented = "\n".join(f"  {_escape_controls(part)}" for part in trailer.split("\n"))
+        return f"{line}\n{indented}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -159,7 +204,7 @@ class JsonFormatter(logging.Formatter):
         trailer = _trailer(self, record)
         if trailer:
             entry["exc"] = trailer
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return _json_line(entry)
 
 
 def setup_logging(

@@ -1,4 +1,4 @@
-"""The wire contract: msgspec types for every message of CONTRACT.md, and their decoders.
+"""The wire contract: msgspec types for every message on the wire, and their decoders.
 
 Everything that crosses the service's edge is decoded and validated here, once, so the rest of
 the service only ever sees well-formed, frozen values. Decoders raise

@@ -3,14 +3,21 @@
 Each `Metrics` owns its `CollectorRegistry` rather than using prometheus_client's global one,
 so several services (replicas in one test process, benchmarks) never collide on names and
 a test sees only its own counts.
+
+The health gauges carry the node's name so that alerts can ask "does any replica of this
+node hold the ingress" however the scraper labels its targets.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Collection
 from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+
+from service.core.state import JobState, State
 
 # One event's load -> transition -> commit takes about a millisecond; a second is a stall.
 TRANSITION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -19,7 +26,9 @@ TRANSITION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 class Metrics:
     """The service's counters, gauges and histograms, registered in a private registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, gm_link: bool = False) -> None:
+        """`gm_link`: export the GM link's series (only where a GM is configured, so that
+        its alert never fires for a controller that has no link)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.events = Counter(
             "lifelong_events",
@@ -68,14 +77,122 @@ class Metrics:
             ["cause"],
             registry=self.registry,
         )
+        self.dataset_unreadable = Gauge(
+            "lifelong_dataset_unreadable",
+            "1 for each dataset whose source cannot be read now (missing, permission, S3 "
+            "403/404); absent once it can be read or is deleted.",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
+        self.dataset_unreadable_reports = Counter(
+            "lifelong_dataset_unreadable_reports",
+            "Datasets found unreadable, once per change of condition (not per poll).",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
         self.effects = Counter(
             "lifelong_effects",
             "Side effects run (sample files, model copies, publishes), by type and outcome.",
             ["type", "outcome"],
             registry=self.registry,
         )
+        self.ready = Gauge(
+            "lifelong_ready",
+            "1 when this replica is ready: MQTT and Redis connected, and its intake "
+            "subscribed when it holds the ingress lease.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.ingress_held = Gauge(
+            "lifelong_ingress_held",
+            "1 when this replica holds its node's ingress lease (it alone takes in messages).",
+            ["node"],
+            registry=self.registry,
+        )
+        self.redis_up = Gauge(
+            "lifelong_redis_up",
+            "1 when this replica's last lease-keeping round (heartbeat, renewals) reached Redis.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.mqtt_up = Gauge(
+            "lifelong_mqtt_up",
+            "1 when this replica's publishing MQTT client is connected to the broker.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.jobs = Gauge(
+            "lifelong_jobs",
+            "Jobs on the shards this replica holds, by phase and step.",
+            ["phase", "step"],
+            registry=self.registry,
+        )
+        self.job_phase_entered = Gauge(
+            "lifelong_job_phase_entered_timestamp_seconds",
+            "When each job on a shard this replica holds entered its current phase and step "
+            "(Unix time); none for jobs waiting for samples, which may wait for ever.",
+            ["namespace", "name", "phase", "step"],
+            registry=self.registry,
+        )
+        #: (namespace, name) -> (shard, phase, step, phase_since_ms) of each job counted
+        self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
+        self._jobs_lock = threading.Lock()
+        self._kept_shards: frozenset[int] | None = None
+        self.gm = GmLinkMetrics(self.registry) if gm_link else None
 
-        self.gm = GmLinkMetrics(self.registry)
+    def set_health(
+        self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool
+    ) -> None:
+        """This replica's health as 0/1 gauges (refreshed by the presence loop)."""
+        self.ready.labels(node=node).set(float(ready))
+        self.ingress_held.labels(node=node).set(float(ingress_held))
+        self.redis_up.labels(node=node).set(float(redis_up))
+        self.mqtt_up.labels(node=node).set(float(mqtt_up))
+
+    def job_changed(self, shard: int, before: State | None, after: State | None) -> None:
+        """Count a job in its phase and step, from the state a transition left it in.
+
+        A job that is not waiting for samples also has a phase-entry series, replaced when it
+        moves on; a deleted job is forgotten. A job whose entry time is unknown (0: a state
+        older than the field) is counted without a series.
+        """
+        if isinstance(after, JobState):
+            key = (after.namespace, after.name)
+            entry = (shard, after.phase, after.step, after.phase_since_ms)
+            with self._jobs_lock:
+                if self._jobs.get(key) == entry:
+                    return  # the common case: an event that left the job where it was
+                self._forget_job(key)
+                self._jobs[key] = entry
+                self.jobs.labels(after.phase, after.step).inc()
+                if _has_series(entry):
+                    self.job_phase_entered.labels(*key, after.phase, after.step).set(
+                        after.phase_since_ms / 1000
+                    )
+        elif isinstance(before, JobState):
+            with self._jobs_lock:
+                self._forget_job((before.namespace, before.name))
+
+    def keep_jobs_of(self, shards: Collection[int]) -> None:
+        """Forget the jobs on shards this replica no longer holds: their new owner reports
+        them, and a stale copy here would look like a job stuck in its old phase.
+        Cheap when the shards are those of the last call (the processor calls it often)."""
+        kept = frozenset(shards)
+        with self._jobs_lock:
+            if kept == self._kept_shards:
+                return
+            self._kept_shards = kept
+            for key in [k for k, (shard, *_) in self._jobs.items() if shard not in kept]:
+                self._forget_job(key)
+
+    def _forget_job(self, key: tuple[str, str]) -> None:
+        known = self._jobs.pop(key, None)
+        if known is None:
+            return
+        _shard, phase, step, _since = known
+        self.jobs.labels(phase, step).dec()
+        if _has_series(known):
+            self.job_phase_entered.remove(*key, phase, step)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""
@@ -113,3 +230,13 @@ class GmLinkMetrics:
 
     def link_up(self, up: bool) -> None:
         self.up.set(1 if up else 0)
+
+
+def _has_series(entry: tuple[int, str, str, int]) -> bool:
+    """Whether a counted job has a phase-entry series: known entry time, not waiting.
+
+    Waiting for samples is where idle jobs spend their lives; thousands of them would make
+    every scrape long, and no alert watches them.
+    """
+    _shard, _phase, step, since_ms = entry
+    return step != "waiting" and since_ms > 0

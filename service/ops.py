@@ -41,6 +41,7 @@ from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.core.state import DatasetState, JobState, State, decode_state
 from service.errors import (
+    BrokerRefused,
     BrokerUnavailable,
     ConfigError,
     InvalidMessage,
@@ -748,7 +749,12 @@ def _mqtt(
     )
     client.start()
     try:
-        if not client.wait_connected(timeout_s):
+        if not client.wait_connected(timeout_s, stop_on_refusal=True):
+            if client.refusal is not None:
+                raise BrokerRefused(
+                    f"the MQTT broker at {redact_url(cfg.mqtt_url)} refused the connection: "
+                    f"{client.refusal}"
+                )
             raise BrokerUnavailable(
                 f"cannot reach the MQTT broker at {redact_url(cfg.mqtt_url)} within {timeout_s:g}s"
             )
@@ -772,14 +778,21 @@ def _store(cfg: config_mod.Config) -> Iterator[RedisStore]:
 def _publish_all(
     client: MqttClient, outgoing: Sequence[tuple[str, str, bytes]], timeout_s: float
 ) -> None:
-    """Publish (label, topic, payload)s at QoS 1 and print each once the broker has it."""
+    """Publish (label, topic, payload)s at QoS 1 and print each once the broker has it;
+    raise `BrokerRefused` naming every one the broker refused (MQTT 5 only), with its reason."""
     tickets = [(label, topic, client.publish(topic, payload, qos=1))
                for label, topic, payload in outgoing]  # fmt: skip
     deadline = time.monotonic() + timeout_s
+    refused: list[str] = []
     for label, topic, ticket in tickets:
         if not ticket.wait(max(deadline - time.monotonic(), 0.0)):
             raise BrokerUnavailable(f"the broker did not acknowledge {label} within {timeout_s:g}s")
-        print(f"{label} sent to {topic}", flush=True)
+        if ticket.refused:
+            refused.append(f"{label} to {topic} ({ticket.reason})")
+        else:
+            print(f"{label} sent to {topic}", flush=True)
+    if refused:
+        raise BrokerRefused(f"the MQTT broker refused {'; '.join(refused)}")
 
 
 # ============================================================ commands

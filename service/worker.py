@@ -334,9 +334,12 @@ class MqttReporter:
 class HttpReporter:
     """POSTs reports to `{lc_server}/sedna/workers/{worker}/info`, as Sedna's library does."""
 
-    def __init__(self, lc_server: str, retry_s: float = REPORT_RETRY_S) -> None:
+    def __init__(self, lc_server: str, retry_s: float = REPORT_RETRY_S, token: str = "") -> None:
         self._base = lc_server.rstrip("/")
         self._retry_s = retry_s
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
 
     def report(self, worker: str, message: dict[str, Any]) -> None:
         retrying = Retrying(
@@ -351,7 +354,7 @@ class HttpReporter:
         request = urllib.request.Request(
             f"{self._base}/sedna/workers/{worker}/info",
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers=self._headers,
             method="POST",
         )
         try:
@@ -397,7 +400,7 @@ class Worker:
             subscriptions=[upstream_filter(cfg)],
         )
         self._reporter: Reporter = (
-            HttpReporter(settings.lc_server)
+            HttpReporter(settings.lc_server, token=cfg.http_bearer_token())
             if settings.report_http
             else MqttReporter(self._client, cfg)
         )
@@ -405,11 +408,23 @@ class Worker:
         self.tasks_done = 0
 
     def start(self, connect_timeout_s: float = 10.0) -> None:
-        """Connect and begin serving; raises BrokerUnavailable if the broker stays away."""
+        """Connect, subscribe and begin serving; raises BrokerUnavailable if the broker stays
+        away. Returns once the broker acknowledged the subscription: on a first start it
+        holds no session for the runner yet, and a ready message published before that
+        would never reach it."""
         self._client.start()
-        if not self._client.wait_connected(connect_timeout_s):
-            self.stop()
-            raise BrokerUnavailable(f"worker: no MQTT connection after {connect_timeout_s:g}s")
+        deadline = time.monotonic() + connect_timeout_s
+        while not self._client.subscribed:
+            if self._stopping.is_set():
+                return  # a signal asked to stop meanwhile: `wait` returns at once
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BrokerUnavailable(
+                    f"worker: not connected and subscribed after {connect_timeout_s:g}s"
+                )
+            self._stopping.wait(_POLL_S / 4)
+        log.info("worker serving node %s: subscribed to %s", self._cfg.node_name,
+                 upstream_filter(self._cfg))  # fmt: skip
         self._thread.start()
 
     def request_stop(self) -> None:

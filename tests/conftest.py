@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ import pytest
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+from tests import rabbitmq
 from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
 from tests.stack import Stack, stack_on
 
@@ -27,6 +29,20 @@ def mosquitto(tmp_path: Path) -> Iterator[Server]:
 def redis_proc(tmp_path: Path) -> Iterator[Server]:
     with running(redis_server(tmp_path / "redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node() -> Iterator[rabbitmq.RabbitNode]:
+    """One private RabbitMQ node with the MQTT plugin for the whole session (~15 s to boot)."""
+    why = rabbitmq.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    node = rabbitmq.RabbitNode()
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +76,49 @@ def bucket(s3c: S3Client) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3c.create_bucket(Bucket=name)
     return name
+
+
+@dataclass(frozen=True)
+class DeniedS3:
+    """An S3 object that exists, and the keys of a user allowed nothing: every request they
+    make is answered 403 (AccessDenied), as by a bucket whose policy shuts them out."""
+
+    endpoint: str
+    bucket: str
+    key: str
+    access_key_id: str
+    secret_access_key: str
+
+
+#: The requests `s3_denied` makes before IAM is enforced: bucket, object, user, access key.
+_UNAUTHENTICATED_SETUP = 4
+
+
+@pytest.fixture
+def s3_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DeniedS3]:
+    """A moto server of its own that enforces IAM once its first requests (the setup) are
+    done (moto's INITIAL_NO_AUTH_ACTION_COUNT); the shared one lets everybody in."""
+    server = moto_server(tmp_path / "moto-iam")
+    with monkeypatch.context() as env:
+        env.setenv("INITIAL_NO_AUTH_ACTION_COUNT", str(_UNAUTHENTICATED_SETUP))
+        server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.port}"
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}  # fmt: skip
+        s3 = boto3.client("s3", **admin)  # type: ignore[call-overload]
+        s3.create_bucket(Bucket="guarded")
+        s3.put_object(Bucket="guarded", Key="data/train.txt", Body=b"a\nb\n")
+        iam = boto3.client("iam", **admin)  # type: ignore[call-overload]
+        iam.create_user(UserName="outsider")
+        key = iam.create_access_key(UserName="outsider")["AccessKey"]
+        s3.close()
+        iam.close()
+        yield DeniedS3(
+            endpoint, "guarded", "data/train.txt", key["AccessKeyId"], key["SecretAccessKey"]
+        )
+    finally:
+        server.stop()
 
 
 @pytest.fixture

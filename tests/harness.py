@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from service.embedded import free_port, wait_port
 from tests.wait import wait_until
@@ -60,12 +60,17 @@ class Controller:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"controller-{name}.log"
+        # sent as a bearer token by the helpers below when the controller requires one
+        self.http_token = ""
+        #: a command the controller runs under (`setpriv ...` to drop privileges)
+        self.argv_prefix: list[str] = []
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--replica-id", self.name],
+                [*self.argv_prefix, sys.executable, "-m", "service.cli", "serve",
+                 "--replica-id", self.name],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -113,12 +118,15 @@ class Controller:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.http_token}"} if self.http_token else {}
+
     def post_worker(self, worker: str, body: dict[str, Any] | bytes) -> tuple[int, dict[str, Any]]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.http_port}/sedna/workers/{worker}/info",
             data=data,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.auth_headers()},
             method="POST",
         )
         try:
@@ -138,12 +146,14 @@ class Cloud:
         username: str | None = None,
         password: str | None = None,
         ca_path: str | None = None,
+        protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
     ) -> None:
-        """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS."""
+        """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS;
+        `protocol` is MQTT 5 unless the broker speaks only 3.1.1 (RabbitMQ's MQTT plugin)."""
         self.messages: list[tuple[str, dict[str, Any]]] = []
         self._cond = threading.Condition()
         self.client = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
+            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=protocol
         )
         if username is not None:
             self.client.username_pw_set(username, password)
@@ -338,10 +348,11 @@ def append_lines(path: Path, rows: list[str]) -> None:
         f.write("".join(row + "\n" for row in rows))
 
 
-def metric_sum(controller: Controller, name: str, **labels: str) -> float:
+def metric_sum(controller: Controller, name: str, /, **labels: str) -> float:
     """The sum of a metric's samples on the controller's /metrics whose labels match."""
     url = f"http://127.0.0.1:{controller.http_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
+    request = urllib.request.Request(url, headers=controller.auth_headers())
+    with urllib.request.urlopen(request, timeout=5) as response:
         exposition = response.read().decode()
     total = 0.0
     for line in exposition.splitlines():
@@ -357,12 +368,11 @@ def metric_sum(controller: Controller, name: str, **labels: str) -> float:
 
 
 def wait_ingress(controller: Controller, cloud: Cloud, timeout_s: float = 15) -> None:
-    """Block until the controller takes in what is published on its downstream topic.
-
-    /readyz turns ready once the publisher and Redis are up, which can be before the ingress
-    client has subscribed; on a first start there is no session yet to queue a message
-    published in that gap, so it is lost. The probe is a delete of a job nobody knows:
-    harmless, not rejected, and counted in lifelong_events_total.
+    """Block until the controller takes in what is published on its downstream topic,
+    proved end to end: a delete of a job nobody knows (harmless, not rejected, and counted
+    in lifelong_events_total) is sent until one is counted. The retained `online` presence
+    says the same (it waits for the ingress subscription); this also covers a controller
+    whose presence a test cannot see.
     """
     deadline = time.monotonic() + timeout_s
     while metric_sum(controller, "lifelong_events_total", type="JobDeleted") == 0:

@@ -3,22 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.embedded import Server, free_port, mosquitto_server, redis_server, wait_port
+from service.embedded import (
+    Server,
+    find_binary,
+    free_port,
+    mosquitto_server,
+    redis_server,
+    wait_port,
+)
 from service.embedded import running as running_all
 
 __all__ = [
     "Server",
     "free_port",
+    "locked_mosquitto",
     "mosquitto_server",
     "moto_server",
     "redis_server",
     "running",
     "wait_port",
 ]
+
+
+def locked_mosquitto(workdir: Path, users: dict[str, str], acl: str) -> Server:
+    """A mosquitto that lets in only `users` (name -> password, a password file made with
+    mosquitto_passwd) and applies `acl` as its acl_file."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    passwd, acl_file = workdir / "passwd", workdir / "acl"
+    binary = find_binary("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
+    for i, (user, password) in enumerate(users.items()):
+        create = ["-c"] if i == 0 else []
+        subprocess.run(
+            [binary, *create, "-b", str(passwd), user, password], check=True, capture_output=True
+        )
+    acl_file.write_text(acl)
+    return mosquitto_server(
+        workdir,
+        f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl_file}\n",
+    )
 
 
 def moto_server(workdir: Path, port: int | None = None) -> Server:

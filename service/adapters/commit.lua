@@ -9,6 +9,7 @@
 -- KEYS[7] index     {P}:{s<N>}:index            set of rkeys with state
 -- KEYS[8] outbox    {P}:{s<N>}:outbox           stream, fields id/topic/payload
 -- KEYS[9] ingress   {P}:{s<N>}:ingress          stream with consumer group ARGV[8]
+-- KEYS[10] gm       {P}:{s<N>}:gm-outbox        stream, fields id/payload (for the GM link)
 --
 -- ARGV[1]  token           the lease token the commit was computed under
 -- ARGV[2]  rkey            member of timers and index
@@ -19,9 +20,10 @@
 -- ARGV[7]  timer           "" unchanged | "-1" cancel | due ms
 -- ARGV[8]  ingress consumer group
 -- ARGV[9]  history length kept
--- ARGV[10] n_ack   ARGV[11] n_outbox   ARGV[12] n_effects   ARGV[13] n_history
--- ARGV[14...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
---             n_effects (effect id, bytes) pairs, then n_history entries
+-- ARGV[10] n_ack   ARGV[11] n_outbox   ARGV[12] n_effects   ARGV[13] n_history   ARGV[14] n_gm
+-- ARGV[15...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
+--             n_effects (effect id, bytes) pairs, then n_history entries, then n_gm
+--             (id, payload) pairs
 --
 -- Every check happens before the first write, so a refused commit writes nothing.
 -- Returns the outbox stream ids of the entries added, in order (so the caller can publish
@@ -58,7 +60,8 @@ local n_ack = tonumber(ARGV[10])
 local n_outbox = tonumber(ARGV[11])
 local n_effects = tonumber(ARGV[12])
 local n_history = tonumber(ARGV[13])
-local i = 14
+local n_gm = tonumber(ARGV[14])
+local i = 15
 
 if n_ack > 0 then
   local ids = {}
@@ -83,12 +86,21 @@ for _ = 1, n_effects do
   i = i + 2
 end
 
-if mode ~= 'delete' and n_history > 0 then
+if n_history > 0 then
   for _ = 1, n_history do
-    redis.call('RPUSH', KEYS[4], ARGV[i])
+    if mode ~= 'delete' then
+      redis.call('RPUSH', KEYS[4], ARGV[i])
+    end
     i = i + 1
   end
-  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[9]), -1)
+  if mode ~= 'delete' then
+    redis.call('LTRIM', KEYS[4], -tonumber(ARGV[9]), -1)
+  end
+end
+
+for _ = 1, n_gm do
+  redis.call('XADD', KEYS[10], '*', 'id', ARGV[i], 'payload', ARGV[i + 1])
+  i = i + 2
 end
 
 return outbox_ids

@@ -1,38 +1,76 @@
 """The HTTP face of the service: health, readiness, metrics and Sedna's worker report endpoint.
 
-Built on the standard library's `ThreadingHTTPServer`: the traffic is a probe every few
-seconds, a scrape, and a worker report per state change, so a thread per request is ample
-and no framework is needed. What each route means lives in the callbacks the runtime passes
-in; this module only speaks HTTP. Whatever a callback does, the client gets a short JSON
-reason (never a traceback) and the server keeps serving.
+Served by waitress: one event-loop thread accepts connections and reads every request in full
+(headers, then the body, held in memory) before one of a few worker threads runs it, so a
+client that sends slowly costs a socket and a buffer, never a thread. On top of waitress's own
+limits this module adds a deadline per request: a request whose headers and body have not all
+arrived within `request_timeout_s` of its first byte is answered 408 and its connection closed
+(waitress alone only closes connections that stay silent, which a client trickling a byte at a
+time never does). At most `max_connections` connections are open at once; more wait in the
+kernel's accept queue.
+
+What each route means lives in the callbacks the runtime passes in; this module only speaks
+HTTP: it refuses what is not a well-formed request for a route (wrong method, a worker name
+that is not a DNS-1123 subdomain, a body that is not `application/json`, a missing or wrong
+bearer token when one is configured) before any callback sees it. Whatever a callback does,
+the client gets a short JSON reason (never a traceback) and the server keeps serving.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import re
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
+from waitress import wasyncore
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser
+from waitress.server import TcpWSGIServer
+from waitress.task import ErrorTask
+from waitress.trigger import trigger as Trigger  # noqa: N812 (waitress names the class so)
+from waitress.utilities import RequestEntityTooLarge
+
 from service.errors import ConfigError
+from service.messages import DNS_SUBDOMAIN_PATTERN
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
 WORKER_PREFIX = "/sedna/workers/"
 WORKER_SUFFIX = "/info"
+DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+DEFAULT_THREADS = 4
 _GET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
-_REQUEST_TIMEOUT_S = 10.0
-_POLL_INTERVAL_S = 0.1
+_MAX_WORKER_NAME_CHARS = 253
+_WORKER_NAME_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
+_BAD_WORKER_NAME = (
+    "the worker name in the path must be a DNS-1123 subdomain (lowercase letters, digits, '-' "
+    f"and '.', each part starting and ending with a letter or digit, at most "
+    f"{_MAX_WORKER_NAME_CHARS} characters)"
+)
+# Request line and headers together; Sedna's worker library sends a few hundred bytes.
+_MAX_HEADER_BYTES = 16 << 10
 # An oversized body is read and dropped up to this size so the client, still sending, sees the
-# 413 rather than a reset connection; beyond it the connection is simply closed.
+# 413 rather than a reset connection; beyond it the connection is closed at once.
 _DISCARD_MAX_BYTES = 16 << 20
-_DISCARD_CHUNK_BYTES = 64 << 10
+# How often (s) the event loop wakes to enforce deadlines; waitress takes whole seconds.
+_CHECK_INTERVAL_S = 1
+_STOP_WAIT_S = 5
 _JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
 
@@ -43,12 +81,12 @@ WorkerInfoFn = Callable[[str, bytes], tuple[int, str]]
 
 @dataclass(frozen=True)
 class _Routes:
-    """The callbacks and limits a request handler needs."""
+    """The callbacks and the token a request needs."""
 
     ready: ReadyFn
     metrics: MetricsFn
     worker_info: WorkerInfoFn
-    max_body_bytes: int
+    token_digest: bytes | None  # SHA-256 of the bearer token, None when none is required
 
 
 @dataclass(frozen=True)
@@ -56,35 +94,85 @@ class _Reply:
     status: int
     body: bytes
     content_type: str
-    allow: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
 
 
-def _json_reply(status: int, message: str, allow: str = "") -> _Reply:
+def _json_body(status: int, message: str) -> bytes:
     """Sedna's worker library expects `{"status": code, "message": text}`."""
-    body = json.dumps({"status": status, "message": message}).encode()
-    return _Reply(status, body, _JSON, allow)
+    return json.dumps({"status": status, "message": message}).encode()
 
 
-def _worker_name(path: str) -> str | None:
-    """The `{worker}` of `/sedna/workers/{worker}/info`, or None when the path is another."""
+def _json_reply(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> _Reply:
+    return _Reply(status, _json_body(status, message), _JSON, headers)
+
+
+def _refuse(
+    environ: WSGIEnvironment, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
+) -> _Reply:
+    """A request refused before any callback saw it: said to the client and logged."""
+    log.info(
+        "HTTP %s refused from %s: %d %s",
+        environ.get("REQUEST_METHOD"), environ.get("REMOTE_ADDR"), status, message,
+    )  # fmt: skip
+    return _json_reply(status, message, headers)
+
+
+def _worker_segment(path: str) -> str | None:
+    """The raw `{worker}` of `/sedna/workers/{worker}/info`, or None when the path is another."""
     if not (path.startswith(WORKER_PREFIX) and path.endswith(WORKER_SUFFIX)):
         return None
     segment = path[len(WORKER_PREFIX) : -len(WORKER_SUFFIX)]
     if not segment or "/" in segment:
         return None
-    return unquote(segment)
+    return segment
+
+
+def _worker_name(segment: str) -> str | None:
+    """The percent-decoded worker name when it is a DNS-1123 subdomain, else None."""
+    name = unquote(segment, errors="strict") if "%" in segment else segment
+    if len(name) > _MAX_WORKER_NAME_CHARS or not _WORKER_NAME_RE.match(name):
+        return None
+    return name
 
 
 def _not_allowed(path: str) -> _Reply:
     """405 for a known path with the wrong method, 404 for anything else."""
     if path in _GET_ROUTES:
-        return _json_reply(HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", "GET, HEAD")
-    if _worker_name(path) is not None:
-        return _json_reply(HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", "POST")
+        return _json_reply(
+            HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", (("Allow", "GET, HEAD"),)
+        )
+    if _worker_segment(path) is not None:
+        return _json_reply(
+            HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", (("Allow", "POST"),)
+        )
     return _json_reply(HTTPStatus.NOT_FOUND, "not found")
 
 
-def _get(routes: _Routes, path: str) -> _Reply:
+def _unauthorized(routes: _Routes, environ: WSGIEnvironment) -> _Reply | None:
+    """401 unless the request carries the configured bearer token (or none is configured)."""
+    if routes.token_digest is None:
+        return None
+    scheme, _, credentials = str(environ.get("HTTP_AUTHORIZATION", "")).strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return _refuse(
+            environ,
+            HTTPStatus.UNAUTHORIZED,
+            "bearer token required (Authorization: Bearer <token>)",
+            (("WWW-Authenticate", 'Bearer realm="lifelong"'),),
+        )
+    # Digests have one length whatever was sent, so the comparison time says nothing of it.
+    given = hashlib.sha256(credentials.strip().encode("latin-1")).digest()
+    if not hmac.compare_digest(given, routes.token_digest):
+        return _refuse(
+            environ,
+            HTTPStatus.UNAUTHORIZED,
+            "bearer token invalid",
+            (("WWW-Authenticate", 'Bearer realm="lifelong", error="invalid_token"'),),
+        )
+    return None
+
+
+def _get(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
     if path == "/healthz":
         return _Reply(HTTPStatus.OK, b"ok", _TEXT)
     if path == "/readyz":
@@ -92,132 +180,237 @@ def _get(routes: _Routes, path: str) -> _Reply:
         status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
         return _Reply(status, detail.encode(), _TEXT)
     if path == "/metrics":
+        refusal = _unauthorized(routes, environ)
+        if refusal is not None:
+            return refusal
         body, content_type = routes.metrics()
         return _Reply(HTTPStatus.OK, body, content_type)
     return _not_allowed(path)
 
 
-def _worker_reply(code: int, message: str) -> _Reply:
+def _post(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
+    """The worker endpoint: token, name, then body, each checked before the next is looked at."""
+    segment = _worker_segment(path)
+    if segment is None:
+        return _not_allowed(path)
+    refusal = _unauthorized(routes, environ)
+    if refusal is not None:
+        return refusal
+    worker = _worker_name(segment)
+    if worker is None:
+        return _refuse(environ, HTTPStatus.BAD_REQUEST, _BAD_WORKER_NAME)
+    length_text = environ.get("CONTENT_LENGTH")
+    if length_text is None:
+        return _refuse(environ, HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+    media_type = str(environ.get("CONTENT_TYPE", "")).partition(";")[0].strip().lower()
+    if media_type != _JSON:
+        reason = (
+            "Content-Type must be application/json"
+            if media_type
+            else "Content-Type application/json required"
+        )
+        return _refuse(environ, HTTPStatus.UNSUPPORTED_MEDIA_TYPE, reason)
+    body = environ["wsgi.input"].read(int(length_text))  # waitress has checked the number
+    code, message = routes.worker_info(worker, body)
     if not 200 <= code <= 599:
         log.error("worker_info returned HTTP code %r; answering 500", code)
         return _json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
     return _json_reply(code, message)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """One request; all routing decisions are delegated to the module functions above."""
+def _refuse_other(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
+    return _not_allowed(path)
 
-    server_version = "lifelong"
-    sys_version = ""
-    timeout = _REQUEST_TIMEOUT_S
 
-    def __init__(self, *args: Any, routes: _Routes, **kwargs: Any) -> None:
-        self.routes = routes  # set before super().__init__, which handles the request
-        super().__init__(*args, **kwargs)
+_METHODS: dict[str, Callable[[_Routes, str, WSGIEnvironment], _Reply]] = {
+    "GET": _get,
+    "HEAD": _get,
+    "POST": _post,
+}
 
-    def do_GET(self) -> None:
-        self._answer(lambda path: _get(self.routes, path), with_body=True)
 
-    def do_HEAD(self) -> None:
-        self._answer(lambda path: _get(self.routes, path), with_body=False)
+class _App:
+    """The WSGI application: route, answer, and never let an exception reach waitress."""
 
-    def do_POST(self) -> None:
-        self._answer(self._post, with_body=True)
+    def __init__(self, routes: _Routes) -> None:
+        self._routes = routes
 
-    def do_PUT(self) -> None:
-        self._answer(_not_allowed, with_body=True)
-
-    def do_DELETE(self) -> None:
-        self._answer(_not_allowed, with_body=True)
-
-    def do_PATCH(self) -> None:
-        self._answer(_not_allowed, with_body=True)
-
-    def _post(self, path: str) -> _Reply:
-        worker = _worker_name(path)
-        if worker is None:
-            return _not_allowed(path)
-        body = self._read_body()
-        if isinstance(body, _Reply):
-            return body
-        return _worker_reply(*self.routes.worker_info(worker, body))
-
-    def _read_body(self) -> bytes | _Reply:
-        """The request body, or the reply refusing it (missing, malformed or too long)."""
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            return _json_reply(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
-        if not length_text.strip().isdigit():
-            return _json_reply(HTTPStatus.BAD_REQUEST, "Content-Length is not a number")
-        length = int(length_text)
-        if length > self.routes.max_body_bytes:
-            limit = self.routes.max_body_bytes
-            self._discard(length)
-            return _json_reply(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes exceeds {limit}"
-            )
-        body = self.rfile.read(length)
-        if len(body) < length:
-            return _json_reply(HTTPStatus.BAD_REQUEST, "body shorter than Content-Length")
-        return body
-
-    def _discard(self, length: int) -> None:
-        """Read and drop a refused body (bounded), so the reply reaches the client."""
-        self.close_connection = True
-        remaining = length if length <= _DISCARD_MAX_BYTES else 0
-        while remaining > 0:
-            chunk = self.rfile.read(min(remaining, _DISCARD_CHUNK_BYTES))
-            if not chunk:
-                return
-            remaining -= len(chunk)
-
-    def _answer(self, route: Callable[[str], _Reply], *, with_body: bool) -> None:
-        path = urlsplit(self.path).path
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        method = str(environ["REQUEST_METHOD"])
+        # The raw request target, so a percent-encoded '/' stays inside its path segment.
+        path = urlsplit(str(environ.get("REQUEST_URI", ""))).path
         try:
-            reply = route(path)
-        except (TimeoutError, ConnectionError):
-            log.debug("client went away during %s %s", self.command, path)
-            self.close_connection = True
-            return
+            reply = _METHODS.get(method, _refuse_other)(self._routes, path, environ)
         except Exception:
-            log.exception("HTTP %s %s failed", self.command, path)
+            log.exception("HTTP %s %s failed", method, path)
             reply = _json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
-        self._send(reply, with_body=with_body)
-
-    def _send(self, reply: _Reply, *, with_body: bool) -> None:
-        try:
-            self.send_response(reply.status)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(reply.body)))
-            if reply.allow:
-                self.send_header("Allow", reply.allow)
-            self.end_headers()
-            if with_body:
-                self.wfile.write(reply.body)
-        except OSError as e:
-            log.debug("could not answer %s %s: %s", self.command, self.path, e)
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+        log.debug("%s %s %s %d", environ.get("REMOTE_ADDR"), method, path, reply.status)
+        headers = [
+            ("Content-Type", reply.content_type),
+            ("Content-Length", str(len(reply.body))),
+            *reply.headers,
+        ]
+        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
+        return [] if method == "HEAD" else [reply.body]
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer whose stray errors go to our log instead of stderr."""
+class _Parser(HTTPRequestParser):
+    """Waitress's request parser, reading and dropping the body of a request refused as too
+    large (up to `_DISCARD_MAX_BYTES`), so the client, still sending, reads the 413. A client
+    that asked `Expect: 100-continue` has sent no body yet and gets the 413 at once."""
 
-    daemon_threads = True
-    request_queue_size = 128  # the default of 5 drops SYNs when workers report in a burst
+    _discard_left = 0
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.warning("HTTP connection from %s failed", client_address, exc_info=True)
+    def received(self, data: bytes) -> int:
+        if self._discard_left:
+            taken = min(len(data), self._discard_left)
+            self._discard_left -= taken
+            self.completed = self._discard_left == 0
+            return taken
+        consumed = super().received(data)
+        refused_unread = (
+            self.completed
+            and isinstance(self.error, RequestEntityTooLarge)
+            and self.body_bytes_received == 0  # refused on its Content-Length
+        )
+        if refused_unread and self.expect_continue:
+            self.expect_continue = False  # else waitress says "100 Continue" and awaits the body
+        elif refused_unread and 0 < self.content_length <= _DISCARD_MAX_BYTES:
+            self._discard_left = self.content_length
+            self.completed = False
+        return consumed
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+class _ErrorTask(ErrorTask):
+    """Waitress's own refusals (400, 413, 431, ...) as the JSON replies every route gives."""
+
+    def execute(self) -> None:
+        request = cast(HTTPRequestParser, self.request)
+        error = request.error
+        if error is None:  # waitress runs this task only for a request with an error
+            return
+        message = str(error.body)
+        if isinstance(error, RequestEntityTooLarge):
+            limit = self.channel.adj.max_request_body_size - 1
+            length = request.content_length
+            message = (
+                f"body of {length} bytes exceeds {limit}"
+                if length > limit
+                else f"body exceeds {limit} bytes"
+            )
+        body = _json_body(error.code, message)
+        self.status = f"{error.code} {error.reason}"
+        cast(list[tuple[str, str]], self.response_headers).append(("Content-Type", _JSON))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
+class _Channel(HTTPChannel):
+    """One connection; remembers when its request in progress began (for the deadline)."""
+
+    parser_class = _Parser
+    error_task_class = _ErrorTask
+    request_started: float | None = None
+
+    def received(self, data: bytes) -> bool:
+        if self.request is None:
+            self.request_started = time.monotonic()
+        taken = super().received(data)
+        if self.request is None:
+            self.request_started = None
+        return taken
+
+    def began_before(self, moment: float) -> bool:
+        """Whether a request is in progress that began before `moment` (monotonic seconds)."""
+        return self.request_started is not None and self.request_started < moment
+
+    def time_out(self, timeout_s: float) -> None:
+        """Answer 408 and close; runs on the event loop while no task owns the connection."""
+        status = HTTPStatus.REQUEST_TIMEOUT
+        body = _json_body(status, f"request not received in full within {timeout_s:g} s")
+        head = (
+            f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {_JSON}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        reply = head.encode() + body
+        with self.outbuf_lock:
+            self.outbufs[-1].append(reply)
+            self.total_outbufs_len += len(reply)
+        if self.request is not None:
+            self.request.close()
+            self.request = None
+        self.request_started = None
+        self.close_when_flushed = True
+        log.info(
+            "HTTP request from %s not received in full within %g s: answered 408, closed",
+            self.addr[0], timeout_s,
+        )  # fmt: skip
+
+
+class _Server(TcpWSGIServer):
+    """Waitress's TCP server with our channel and the per-request deadline."""
+
+    channel_class = _Channel
+
+    def __init__(
+        self, app: _App, sock: socket.socket, adj: Adjustments, request_timeout_s: float
+    ) -> None:
+        self.request_timeout_s = request_timeout_s
+        self.socket_map: dict[int, Any] = {}  # waitress's dispatchers, keyed by descriptor
+        sockinfo = (sock.family, sock.type, sock.proto, sock.getsockname())
+        super().__init__(app, self.socket_map, True, sock, None, adj, sockinfo, bind_socket=False)
+
+    def maintenance(self, now: float) -> None:
+        """Waitress closes silent connections; this also ends requests past their deadline."""
+        super().maintenance(now)  # type: ignore[arg-type]  # stubs say int; it is time.time()
+        cutoff = time.monotonic() - self.request_timeout_s
+        channels = cast(dict[int, HTTPChannel], self.active_channels)
+        for channel in list(channels.values()):
+            # a connection whose complete request a worker thread is running is not late
+            if (
+                isinstance(channel, _Channel)
+                and channel.began_before(cutoff)
+                and not channel.requests
+            ):
+                channel.time_out(self.request_timeout_s)
+
+    def close(self) -> None:
+        """Close the listener only: the wake-up pipe outlives the loop (see `end_loop`)."""
+        wasyncore.dispatcher.close(self)
+
+    def end_loop(self) -> None:
+        """Have the event loop close the listener and every connection, then return.
+
+        Callable from any thread. The wake-up pipe this pulls is left open (another thread
+        may be pulling it at the same moment, or its descriptor would be reused under that
+        thread's feet); `release` closes it once the loop and the worker threads are done.
+        """
+        wake = cast(Trigger, self.trigger)
+
+        def close_all_but_the_pipe(*_: object) -> None:
+            for dispatcher in list(self.socket_map.values()):
+                with contextlib.suppress(OSError):
+                    if isinstance(dispatcher, HTTPChannel):
+                        dispatcher.handle_close()  # also wakes a task waiting to write
+                    elif dispatcher is not wake:
+                        dispatcher.close()
+            wake.del_channel()  # the map is empty now, so the loop returns
+
+        wake.pull_trigger(close_all_but_the_pipe)
+
+    def release(self) -> None:
+        """Stop the worker threads (waiting a bounded time) and close the wake-up pipe."""
+        self.task_dispatcher.shutdown(timeout=_STOP_WAIT_S)
+        cast(Trigger, self.trigger).close()
 
 
 class HttpServer:
-    """Serves /healthz, /readyz, /metrics and POST /sedna/workers/{worker}/info on a thread."""
+    """Serves /healthz, /readyz, /metrics and POST /sedna/workers/{worker}/info on a thread.
+
+    `token`, when not empty, is required as `Authorization: Bearer <token>` on the worker
+    endpoint and on /metrics (which names every job and dataset); the probes stay open.
+    """
 
     def __init__(
         self,
@@ -228,10 +421,19 @@ class HttpServer:
         metrics: MetricsFn,
         worker_info: WorkerInfoFn,
         max_body_bytes: int = 1 << 20,
+        token: str = "",
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        threads: int = DEFAULT_THREADS,
     ) -> None:
         self._host = host
         self._port = port
-        self._routes = _Routes(ready, metrics, worker_info, max_body_bytes)
+        digest = hashlib.sha256(token.encode("latin-1")).digest() if token else None
+        self._routes = _Routes(ready, metrics, worker_info, digest)
+        self._max_body_bytes = max_body_bytes
+        self._max_connections = max_connections
+        self._request_timeout_s = request_timeout_s
+        self._threads = threads
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -244,34 +446,59 @@ class HttpServer:
         """Bind and serve in a daemon thread; a bind failure is a ConfigError naming the address."""
         if self._server is not None:
             return
-        server_class = _Server6 if ":" in self._host else _Server
-        routes = self._routes
-
-        def handler(*args: Any) -> _Handler:
-            return _Handler(*args, routes=routes)
-
-        try:
-            self._server = server_class((self._host, self._port), handler)
-        except OSError as e:
-            raise ConfigError(
-                f"cannot listen for HTTP on {self._host}:{self._port}: {e.strerror or e}"
-            ) from e
-        self._port = int(self._server.server_address[1])
+        sock = self._bind()
+        adj = Adjustments(
+            sockets=[sock],
+            threads=self._threads,
+            # waitress counts its listener and its wake-up pipe among the connections
+            connection_limit=self._max_connections + 2,
+            channel_timeout=max(1, round(self._request_timeout_s)),
+            cleanup_interval=_CHECK_INTERVAL_S,
+            asyncore_loop_timeout=_CHECK_INTERVAL_S,
+            asyncore_use_poll=True,  # select() fails on descriptors above 1023
+            # waitress refuses a body of this size or more: one byte past ours is allowed
+            max_request_body_size=self._max_body_bytes + 1,
+            inbuf_overflow=self._max_body_bytes + 1,  # keep bodies in memory, never in /tmp
+            max_request_header_size=_MAX_HEADER_BYTES,
+            ident="lifelong",
+            expose_tracebacks=False,
+            clear_untrusted_proxy_headers=True,
+        )
+        server = _Server(_App(self._routes), sock, adj, self._request_timeout_s)
+        self._port = int(sock.getsockname()[1])
+        self._server = server
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL_S},
-            name="lifelong-http",
-            daemon=True,
+            target=self._serve, args=(server,), name="lifelong-http", daemon=True
         )
         self._thread.start()
         log.info("HTTP listening on %s:%d", self._host, self.port)
 
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._host, self._port))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(
+                f"cannot listen for HTTP on {self._host}:{self._port}: {e.strerror or e}"
+            ) from e
+        return sock
+
+    @staticmethod
+    def _serve(server: _Server) -> None:
+        try:
+            server.run()
+        except Exception:
+            log.exception("HTTP event loop failed; the endpoint is down")
+
     def stop(self) -> None:
-        """Stop accepting, close the socket and wait for the serving loop to end."""
+        """Stop accepting, close every connection, wait for the loop and the worker threads."""
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
-        server.shutdown()
-        server.server_close()
+        server.end_loop()
         thread.join()
+        server.release()
         self._server, self._thread = None, None

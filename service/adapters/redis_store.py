@@ -88,6 +88,8 @@ class Commit:
     outbox: tuple[OutboxEntry, ...] = ()
     effects: tuple[tuple[str, bytes], ...] = ()
     history: tuple[bytes, ...] = ()
+    #: upstream messages for the GM link, (id, envelope JSON), when a GM is configured
+    gm: tuple[tuple[str, bytes], ...] = ()
     clear_mark: bool = False  # the resource's quarantine ended
 
     def __post_init__(self) -> None:
@@ -360,11 +362,14 @@ class RedisStore:
             stored = self._client.get(self.keys.resource(rkey))
         return None if stored is None else zlib.decompress(stored)
 
-    def list_rkeys(self, kind: str | None = None) -> list[str]:
-        """Every resource with state, sorted; ``kind`` (``job``/``dataset``) filters."""
+    def list_rkeys(
+        self, kind: str | None = None, shards: Sequence[int] = range(NUM_SHARDS)
+    ) -> list[str]:
+        """Every resource with state (of these shards), sorted; ``kind`` (``job``/``dataset``)
+        filters."""
         with _store_errors("list_rkeys"):
             pipe = self._client.pipeline(transaction=False)
-            for shard in range(NUM_SHARDS):
+            for shard in shards:
                 pipe.smembers(self.keys.index(shard))
             members = pipe.execute()
         prefix = f"{kind}:" if kind else ""
@@ -481,6 +486,7 @@ class RedisStore:
             k.index(shard),
             k.outbox(shard),
             k.ingress(shard),
+            k.gm_outbox(shard),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
@@ -498,6 +504,7 @@ class RedisStore:
             len(c.outbox),
             len(c.effects),
             len(c.history),
+            len(c.gm),
             *c.ack_ids,
         ]
         for entry in c.outbox:
@@ -505,6 +512,8 @@ class RedisStore:
         for effect_id, intent in c.effects:
             args += [effect_id, intent]
         args += c.history
+        for gm_id, payload in c.gm:
+            args += [gm_id, payload]
         return _Call(self._scripts["commit"], keys, tuple(args))
 
     # -- outbox ------------------------------------------------------------------------
@@ -529,6 +538,28 @@ class RedisStore:
             ]
             for shard, entries in zip(shards, replies, strict=True)
         }
+
+    def gm_outbox_read(
+        self, shards: Sequence[int], count: int = 100
+    ) -> dict[int, list[tuple[str, bytes]]]:
+        """Per shard, upstream messages not yet sent to the GM, oldest first, as (stream id,
+        envelope JSON); all shards in one round trip."""
+        with _store_errors("gm_outbox_read"):
+            pipe = self._client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.xrange(self.keys.gm_outbox(shard), count=count)
+            replies = pipe.execute()
+        return {
+            shard: [(_text(entry_id), fields[b"payload"]) for entry_id, fields in entries]
+            for shard, entries in zip(shards, replies, strict=True)
+        }
+
+    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+        """Forget messages the GM link sent."""
+        if not stream_ids:
+            return
+        with _store_errors("gm_outbox_done"):
+            self._client.xdel(self.keys.gm_outbox(shard), *stream_ids)
 
     def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
         """Forget published messages (after the broker's PUBACK)."""
@@ -621,6 +652,19 @@ class RedisStore:
             token = self._client.get(lease_key)
         return None if token is None else _text(token)
 
+    def mark_ingress_subscribed(self, token: str, ttl_ms: int) -> None:
+        """Say that the ingress lease holder ``token`` has its subscription acknowledged,
+        for ``ttl_ms`` (renewed with the lease, so it lapses with a dead holder)."""
+        with _store_errors("mark_ingress_subscribed"):
+            self._client.set(self.keys.ingress_subscribed(), token, px=ttl_ms)
+
+    def ingress_subscribed(self) -> bool:
+        """Whether the current ingress lease holder said its subscription is acknowledged."""
+        keys = (self.keys.ingress_lease(), self.keys.ingress_subscribed())  # one slot
+        with _store_errors("ingress_subscribed"):
+            lease, marker = self._client.mget(keys)
+        return lease is not None and lease == marker
+
     # -- replicas ----------------------------------------------------------------------
 
     def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:
@@ -633,6 +677,15 @@ class RedisStore:
             pipe.zrange(key, 0, -1)
             live = pipe.execute()[-1]
         return sorted(map(_text, live))
+
+    def put_gm_link(self, status: bytes, ttl_ms: int) -> None:
+        """Record the GM link's state (written by its holder, read by the CLI)."""
+        with _store_errors("put_gm_link"):
+            self._client.set(self.keys.gm_link(), status, px=ttl_ms)
+
+    def gm_link(self) -> bytes | None:
+        with _store_errors("gm_link"):
+            return self._client.get(self.keys.gm_link())
 
     def leave(self, replica: str) -> None:
         with _store_errors("leave"):

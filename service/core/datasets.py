@@ -1,11 +1,16 @@
-"""The lifecycle of one dataset: polled for new samples, and what its jobs are told."""
+"""The lifecycle of one dataset: polled for new samples, and what its jobs are told.
+
+A source that cannot be read (missing, permission denied, S3 403/404) is kept in the state
+with its reason and reported once per change of condition, not on every poll; the next poll
+that reads it clears it.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
 from service.core import paths
-from service.core.effects import NotifyJobs, PollDataset
+from service.core.effects import DatasetUnreadable, NotifyJobs, PollDataset
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -106,7 +111,7 @@ def _dataset_applied(
     moved = (event.url, fmt) != (state.url, state.format)
     updated = replace(state, url=event.url, format=fmt, digest=event.digest)
     if moved:
-        updated = replace(updated, cursor=b"")
+        updated = replace(updated, cursor=b"", unreadable=None)
         out.add(
             NotifyJobs(
                 id=out.next_id(), namespace=state.namespace, dataset=state.name, info=_info(updated)
@@ -114,6 +119,17 @@ def _dataset_applied(
         )
         out.note(f"dataset moved to {event.url} ({fmt}): counting again from its start")
     return updated if updated.polling else _poll(updated, out)
+
+
+def _unreadable(state: DatasetState, reason: str, out: Recorder) -> DatasetState:
+    """The source cannot be read: say so when that is news; its count and cursor stay."""
+    if reason == state.unreadable:
+        return state
+    out.add(
+        DatasetUnreadable(namespace=state.namespace, name=state.name, url=state.url, reason=reason)
+    )
+    out.note(f"dataset cannot be read: {reason}; its jobs wait until it can")
+    return replace(state, unreadable=reason)
 
 
 def _dataset_polled(state: DatasetState, event: DatasetPolled, out: Recorder) -> DatasetState:
@@ -124,6 +140,11 @@ def _dataset_polled(state: DatasetState, event: DatasetPolled, out: Recorder) ->
     if event.error is not None:
         out.note(f"dataset poll failed: {event.error}")
         return state
+    if event.unreadable is not None:
+        return _unreadable(state, event.unreadable, out)
+    if state.unreadable is not None:
+        out.note("dataset can be read again")
+        state = replace(state, unreadable=None)
     state = replace(state, cursor=event.cursor)
     if event.num_samples == state.num_samples:
         return state

@@ -1,8 +1,9 @@
 """Effects a transition asks for, as data: messages to publish, refusals, notes, timers, and
 work that does I/O in the background and reports back as an event.
 
-Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`, `Note` and
-`ScheduleCheck` are folded into the transition's commit and never stored on their own.
+Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`,
+`DatasetUnreadable`, `Note` and `ScheduleCheck` are folded into the transition's commit and
+never stored on their own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag=
     """The event is refused: `code` labels the metric, `reason` goes to the errors topic."""
 
     code: RejectCode
+    reason: str
+
+
+class DatasetUnreadable(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-unreadable"
+):
+    """The dataset's source cannot be read, newly or for a new reason: said once on the errors
+    topic (not on every poll) and counted. Nothing was refused: the event applied."""
+
+    namespace: str
+    name: str
+    url: str
     reason: str
 
 
@@ -113,7 +126,7 @@ class DetachDataset(
 
 #: Effects that do I/O in the background and report back as events.
 Work = WriteRound | CopyModel | PollDataset | NotifyJobs | AttachDataset | DetachDataset
-Effect = Publish | Reject | Note | ScheduleCheck | Work
+Effect = Publish | Reject | DatasetUnreadable | Note | ScheduleCheck | Work
 
 _encoder = msgspec.msgpack.Encoder()
 _work_decoder = msgspec.msgpack.Decoder(Work)

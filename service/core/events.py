@@ -43,7 +43,9 @@ class DatasetDeleted(
 class DatasetPolled(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-polled"
 ):
-    """A poll's result: the sample count and the reader's opaque cursor, or why it failed."""
+    """A poll's result: the sample count and the reader's opaque cursor, or why it failed:
+    `error` for a failure worth retrying (an S3 endpoint down), `unreadable` when the source
+    cannot be read until someone acts (missing, permission denied, S3 403/404)."""
 
     namespace: str
     name: str
@@ -51,6 +53,7 @@ class DatasetPolled(
     num_samples: int = 0
     cursor: bytes = b""
     error: str | None = None
+    unreadable: str | None = None
 
 
 class DatasetChanged(
@@ -70,9 +73,10 @@ class WorkerReported(
 ):
     """A worker's report as it came; what its results mean is the core's to decide.
 
-    `owner_info` is the report's `ownerInfo` as JSON text, validated at intake and only ever
-    forwarded, so it is never parsed again. `channel` says how it came: over the broker,
-    where the ACL ties the worker's name to its login, or over HTTP.
+    `owner_info` is the report's `ownerInfo` as JSON text, validated at intake and kept so:
+    it is forwarded as it came, and only a failure's exit code, reason and stderr are ever
+    read out of it again. `channel` says how it came: over the broker, where the ACL ties
+    the worker's name to its login, or over HTTP.
     """
 
     namespace: str

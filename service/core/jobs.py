@@ -5,6 +5,10 @@
     eval/running  --eval completed--> deploy/copying --model copied--> train/waiting
     failures at any step go back to train/waiting (a failed round's train samples first).
 
+A failed round backs off: the n-th failure in a row waits checkPeriodSeconds x 2^(n-1)
+(at most an hour, or one period when that is longer) before the trigger is checked again, so
+a worker that always fails cannot make its job spin; a completed deploy resets the count.
+
 An event that does not fit the job's (phase, step) leaves it unchanged and says why.
 """
 
@@ -32,6 +36,9 @@ from service.core.triggers import NUM_OF_SAMPLES, should_fire
 from service.messages import JobInput, JobOutput, JobStatus
 
 replace = msgspec.structs.replace
+
+#: The longest a failed round waits before the next try (unless the check period is longer).
+MAX_RETRY_DELAY_MS = 3_600_000
 
 
 def apply(state: State | None, event: Event, out: Recorder) -> State | None:
@@ -118,6 +125,9 @@ def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> Jo
         return state
     job = replace(state, spec=event.spec, digest=event.digest)
     out.note("spec updated; applies from the next evaluation")
+    if job.retry_at_ms is not None:
+        # a changed spec (a fixed worker template, say) is worth trying without the wait
+        job = replace(job, retry_at_ms=None)
     if job.step == "waiting" and job.phase == "train" and _active(job):
         due_ms = out.ctx.now_ms + job.spec.trigger.check_period_s * 1000
         job = replace(job, next_check_ms=due_ms)
@@ -174,6 +184,11 @@ def _check_trigger(job: JobState, out: Recorder, *, reschedule: bool) -> JobStat
     if not _active(job):
         return replace(job, next_check_ms=None)
     ctx = out.ctx
+    if job.retry_at_ms is not None and job.retry_at_ms > ctx.now_ms:
+        if job.next_check_ms == job.retry_at_ms:
+            return job
+        out.schedule(job.retry_at_ms)  # a failed round waits out its backoff first
+        return replace(job, next_check_ms=job.retry_at_ms)
     pending = samples.count(job.pending)
     metrics = {NUM_OF_SAMPLES: pending}
     if pending >= 1 and should_fire(job.spec.trigger, metrics, ctx.minute_of_day):
@@ -193,8 +208,9 @@ def _fire(job: JobState, out: Recorder) -> JobState:
     """The trigger fired: round v takes every pending train sample; later ones wait."""
     version = job.version + 1
     job = replace(
-        job, version=version, round=job.pending, pending=(), step="preparing", next_check_ms=None
-    )
+        job, version=version, round=job.pending, pending=(), step="preparing",
+        next_check_ms=None, retry_at_ms=None,
+    )  # fmt: skip
     out.add(_write_round(job, "train", job.round, out))
     out.note(f"train trigger fired: round {version} with {samples.count(job.round)} samples")
     return job
@@ -258,7 +274,7 @@ def _data_written(job: JobState, event: Event, out: Recorder) -> JobState:
         return job
     if event.error is not None:
         _publish(job, out, JobStatus(phase=event.phase, status="failed", reason=event.error))
-        return _back_to_train(job, out, event.error, retry_now=False)
+        return _back_to_train(job, out, event.error)
     models = job.train_models if event.phase == "eval" else ()
     job_input = _round_input(job, event.phase, models)
     _publish(job, out, JobStatus(phase=event.phase, status="ready", input=job_input))
@@ -269,7 +285,7 @@ def _no_usable_model(job: JobState, event: WorkerReported, out: Recorder) -> Job
     """`completed` without a model to go on with: the round failed, and the cloud says why."""
     reason = reports.no_usable_model(event)
     _publish(job, out, JobStatus(phase=event.kind, status="failed", reason=reason))
-    return _back_to_train(job, out, reason, retry_now=True)
+    return _back_to_train(job, out, reason)
 
 
 def _train_completed(job: JobState, event: Event, out: Recorder) -> JobState:
@@ -284,31 +300,49 @@ def _train_completed(job: JobState, event: Event, out: Recorder) -> JobState:
 
 def _worker_failed(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, WorkerReported)
-    return _back_to_train(job, out, f"{event.kind} worker {event.worker} failed", retry_now=True)
+    return _back_to_train(job, out, reports.failure(event))
 
 
-def _back_to_train(job: JobState, out: Recorder, reason: str, *, retry_now: bool) -> JobState:
+def retry_delay_ms(check_period_s: int, failures: int) -> int:
+    """How long the `failures`-th failed round in a row waits before the next trigger check:
+    one check period, doubled for every further failure, capped at an hour (a check period
+    longer than that is kept: a failure never brings the next check forward)."""
+    period_ms = check_period_s * 1000
+    doubled = period_ms << min(max(failures - 1, 0), 32)
+    return max(period_ms, min(doubled, MAX_RETRY_DELAY_MS))
+
+
+def _back_to_train(job: JobState, out: Recorder, reason: str) -> JobState:
     """Back to train/waiting; a round whose training did not complete returns its samples
-    to the front of the pending set, so the next round (v+1) trains on them again.
-
-    A worker's failure re-arms the trigger at once (pending changed); our own effect's
-    permanent failure waits one check period, so a broken store does not spin rounds.
-    """
-    out.note(f"round {job.version} {job.phase} failed: {reason}; back to train")
+    to the front of the pending set, so the next round (v+1) trains on them again."""
+    what = f"round {job.version} {job.phase} failed"
     job = replace(
         job,
         phase="train",
         step="waiting",
         pending=samples.concat(job.round, job.pending),
         round=(),
-        last_error=reason,
-        next_check_ms=None,
     )
-    if retry_now:
-        return _check_trigger(job, out, reschedule=True)
-    due_ms = out.ctx.now_ms + job.spec.trigger.check_period_s * 1000
-    out.schedule(due_ms)
-    return replace(job, next_check_ms=due_ms)
+    return _round_failed(job, out, what, reason)
+
+
+def _round_failed(job: JobState, out: Recorder, what: str, reason: str) -> JobState:
+    """Count the failure and wait out its backoff before the trigger is checked again."""
+    failures = job.consecutive_failures + 1
+    delay_ms = retry_delay_ms(job.spec.trigger.check_period_s, failures)
+    retry_at_ms = out.ctx.now_ms + delay_ms
+    out.note(
+        f"{what}: {reason}; back to train, failure {failures} in a row, "
+        f"next try in {delay_ms / 1000:g} s"
+    )
+    out.schedule(retry_at_ms)
+    return replace(
+        job,
+        last_error=reason,
+        consecutive_failures=failures,
+        retry_at_ms=retry_at_ms,
+        next_check_ms=retry_at_ms,
+    )
 
 
 # ================================================================= deploy
@@ -336,13 +370,13 @@ def _model_copied(job: JobState, event: Event, out: Recorder) -> JobState:
     if _stale_round(job, event, out):
         return job
     models = JobInput(models=list(job.eval_models))
-    if event.error is None:
-        _publish(job, out, JobStatus(phase="deploy", status="ready", input=models))
-    else:
+    job = replace(job, phase="train", step="waiting", next_check_ms=None)
+    if event.error is not None:
         status = JobStatus(phase="deploy", status="failed", reason=event.error, input=models)
         _publish(job, out, status)
-        out.note(f"deploy of round {job.version} failed: {event.error}")
-    job = replace(job, phase="train", step="waiting", last_error=event.error, next_check_ms=None)
+        return _round_failed(job, out, f"deploy of round {job.version} failed", event.error)
+    _publish(job, out, JobStatus(phase="deploy", status="ready", input=models))
+    job = replace(job, last_error=None, consecutive_failures=0, retry_at_ms=None)
     return _check_trigger(job, out, reschedule=True)
 
 

@@ -27,13 +27,19 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from service.core import paths
 from service.core.effects import Reject
 from service.core.events import WorkerReported
 from service.core.state import JobState, ModelRef, State
+from service.logs import redact
 from service.messages import STORAGE_URL_PATTERN, Model
 
 _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
+#: How much of a failed worker's stderr (its tail) and stated reason a job keeps.
+STDERR_TAIL_CHARS = 400
+REASON_CHARS = 200
 #: The last part of a worker's name: Sedna's five random characters, our runner's version.
 _SUFFIX = re.compile(r"[a-z0-9]+")
 #: The kind levels a worker of each report kind may carry in its name.
@@ -133,6 +139,45 @@ def no_usable_model(report: WorkerReported) -> str:
         f"{report.kind} worker {report.worker} completed without a usable model "
         f"({len(report.results)} results; each model needs a string url)"
     )
+
+
+def failure(report: WorkerReported) -> str:
+    """Why a worker failed, as its job keeps it: the exit code, reason and stderr tail its
+    report carried in `ownerInfo` (what `lifelong worker` sends: `exitCode`, `stderr`,
+    `reason`; Sedna's own worker library sends none), bounded and with secrets masked.
+    Only those three fields are read out of the ownerInfo text."""
+    try:
+        info = msgspec.json.decode(report.owner_info, type=_FailureInfo)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        info = _FailureInfo()
+    details = []
+    code = info.exit_code
+    if isinstance(code, int) and not isinstance(code, bool):
+        details.append(f"exit code {code}")
+    reason = info.reason
+    if isinstance(reason, str) and reason.strip():
+        details.append(_one_line(reason)[:REASON_CHARS])
+    stderr = info.stderr
+    if isinstance(stderr, str) and stderr.strip():
+        details.append(f"stderr: {_one_line(stderr)[-STDERR_TAIL_CHARS:]}")
+    text = f"{report.kind} worker {report.worker} failed"
+    if details:
+        text += f" ({'; '.join(details)})"
+    return text
+
+
+class _FailureInfo(msgspec.Struct, frozen=True):
+    """What `failure` reads of a report's ownerInfo (other fields are skipped unparsed)."""
+
+    exit_code: object = msgspec.field(default=None, name="exitCode")
+    reason: object = None
+    stderr: object = None
+
+
+def _one_line(text: str) -> str:
+    """Secrets masked (before cutting: a cut could split a secret from the key naming it),
+    then non-empty lines, stripped, joined with " | ": a reason fits one log line."""
+    return " | ".join(line.strip() for line in redact(text).splitlines() if line.strip())
 
 
 def _model_of(result: object) -> Model | None:

@@ -67,6 +67,12 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     shrunk: bool = False
     next_check_ms: int | None = None
     last_error: str | None = None
+    #: when the job entered its (phase, step), ms; 0: unknown (a state from before this field)
+    phase_since_ms: int = 0
+    #: rounds failed in a row (reset by a completed deploy); each waits longer to retry
+    consecutive_failures: int = 0
+    #: no round starts before this time after a failure (None: no failure waiting)
+    retry_at_ms: int | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):
@@ -78,6 +84,8 @@ class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     num_samples: int = -1
     cursor: bytes = b""
     polling: bool = False
+    #: why the source cannot be read now (missing, permission, S3 403/404); None: it can
+    unreadable: str | None = None
 
 
 State = JobState | DatasetState

@@ -33,8 +33,18 @@ def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
         result = datasets.apply(state, event, out)
     else:
         result = jobs.apply(state, event, out)
+    result = _stamp_phase(state, result, ctx.now_ms)
     effects = tuple(out.effects)
     return Outcome(result, effects, verdict(state, result, effects))
+
+
+def _stamp_phase(before: State | None, after: State | None, now_ms: int) -> State | None:
+    """Record when a job entered its (phase, step): now, if it is new or they changed."""
+    if not isinstance(after, JobState):
+        return after
+    if isinstance(before, JobState) and (before.phase, before.step) == (after.phase, after.step):
+        return after
+    return msgspec.structs.replace(after, phase_since_ms=now_ms)
 
 
 def verdict(before: State | None, after: State | None, effects: tuple[Effect, ...]) -> Verdict:

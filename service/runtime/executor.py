@@ -130,12 +130,15 @@ class Executor:
     def _poll(self, work: PollDataset) -> DatasetPolled:
         cursor = _cursor_decoder.decode(work.cursor) if work.cursor else Cursor()
         cred = self._credential(dataset_key(work.namespace, work.name), work.url)
+        polled = DatasetPolled(namespace=work.namespace, name=work.name, url=work.url)
         try:
             poll = self._reader.poll(work.url, work.format, cursor, cred)
-        except (PermanentError, TransientError) as e:
-            return DatasetPolled(
-                namespace=work.namespace, name=work.name, url=work.url, error=redact(str(e))
-            )
+        except PermanentError as e:  # permission denied, S3 403, a bad credential...
+            return msgspec.structs.replace(polled, unreadable=redact(str(e)))
+        except TransientError as e:
+            return msgspec.structs.replace(polled, error=redact(str(e)))
+        if poll.missing:
+            return msgspec.structs.replace(polled, unreadable=f"{work.url} does not exist")
         # The byte count shows a poll reads only what was appended (the seed's bug 13); a
         # poll that found nothing new is not worth an info line every period.
         progressed = poll.rewritten or poll.cursor != cursor
@@ -148,12 +151,8 @@ class Executor:
             poll.bytes_read,
             extra={"dataset": f"{work.namespace}/{work.name}", "effect": "poll-dataset"},
         )
-        return DatasetPolled(
-            namespace=work.namespace,
-            name=work.name,
-            url=work.url,
-            num_samples=poll.num_samples,
-            cursor=_cursor_encoder.encode(poll.cursor),
+        return msgspec.structs.replace(
+            polled, num_samples=poll.num_samples, cursor=_cursor_encoder.encode(poll.cursor)
         )
 
     def _notify(self, work: NotifyJobs, now_ms: int) -> None:

@@ -1,6 +1,7 @@
-"""The MQTT intake: while this replica holds the ingress lease it subscribes, and every
-message it receives is decoded, validated and appended to its shard's ingress stream before
-the broker is told "got it". Bad messages become rejections and are acknowledged."""
+"""The intake: while this replica holds the ingress lease it subscribes to the node's MQTT
+topics (and holds the link to Sedna's GM, when one is configured), and every message it
+receives is decoded, validated and appended to its shard's ingress stream before the broker
+is told "got it". Bad messages become rejections and are acknowledged."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from service.runtime.accept import (
     worker_topic_name,
 )
 from service.runtime.clock import Clock
+from service.runtime.gm import GM_TOPIC, GmBridge
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
@@ -35,6 +37,7 @@ SESSION_EXPIRY_S = 7 * 24 * 3600
 STORE_RETRY_S = 0.5
 
 ClientFactory = Callable[[queue.SimpleQueue[Inbound]], MqttClient]
+GmFactory = Callable[[queue.SimpleQueue[Inbound]], GmBridge]
 
 
 def ingress_client_factory(config: Config) -> ClientFactory:
@@ -69,6 +72,7 @@ class Intake:
         clock: Clock,
         stop: threading.Event,
         client_factory: ClientFactory,
+        gm_factory: GmFactory | None = None,
     ) -> None:
         self._downstream_topic = config.downstream_topic()
         self._store = store
@@ -78,7 +82,9 @@ class Intake:
         self._stop = stop
         self._client_factory = client_factory
         self._inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        self._gm_factory = gm_factory
         self._client: MqttClient | None = None
+        self._gm: GmBridge | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ the subscription
@@ -89,18 +95,39 @@ class Intake:
             if held and self._client is None and not self._stop.is_set():
                 self._client = self._client_factory(self._inbound)
                 self._client.start()
+                if self._gm_factory is not None:
+                    self._gm = self._gm_factory(self._inbound)
+                    self._gm.start()
             elif not held and self._client is not None:
                 self._client.stop()
                 self._client = None
+                if self._gm is not None:
+                    self._gm.stop()
+                    self._gm = None
 
     @property
     def state(self) -> str:
-        """standby (another replica takes messages in), connecting, or up."""
+        """standby (another replica takes messages in), connecting, or up (subscribed)."""
         with self._lock:
             client = self._client
         if client is None:
             return "standby"
-        return "up" if client.connected else "connecting"
+        return "up" if client.subscribed else "connecting"
+
+    @property
+    def subscribed(self) -> bool:
+        """This replica's ingress client has every subscription acknowledged by the broker."""
+        return self.state == "up"
+
+    @property
+    def gm_state(self) -> str:
+        """off (no GM configured), standby (another replica holds the link), or the link's
+        status: connecting, up or down."""
+        if self._gm_factory is None:
+            return "off"
+        with self._lock:
+            gm = self._gm
+        return "standby" if gm is None else gm.status
 
     # ------------------------------------------------------------ taking messages in
     def run_once(self) -> None:
@@ -117,7 +144,7 @@ class Intake:
         self._take_in(batch)
 
     def _take_in(self, batch: list[Inbound]) -> None:
-        accepted: list[tuple[Inbound, int, bytes, str]] = []
+        accepted: list[tuple[Inbound, int, bytes, str | None]] = []
         for msg in batch:
             now_ms = self._clock.now_ms()
             try:
@@ -126,7 +153,9 @@ class Intake:
                 self._rejections.refuse(msg.topic, e.code, e.detail, msg.payload, now_ms)
                 self._ack(msg)
                 continue
-            digest = hashlib.sha256(msg.topic.encode() + b"\0" + msg.payload).hexdigest()
+            # MQTT may redeliver a message: its digest lets the store drop the copy. The GM
+            # never redelivers, and re-sends a resource on purpose: no marker is needed.
+            digest = None if msg.topic == GM_TOPIC else _digest(msg)
             shard = shard_of(target_of(event.event))
             accepted.append((msg, shard, encode_accepted(event), digest))
         if accepted and self._append(accepted):
@@ -134,7 +163,7 @@ class Intake:
             for msg, *_ in accepted:
                 self._ack(msg)
 
-    def _append(self, accepted: list[tuple[Inbound, int, bytes, str]]) -> bool:
+    def _append(self, accepted: list[tuple[Inbound, int, bytes, str | None]]) -> bool:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
         and the broker redelivers it to the next holder)."""
         failpoints.hit("intake-before-durable")
@@ -153,7 +182,7 @@ class Intake:
         return False
 
     def _accept(self, msg: Inbound, now_ms: int) -> Accepted:
-        if msg.topic == self._downstream_topic:
+        if msg.topic in (self._downstream_topic, GM_TOPIC):
             return accept_downstream(msg.topic, msg.payload, now_ms)
         worker = worker_topic_name(msg.topic)
         if worker is None:
@@ -164,3 +193,7 @@ class Intake:
         with self._lock:
             if self._client is not None:
                 self._client.ack(msg)
+
+
+def _digest(msg: Inbound) -> str:
+    return hashlib.sha256(msg.topic.encode() + b"\0" + msg.payload).hexdigest()

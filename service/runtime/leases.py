@@ -5,6 +5,10 @@ token, so a replica frozen past its lease can never write again. Every `ttl/3` t
 heartbeats, renews what it holds, gives back what exceeds its fair share and takes free
 shards up to it. The fair share is ceil(shards / live replicas), so two replicas split 8/8 and
 a survivor takes all 16 once the dead one's leases and heartbeat expire.
+
+The ingress lease holder also says in Redis, with each renewal, when its subscription is
+acknowledged; the other replicas read it, so each knows whether a message sent to the node
+now is taken in (`ingress_ready`, which gates the `online` presence).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class LeaseKeeper:
         clock: Clock,
         on_acquired: Callable[[int], None],
         on_ingress: Callable[[bool], None],
+        ingress_subscribed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._store = store
         self._replica = replica
@@ -59,6 +64,8 @@ class LeaseKeeper:
         self._clock = clock
         self._on_acquired = on_acquired
         self._on_ingress = on_ingress
+        self._ingress_subscribed = ingress_subscribed
+        self._ready_elsewhere = False
         self._lock = threading.Lock()
         self._tokens: dict[int, str] = {}
         self._ingress_token: str | None = None
@@ -83,6 +90,15 @@ class LeaseKeeper:
     @property
     def holds_ingress(self) -> bool:
         return self._ingress_token is not None
+
+    @property
+    def ingress_ready(self) -> bool:
+        """A message sent to the node now is taken in: this replica holds the ingress and
+        its client is subscribed, or another live replica's is (as it said in Redis at this
+        replica's last tick)."""
+        if self.holds_ingress:
+            return self._ingress_subscribed()
+        return self._ready_elsewhere
 
     @property
     def ingress_token(self) -> str:
@@ -165,6 +181,8 @@ class LeaseKeeper:
         keys = self._store.keys
         if self._ingress_token is not None:
             if self._store.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
+                if self._ingress_subscribed():
+                    self._store.mark_ingress_subscribed(self._ingress_token, self._ttl_ms)
                 return
             self._ingress_token = None
             log.warning("MQTT ingress lease lost")
@@ -172,10 +190,13 @@ class LeaseKeeper:
         token = self._store.acquire(
             keys.ingress_lease(), keys.ingress_fence(), self._replica, self._ttl_ms
         )
-        if token is not None:
-            self._ingress_token = token
-            log.info("holding the MQTT ingress lease (%s)", token)
-            self._on_ingress(True)
+        if token is None:
+            self._ready_elsewhere = self._store.ingress_subscribed()
+            return
+        self._ingress_token = token
+        self._ready_elsewhere = False
+        log.info("holding the MQTT ingress lease (%s)", token)
+        self._on_ingress(True)
 
     def release_all(self) -> None:
         keys = self._store.keys

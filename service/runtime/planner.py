@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from service import history, messages
 from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
-from service.core.effects import Note, Publish, Reject, ScheduleCheck, Work, encode_work
+from service.core.effects import (
+    DatasetUnreadable,
+    Note,
+    Publish,
+    Reject,
+    ScheduleCheck,
+    Work,
+    encode_work,
+)
 from service.core.outcome import Outcome
 from service.core.state import State, encode_state
 from service.errors import RejectCode
@@ -52,6 +60,10 @@ class Plan:
     #: the history record of every transition, kept or not (the journal counts them all)
     records: tuple[history.HistoryRecord, ...]
     rejected: tuple[Rejected, ...]
+    #: datasets found unreadable (newly, or for a new reason): on the errors topic, counted
+    unreadable: tuple[DatasetUnreadable, ...] = ()
+    #: the resource's state once the commit applies (None: it is gone)
+    state: State | None = None
 
 
 def plan(
@@ -66,7 +78,10 @@ def plan(
         event = type(step.accepted.event).__name__
         fold.records.append(history.record_of(event, step.outcome, at_ms=step.at_ms, token=token))
     ack_ids = tuple(step.entry_id for step in steps)
-    return Plan(fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected))
+    return Plan(
+        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.rejected),
+        tuple(fold.unreadable), fold.state,
+    )  # fmt: skip
 
 
 @dataclass
@@ -77,9 +92,11 @@ class _Fold:
     initial: State | None
     state: State | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)
+    gm: list[tuple[str, bytes]] = field(default_factory=list)
     work: list[tuple[str, Work]] = field(default_factory=list)
     records: list[history.HistoryRecord] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    unreadable: list[DatasetUnreadable] = field(default_factory=list)
     timer_ms: int | None = None
     resource: bytes | None = None
 
@@ -96,12 +113,20 @@ class _Fold:
             if isinstance(effect, ScheduleCheck):
                 self.timer_ms = effect.due_ms
             elif isinstance(effect, Publish):
-                self.outbox.append(_upstream(self.rkey, effect, config))
+                entry = _upstream(self.rkey, effect, config)
+                self.outbox.append(entry)
+                if config.gm_address:
+                    self.gm.append((entry.id, entry.payload))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)
                 self.rejected.append(refusal)
                 rejection_id = f"{entry_id}/rejection"
                 self.outbox.append(OutboxEntry(rejection_id, config.errors_topic(), refusal.record))
+            elif isinstance(effect, DatasetUnreadable):
+                self.unreadable.append(effect)
+                record = _unreadable_record(effect, at_ms, config)
+                entry = OutboxEntry(f"{entry_id}/unreadable", config.errors_topic(), record)
+                self.outbox.append(entry)
             elif not isinstance(effect, Note):
                 self.work.append((effect.id, effect))
 
@@ -115,7 +140,7 @@ class _Fold:
         if self.state is None:
             return Commit(
                 rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
-                effects=intents,
+                effects=intents, gm=tuple(self.gm),
             )  # fmt: skip
         kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
         return Commit(
@@ -127,6 +152,7 @@ class _Fold:
             outbox=outbox,
             effects=intents,
             history=kept,
+            gm=tuple(self.gm),
         )
 
 
@@ -141,6 +167,13 @@ def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
     )
     payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
     return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
+
+
+def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:
+    """The errors-topic record of an unreadable dataset, shaped like a rejection: the topic
+    its resource came on, the reason, and its URL as the payload."""
+    reason = f"dataset {effect.namespace}/{effect.name} cannot be read: {effect.reason}"
+    return rejection_record(config.downstream_topic(), reason, effect.url.encode(), at_ms)
 
 
 def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:

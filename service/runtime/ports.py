@@ -67,6 +67,8 @@ class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
 
     def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]: ...
 
+    def list_rkeys(self, kind: str | None = None, shards: Sequence[int] = ...) -> list[str]: ...
+
 
 class OutboxStore(Protocol):
     def outbox_read(
@@ -94,6 +96,10 @@ class LeaseStore(Protocol):
     def release(self, lease_key: str, token: str) -> bool: ...
 
     def leave(self, replica: str) -> None: ...
+
+    def mark_ingress_subscribed(self, token: str, ttl_ms: int) -> None: ...
+
+    def ingress_subscribed(self) -> bool: ...
 
 
 class DeadLetters(Protocol):
@@ -133,3 +139,15 @@ class ExecutorStore(StateStore, Protocol):
         dedupe_ttl_ms: int = 60_000,
         token: str = "",
     ) -> str | None: ...
+
+
+class GmOutboxStore(Protocol):
+    """Upstream messages waiting for the GM link, and the link's recorded state."""
+
+    def gm_outbox_read(
+        self, shards: Sequence[int], count: int = 100
+    ) -> dict[int, list[tuple[str, bytes]]]: ...
+
+    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
+
+    def put_gm_link(self, status: bytes, ttl_ms: int) -> None: ...

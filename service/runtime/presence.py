@@ -1,9 +1,16 @@
 """A replica's retained presence topic: `online` once it can take messages, `offline` when
-it stops (or, through its last will, when it dies)."""
+it stops (or, through its last will, when it dies).
+
+"Can take messages" means a message published to the node now is taken in: the ingress is
+subscribed (SUBACK received), by this replica or by another live one. Saying `online` any
+earlier let a cloud peer that sends on first sight lose its message on a first start, when
+the broker holds no session for the ingress client id yet to queue it.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from service import messages
@@ -21,8 +28,17 @@ def presence_payload(replica: str, state: messages.PresenceState, now_ms: int) -
 
 
 class Presence:
-    def __init__(self, *, config: Config, replica: str, publisher: Publisher, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        replica: str,
+        publisher: Publisher,
+        clock: Clock,
+        can_take_messages: Callable[[], bool],
+    ) -> None:
         self._topic = config.presence_topic(replica)
+        self._can_take_messages = can_take_messages
         self._replica = replica
         self._publisher = publisher
         self._clock = clock
@@ -34,8 +50,8 @@ class Presence:
             self._due.set()
 
     def announce(self) -> None:
-        """Publish `online` when due and the publisher is connected."""
-        if self._due.is_set() and self._publisher.connected:
+        """Publish `online` when due, the publisher is connected and messages are taken in."""
+        if self._due.is_set() and self._publisher.connected and self._can_take_messages():
             self._due.clear()
             self._publish("online")
 

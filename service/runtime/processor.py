@@ -27,6 +27,7 @@ from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, decode_accepted, target_of
 from service.runtime.clock import Clock
+from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
 from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
@@ -82,6 +83,7 @@ class Processor:
         outbox: OutboxPublisher,
         journal: Journal,
         rejections: Rejections,
+        datasets: DatasetHealth,
         metrics: Metrics,
         stop: threading.Event,
     ) -> None:
@@ -94,6 +96,7 @@ class Processor:
         self._outbox = outbox
         self._journal = journal
         self._rejections = rejections
+        self._datasets = datasets
         self._metrics = metrics
         self._stop = stop
         self._states = ShardStates()
@@ -120,6 +123,8 @@ class Processor:
         held = self._leases.held()
         self._states.keep_only(held)
         self._quarantines.keep_only(held)
+        self._metrics.keep_jobs_of(held)
+        self._datasets.keep_only(held)
         if not held:
             self._stop.wait(0.1)
             return
@@ -140,11 +145,27 @@ class Processor:
         with self._fresh_lock:
             fresh = sorted(s for s in self._fresh if s in held)
             self._fresh.clear()
+        self._report_jobs(fresh)
         now_s = self._clock.monotonic_s()
         if now_s >= self._pending_sweep_at_s:
             self._pending_sweep_at_s = now_s + self._config.lease_s
             fresh = sorted(held)
         return fresh
+
+    def _report_jobs(self, shards: list[int]) -> None:
+        """Set the phase gauges of the jobs on shards that just became ours: a job waiting for
+        its worker may get no event for hours, and would have no series here until then."""
+        if not shards:
+            return
+        try:
+            states = self._store.load(self._store.list_rkeys("job", shards))
+        except StoreUnavailable:
+            with self._fresh_lock:
+                self._fresh.update(shards)
+            raise
+        for rkey, raw in states.items():
+            if raw is not None:
+                self._metrics.job_changed(shard_of(rkey), None, decode_state(raw))
 
     def _recover(self, shards: list[int]) -> None:
         """Redo what is pending in shards just become ours (or whose commit's fate is unknown).
@@ -237,6 +258,7 @@ class Processor:
                     self._rejections.recorded(
                         rejected.topic, rejected.code, rejected.reason, rejected.record
                     )
+                self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
                 if p.commit.clear_mark:
                     self._quarantines.ended(batch.shard, p.commit.rkey)
             for isolation in batch.isolations:
@@ -351,6 +373,7 @@ class Processor:
             outcome = self._run(state, item.accepted.event, ctx)
             state = outcome.state
             steps.append(Step(item.entry_id, item.accepted, outcome, now_ms))
+        self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
 
     def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
 from service.adapters.http import HttpServer
-from service.adapters.mqtt import MqttClient, MqttSettings
+from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
@@ -33,9 +34,11 @@ from service.errors import ServiceError, StoreUnavailable
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.clock import Clock, SystemClock
+from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
 from service.runtime.executor import Executor
-from service.runtime.intake import Intake, ingress_client_factory
+from service.runtime.gm import GmBridge
+from service.runtime.intake import GmFactory, Intake, ingress_client_factory
 from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher
@@ -81,7 +84,7 @@ class Replica:
         self.config = config
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
-        self.metrics = Metrics()
+        self.metrics = Metrics(gm_link=bool(config.gm_address))
         self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -95,8 +98,9 @@ class Replica:
             on_connection_change=self._on_publisher_connection,
         )
         self.presence = Presence(
-            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock
-        )
+            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock,
+            can_take_messages=lambda: self.leases.ingress_ready,
+        )  # fmt: skip
         self.rejections = Rejections(
             dead_letters=self.store, publisher=self.publisher,
             errors_topic=config.errors_topic(), metrics=self.metrics,
@@ -104,10 +108,12 @@ class Replica:
         self.leases = LeaseKeeper(
             self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
+            ingress_subscribed=lambda: self.intake.subscribed,
         )  # fmt: skip
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
+            gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
         endpoint = WorkerEndpoint(
@@ -116,8 +122,22 @@ class Replica:
         )  # fmt: skip
         host, port = config.http_host_port()
         self.http = HttpServer(
-            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report
-        )
+            host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
+            token=config.http_bearer_token(),
+        )  # fmt: skip
+
+    def _gm_factory(self) -> GmFactory:
+        """A new link to the GM each time this replica takes the ingress lease."""
+
+        def build(inbound: queue.SimpleQueue[Inbound]) -> GmBridge:
+            return GmBridge(
+                address=self.config.gm_address, node=self.config.node_name,
+                replica=self.replica, store=self.store, inbound=inbound,
+                rejections=self.rejections, metrics=self.metrics, clock=self.clock,
+                report_ttl_ms=int(self.config.lease_s * 3000),
+            )  # fmt: skip
+
+        return build
 
     def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
         """The processor and what it hands its results to: effects, outbox, timers."""
@@ -136,8 +156,8 @@ class Replica:
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
-            journal=Journal(self.metrics), rejections=self.rejections, metrics=self.metrics,
-            stop=self._stop,
+            journal=Journal(self.metrics), rejections=self.rejections,
+            datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.timers = Timers(self.store, self.leases, self.clock)
 
@@ -209,14 +229,14 @@ class Replica:
     # ================================================================ health
     def ready(self) -> tuple[bool, str]:
         """Ready: MQTT and Redis connected and, when this replica holds the ingress lease, its
-        subscribing client connected too (so a message sent now is not missed)."""
+        client subscribed too (so a message sent now is not missed)."""
         intake = self.intake.state
         mqtt_ok = self.publisher.connected
         redis_ok = self.leases.store_ok
         intake_ok = intake == "up" or (intake == "standby" and not self.leases.holds_ingress)
         detail = (
             f"mqtt={'up' if mqtt_ok else 'down'} redis={'up' if redis_ok else 'down'} "
-            f"shards={len(self.leases.held())} ingress={intake}"
+            f"shards={len(self.leases.held())} ingress={intake} gm={self.intake.gm_state}"
         )
         return mqtt_ok and redis_ok and intake_ok, detail
 
@@ -235,6 +255,13 @@ class Replica:
     def _presence_once(self) -> None:
         self.presence.announce()
         self.metrics.leases_held.set(len(self.leases.held()))
+        self.metrics.set_health(
+            self.config.node_name,
+            ready=self.ready()[0],
+            ingress_held=self.leases.holds_ingress,
+            redis_up=self.leases.store_ok,
+            mqtt_up=self.publisher.connected,
+        )
 
     def _outbox_once(self) -> None:
         self.outbox.run_once()

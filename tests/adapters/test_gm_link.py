@@ -536,7 +536,7 @@ def test_wss_with_a_ca_and_a_client_certificate(tmp_path: Path) -> None:
 
 
 def test_frames_reconnects_and_link_up_are_counted(gm: GmStandIn) -> None:
-    metrics = Metrics()
+    metrics = Metrics(gm_link=True)
 
     def sample(name: str, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, labels)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 
 from service.adapters.http import HttpServer
 from service.errors import ConfigError
@@ -68,14 +75,18 @@ def server(callbacks: Callbacks) -> Iterator[HttpServer]:
 
 
 def request(
-    server: HttpServer, path: str, method: str = "GET", body: bytes | None = None
+    server: HttpServer,
+    path: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    timeout_s: float = TIMEOUT_S,
 ) -> tuple[int, bytes, dict[str, str]]:
     """Send one request; HTTP errors are returned like successes, not raised."""
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", body, method=method)
     if body is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read(), dict(resp.headers)
     except urllib.error.HTTPError as e:
         with e:
@@ -155,13 +166,14 @@ def test_worker_info_rejected(server: HttpServer) -> None:
     }
 
 
-def test_body_without_content_type_is_accepted(server: HttpServer, callbacks: Callbacks) -> None:
+def test_body_without_content_type_is_415(server: HttpServer, callbacks: Callbacks) -> None:
+    """A browser sends a Blob body without a type cross-site with no preflight: refused too."""
     body = worker_body("w-2")
-    status, _ = raw_request(
+    status, reply = raw_request(
         server, "POST", "/sedna/workers/w-2/info", {"Content-Length": str(len(body))}, body
     )
-    assert status == 200
-    assert callbacks.calls == [("w-2", body)]
+    assert (status, json.loads(reply)["message"]) == (415, "Content-Type application/json required")
+    assert callbacks.calls == []
 
 
 def test_body_over_limit_is_413(server: HttpServer, callbacks: Callbacks) -> None:
@@ -171,6 +183,24 @@ def test_body_over_limit_is_413(server: HttpServer, callbacks: Callbacks) -> Non
         assert json.loads(body)["message"] == f"body of {size} bytes exceeds {MAX_BODY_BYTES}"
     assert callbacks.calls == []
     assert request(server, "/healthz")[0] == 200
+
+
+def test_an_oversize_body_awaiting_100_continue_is_refused_before_it_is_sent(
+    server: HttpServer, callbacks: Callbacks
+) -> None:
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S)
+    with client:
+        client.sendall(b"POST /sedna/workers/w-1/info HTTP/1.1\r\nHost: lifelong\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 4194304\r\n"
+                       b"Expect: 100-continue\r\n\r\n")  # fmt: skip
+        received = b""
+        while chunk := client.recv(4096):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 413 "), received
+    assert json.loads(received.partition(b"\r\n\r\n")[2])["message"] == (
+        f"body of 4194304 bytes exceeds {MAX_BODY_BYTES}"
+    )
+    assert callbacks.calls == []
 
 
 def test_missing_content_length_is_411(server: HttpServer, callbacks: Callbacks) -> None:
@@ -268,3 +298,311 @@ def test_port_in_use_is_one_clear_error(server: HttpServer, callbacks: Callbacks
     with pytest.raises(ConfigError, match=rf"^cannot listen for HTTP on .*:{server.port}: "):
         clash.start()
     assert request(server, "/healthz")[0] == 200
+
+
+# ================================================================ hostile clients
+
+TOKEN = "s3cr3t-t0ken-0123456789"
+ServerFactory = Callable[..., HttpServer]
+
+
+@pytest.fixture
+def make_server(callbacks: Callbacks) -> Iterator[ServerFactory]:
+    """Start servers with non-default options; every one is stopped at the end."""
+    started: list[HttpServer] = []
+
+    def make(**options: Any) -> HttpServer:
+        srv = HttpServer("127.0.0.1", 0, ready=callbacks.ready, metrics=callbacks.render,
+                         worker_info=callbacks.worker_info, **options)  # fmt: skip
+        srv.start()
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+def post(
+    server: HttpServer, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, dict[str, Any], http.client.HTTPMessage]:
+    """POST with exactly these headers (plus Content-Length); the JSON reply and its headers."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT_S)
+    try:
+        conn.request("POST", path, body, {**headers, "Content-Length": str(len(body))})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read()), resp.headers
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",  # a browser's cross-site "simple" POST needs no preflight with these
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonp",
+        "application/json-seq",
+        "",
+    ],
+)
+def test_only_json_bodies_reach_the_worker_endpoint(
+    server: HttpServer, callbacks: Callbacks, content_type: str
+) -> None:
+    status, reply, _ = post(server, "/sedna/workers/w-1/info", worker_body("w-1"),
+                            {"Content-Type": content_type})  # fmt: skip
+    assert status == 415
+    assert reply["message"] in (
+        "Content-Type must be application/json",
+        "Content-Type application/json required",
+    )
+    assert callbacks.calls == []
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"]
+)
+def test_json_bodies_with_parameters_are_taken(
+    server: HttpServer, callbacks: Callbacks, content_type: str
+) -> None:
+    body = worker_body("w-1")
+    status, reply, _ = post(server, "/sedna/workers/w-1/info", body, {"Content-Type": content_type})
+    assert (status, reply) == (200, {"status": 200, "message": "OK"})
+    assert callbacks.calls == [("w-1", body)]
+
+
+def test_what_sedna_sends_is_taken(server: HttpServer, callbacks: Callbacks) -> None:
+    """Sedna's worker library itself posts with `requests.request("POST", url, json=message)`
+    (sedna.service.client.LCClient.send): the same call, through the same library."""
+    message = json.loads(worker_body("w-1"))
+    url = f"http://127.0.0.1:{server.port}/sedna/workers/w-1/info"
+    with requests.Session() as session:  # keep-alive, as LCReporter's repeated reports
+        for _ in range(2):
+            response = session.request(method="POST", url=url, json=message, timeout=TIMEOUT_S)
+            assert response.status_code == 200
+            assert response.json() == {"status": 200, "message": "OK"}
+    taken = [(worker, json.loads(body)) for worker, body in callbacks.calls]
+    assert taken == [("w-1", message)] * 2
+
+
+def test_a_token_guards_the_worker_endpoint_and_metrics(
+    make_server: ServerFactory, callbacks: Callbacks
+) -> None:
+    srv = make_server(token=TOKEN)
+    path, body = "/sedna/workers/w-1/info", worker_body("w-1")
+    json_type = {"Content-Type": "application/json"}
+    required = "bearer token required (Authorization: Bearer <token>)"
+    refused = [
+        ({}, required),
+        ({"Authorization": f"Basic {TOKEN}"}, required),
+        ({"Authorization": "Bearer"}, required),
+        ({"Authorization": "Bearer wrong-token-0123456789"}, "bearer token invalid"),
+        ({"Authorization": f"Bearer {TOKEN}x"}, "bearer token invalid"),
+        ({"Authorization": f"Bearer {TOKEN[:-1]}"}, "bearer token invalid"),
+    ]  # fmt: skip
+    for headers, message in refused:
+        status, reply, reply_headers = post(srv, path, body, {**json_type, **headers})
+        assert (status, reply["message"]) == (401, message), headers
+        assert reply_headers["WWW-Authenticate"].startswith('Bearer realm="lifelong"')
+    assert callbacks.calls == []
+    for scheme in ("Bearer", "bearer"):
+        authorization = {"Authorization": f"{scheme} {TOKEN}"}
+        status, reply, _ = post(srv, path, body, {**json_type, **authorization})
+        assert (status, reply) == (200, {"status": 200, "message": "OK"})
+    assert callbacks.calls == [("w-1", body)] * 2
+
+    # the probes stay open; the metrics name every job, so they need the token too
+    assert request(srv, "/healthz")[:2] == (200, b"ok")
+    assert request(srv, "/readyz")[0] == 200
+    assert request(srv, "/metrics")[0] == 401
+    metrics = urllib.request.Request(f"http://127.0.0.1:{srv.port}/metrics",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    with urllib.request.urlopen(metrics, timeout=TIMEOUT_S) as resp:
+        assert resp.status == 200 and b"lifelong_events_total" in resp.read()
+
+
+@pytest.mark.parametrize(
+    "segment",
+    [
+        "w%0A2026-01-01T00:00:00.000Z%20ERROR%20forged",  # a newline: forged a log line once
+        "%0A", "w%0D", "w%1B%5B2J", "w%00", "w%E2%80%A8", "W-1", "w_1", "w%2F..%2Fx", "-w",
+        "w-", "w..x", "%ZZ", "%C3%A9", "w" * 254,
+    ],
+)  # fmt: skip
+def test_worker_name_is_checked_before_the_body(
+    server: HttpServer, callbacks: Callbacks, segment: str
+) -> None:
+    # the body is not even JSON: the name is refused before anything reads it
+    status, reply, _ = post(server, f"/sedna/workers/{segment}/info", b"{not json",
+                            {"Content-Type": "application/json"})  # fmt: skip
+    assert status == 400
+    assert reply["message"].startswith("the worker name in the path must be a DNS-1123 subdomain")
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in reply["message"])
+    assert "forged" not in reply["message"] and "%" not in reply["message"]
+    assert callbacks.calls == []
+
+
+def test_a_percent_encoded_valid_name_is_decoded(server: HttpServer, callbacks: Callbacks) -> None:
+    body = worker_body("w-1")
+    status, _, _ = post(server, "/sedna/workers/w%2D1/info", body,
+                        {"Content-Type": "application/json"})  # fmt: skip
+    assert status == 200
+    assert callbacks.calls == [("w-1", body)]
+
+
+def test_oversize_headers_and_chunked_bodies_are_refused(
+    server: HttpServer, callbacks: Callbacks
+) -> None:
+    # the head is refused at 16 KiB with a 431 the client rarely reads: the connection is
+    # closed while it is still sending, which resets it
+    padded = {"Content-Type": "application/json", "X-Pad": "x" * (64 << 10)}
+    try:
+        status, reply, _ = post(server, "/sedna/workers/w-1/info", worker_body("w-1"), padded)
+        assert (status, reply["status"]) == (431, 431)
+    except ConnectionError:
+        pass
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT_S)
+    try:
+        conn.request("POST", "/sedna/workers/w-1/info", iter([b"x" * 600, b"x" * 600]),
+                     {"Content-Type": "application/json"}, encode_chunked=True)  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 413
+        assert json.loads(resp.read())["message"] == f"body exceeds {MAX_BODY_BYTES} bytes"
+    finally:
+        conn.close()
+    assert callbacks.calls == []
+    assert request(server, "/healthz")[0] == 200
+
+
+# ================================================================ slow clients
+
+PARTIAL_HEAD = b"POST /sedna/workers/w-1/info HTTP/1.1\r\nHost: lifelong\r\n"
+
+
+def slow_clients(server: HttpServer, count: int) -> list[socket.socket]:
+    """`count` connections that each sent half a request head and then nothing."""
+    clients = []
+    for _ in range(count):
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S)
+        client.sendall(PARTIAL_HEAD)
+        clients.append(client)
+    return clients
+
+
+def open_sockets() -> int:
+    """Sockets this process holds, client and server ends alike."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
+def still_waiting(client: socket.socket) -> bool:
+    """True while the server has neither answered nor closed this connection."""
+    client.setblocking(False)
+    try:
+        client.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    finally:
+        client.setblocking(True)
+    return False
+
+
+def test_200_slow_connections_hold_no_thread(make_server: ServerFactory) -> None:
+    srv = make_server(max_connections=250, request_timeout_s=60)
+    threads_before = threading.active_count()
+    clients = slow_clients(srv, 200)
+    try:
+        # connections are accepted in order, so this one is served after all 200 are held
+        status, body, _ = request(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"))
+        assert (status, json.loads(body)["status"]) == (200, 200)
+        assert threading.active_count() <= threads_before
+        assert all(still_waiting(client) for client in clients)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.parametrize("stage", ["head", "body"])
+def test_a_slowloris_is_cut_off_at_the_deadline(make_server: ServerFactory, stage: str) -> None:
+    """A byte every 0.2 s keeps a connection busy forever, unless the request has a deadline."""
+    srv = make_server(request_timeout_s=1)
+    client = socket.create_connection(("127.0.0.1", srv.port), timeout=0.2)
+    head = PARTIAL_HEAD + b"Content-Type: application/json\r\nContent-Length: 1000\r\n"
+    client.sendall(PARTIAL_HEAD if stage == "head" else head + b"\r\n{")
+    received = b""
+    give_up = time.monotonic() + 30
+    try:
+        while time.monotonic() < give_up:
+            try:
+                chunk = client.recv(4096)
+            except TimeoutError:
+                client.sendall(b"X-Slow: 1\r\n" if stage == "head" else b" ")
+                continue
+            if not chunk:
+                break  # closed after the answer
+            received += chunk
+    finally:
+        client.close()
+    head_text, _, body = received.partition(b"\r\n\r\n")
+    assert head_text.startswith(b"HTTP/1.1 408 "), received
+    assert json.loads(body) == {
+        "status": 408,
+        "message": "request not received in full within 1 s",
+    }
+
+
+def test_connections_beyond_the_cap_wait_for_a_free_slot(
+    make_server: ServerFactory, callbacks: Callbacks
+) -> None:
+    cap, count = 10, 40
+    srv = make_server(max_connections=cap, request_timeout_s=1)
+    sockets_before, threads_before = open_sockets(), threading.active_count()
+    clients = slow_clients(srv, count)
+    answered: list[int] = []
+    normal = threading.Thread(
+        target=lambda: answered.append(
+            request(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"), 60)[0]
+        )
+    )
+    try:
+        normal.start()
+        most_accepted = 0
+        while normal.is_alive():
+            # the server's end of every connection it accepted is a socket of this process
+            accepted = open_sockets() - sockets_before - count - 1
+            most_accepted = max(most_accepted, accepted)
+            assert threading.active_count() <= threads_before + 1  # + the normal client
+            time.sleep(0.05)
+        normal.join()
+    finally:
+        for client in clients:
+            client.close()
+    assert answered == [200]  # it got in once the deadline freed slots
+    assert cap // 2 <= most_accepted <= cap
+    assert callbacks.calls == [("w-1", worker_body("w-1"))]
+
+
+def test_stop_closes_connections_and_leaves_no_thread(callbacks: Callbacks) -> None:
+    threads_before = set(threading.enumerate())
+    for _ in range(3):
+        srv = HttpServer("127.0.0.1", 0, ready=callbacks.ready, metrics=callbacks.render,
+                         worker_info=callbacks.worker_info)  # fmt: skip
+        srv.start()
+        (client,) = slow_clients(srv, 1)
+        assert request(srv, "/healthz")[0] == 200  # accepted after the slow one: both are in
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        stopper.join(TIMEOUT_S)
+        assert not stopper.is_alive(), "stop() did not return"
+        assert client.recv(1) == b""  # closed by the server
+        client.close()
+    give_up = time.monotonic() + TIMEOUT_S
+    while set(threading.enumerate()) - threads_before and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert set(threading.enumerate()) - threads_before == set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import secrets
 import socket
 import ssl
@@ -174,7 +175,11 @@ def tls_servers(tmp_path: Path) -> Iterator[TlsServers]:
     make_passwd(passwd, passwords)
     tls_port = free_port()
     conf = workdir / "mosquitto.conf"
-    conf.write_text(prod_conf_text(free_port(), workdir, passwd) + tls_conf_text(tls_port, pki))
+    # as root, mosquitto drops to the `mosquitto` user, who cannot read a 0700 tmp_path
+    as_root = "user root\n" if os.geteuid() == 0 else ""
+    conf.write_text(
+        prod_conf_text(free_port(), workdir, passwd) + tls_conf_text(tls_port, pki) + as_root
+    )
     broker = Server("mosquitto", [find_binary("mosquitto"), "-c", str(conf)], tls_port, workdir)
     redis_port = free_port()
     store = redis_server(

@@ -19,6 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.embedded import Server, free_port
 from tests.harness import NODE, append_lines, lines
+from tests.servers import locked_mosquitto, running
 from tests.stack import Stack
 
 JOB = "atcii-classifier"
@@ -350,6 +351,45 @@ def test_unreachable_servers_exit_3_with_one_line() -> None:
         assert result.returncode == 3, (args, result.stderr)
         assert_one_clean_line(result)
         assert result.stderr.startswith("lifelong: cannot reach"), result.stderr
+
+
+def test_broker_refusals_exit_1_with_the_brokers_reason(tmp_path: Path) -> None:
+    """An ACL refusing a publish (PUBACK 0x87) and a wrong password are the broker's answers,
+    not outages: exit 1 naming them, and nothing refused is reported as sent."""
+    acl = "user cli\ntopic readwrite sedna/edge-1/#\n"
+    broker = locked_mosquitto(tmp_path / "locked", {"cli": "right-password"}, acl)
+    with running(broker):
+        url = f"mqtt://cli:right-password@127.0.0.1:{broker.port}"
+        env = cli_env(url, "redis://127.0.0.1:1/0")
+        routed = json.loads(json.dumps(JOB_JSON))  # to the default node, which cli may not use
+        applied = run_cli(env, "apply", "-f", "-", stdin=json.dumps([DATASET_JSON, routed]))
+        assert applied.returncode == 1, applied.stderr
+        assert applied.stdout.splitlines() == ["dataset default/ds sent to sedna/edge-1/downstream"]
+        assert_one_clean_line(applied)
+        assert applied.stderr == (
+            "lifelong: the MQTT broker refused lifelonglearningjob default/job "
+            f"to sedna/{NODE}/downstream (Not authorized)\n"
+        )
+
+        deleted = run_cli(env, "delete", "job", "a", "b")
+        assert deleted.returncode == 1, deleted.stderr
+        assert "sent" not in deleted.stdout
+        assert_one_clean_line(deleted)
+        assert "refused delete of lifelonglearningjob default/a" in deleted.stderr
+        assert "delete of lifelonglearningjob default/b" in deleted.stderr
+        allowed = run_cli(env, "delete", "job", "a", "--node", "edge-1")
+        assert allowed.returncode == 0, allowed.stderr
+
+        for pin in ("", "?protocol=3.1.1"):
+            wrong = cli_env(url.replace("right", "wrong") + pin, "redis://127.0.0.1:1/0")
+            refused = run_cli(wrong, "apply", "-f", "-", stdin=json.dumps([DATASET_JSON]))
+            assert refused.returncode == 1, refused.stderr
+            assert_one_clean_line(refused)
+            assert refused.stderr.startswith(
+                f"lifelong: the MQTT broker at mqtt://cli:***@127.0.0.1:{broker.port}{pin} "
+                "refused the connection: not authorised (the broker said: "
+            ), refused.stderr
+            assert "wrong-password" not in refused.stderr
 
 
 def test_bad_usage_and_config_exit_2() -> None:

@@ -1,4 +1,5 @@
-"""One test per bug of Sedna's controller (CONTRACT.md's list) that lives in the pure core.
+"""One test per bug of Sedna's controller (README.md, "Sedna's bugs this fixes") that lives
+in the pure core.
 
 Each would fail on the seed's behaviour; the comment says what the seed did.
 """
@@ -69,6 +70,9 @@ def test_bug04_failed_eval_returns_to_train() -> None:
     d.apply(report("eval", "failed"))
     assert (d.job.phase, d.job.step) == ("train", "waiting")
     d.dataset(20)
+    assert d.job.step == "waiting", "a failed round waits one check period before the next"
+    d.now_ms += d.job.spec.trigger.check_period_s * 1000
+    d.tick()
     assert d.job.step == "preparing" and d.job.version == 2
 
 
@@ -79,7 +83,11 @@ def test_bug05_failed_worker_without_results_moves_the_job() -> None:
     d.dataset(10)
     d.written("train")
     d.apply(report("train", "failed"))
-    # the failed round's samples go back in front and the retry (v2) trains on them again
+    assert (d.job.phase, d.job.step, d.job.pending) == ("train", "waiting", ((0, 8),))
+    # the failed round's samples go back in front and the retry (v2), one check period
+    # later, trains on them again
+    d.now_ms += d.job.spec.trigger.check_period_s * 1000
+    d.tick()
     assert d.job.version == 2 and d.job.round == ((0, 8),)
 
 

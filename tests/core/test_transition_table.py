@@ -2,7 +2,9 @@
 
 A pair outside the lifecycle table leaves the state unchanged and yields a reason (a Note),
 except progress reports (forwarded only) and timer ticks (quietly dropped outside
-train/waiting).
+train/waiting). Every job here has already failed twice in a row: a pair that fails the
+round makes it three and waits four check periods, a completed deploy resets the count, and
+every other pair leaves it alone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from service.core.effects import CopyModel, Note, Publish, ScheduleCheck, WriteRound
 from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
-from service.core.jobs import JOB_TABLE
+from service.core.jobs import JOB_TABLE, retry_delay_ms
 from service.core.state import JobState
 from service.core.triggers import TriggerSpec
 from tests.core.driver import JOB, NS, Driver, content, report, spec
@@ -124,12 +126,28 @@ EXPECTED_EFFECTS: dict[tuple[tuple[str, str], str], set[type]] = {
     (TP, "train-written"): {Publish},
     (TP, "train-write-failed"): {Publish, ScheduleCheck},
     (TR, "train/completed"): {WriteRound},
+    (TR, "train/completed-no-model"): {Publish, ScheduleCheck},
+    (TR, "train/failed"): {ScheduleCheck},
     (EP, "eval-written"): {Publish},
     (EP, "eval-write-failed"): {Publish, ScheduleCheck},
     (ER, "eval/completed"): {CopyModel},
+    (ER, "eval/completed-no-model"): {Publish, ScheduleCheck},
+    (ER, "eval/failed"): {ScheduleCheck},
     (DC, "model-copied"): {Publish},
-    (DC, "copy-failed"): {Publish},
+    (DC, "copy-failed"): {Publish, ScheduleCheck},
 }
+
+#: the pairs that fail the round: each counts a failure and backs off
+FAILING = {
+    (TP, "train-write-failed"),
+    (TR, "train/completed-no-model"),
+    (TR, "train/failed"),
+    (EP, "eval-write-failed"),
+    (ER, "eval/completed-no-model"),
+    (ER, "eval/failed"),
+    (DC, "copy-failed"),
+}
+EARLIER_FAILURES = 2
 
 
 def test_table_matches_the_lifecycle_handlers() -> None:
@@ -141,7 +159,9 @@ def test_table_matches_the_lifecycle_handlers() -> None:
 @pytest.mark.parametrize("event_name", list(EVENTS))
 def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str) -> None:
     d = reach(*substate)
+    d.state = msgspec.structs.replace(d.job, consecutive_failures=EARLIER_FAILURES)
     before = d.job
+    d.now_ms += 1000  # so a phase-entry time stamped now differs from the one before
     event = EVENTS[event_name](d)
     effects = d.apply(event)
     after = d.state
@@ -163,6 +183,40 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
             assert any(isinstance(e, Note) for e in effects), "an ignored event yields a reason"
         return
     assert (after.phase, after.step) == expected
+    moved = expected != substate
+    assert after.phase_since_ms == (d.now_ms if moved else before.phase_since_ms)
     wanted = EXPECTED_EFFECTS.get((substate, event_name), set())
     got = {type(e) for e in effects if e not in forwards}
     assert wanted <= got, f"missing {wanted - got}"
+    _assert_backoff(d, (substate, event_name), before, after, effects)
+
+
+def _assert_backoff(
+    d: Driver,
+    pair: tuple[tuple[str, str], str],
+    before: JobState,
+    after: JobState,
+    effects: tuple[object, ...],
+) -> None:
+    if pair in FAILING:
+        failures = EARLIER_FAILURES + 1
+        due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_s, failures)
+        assert after.consecutive_failures == failures
+        assert after.retry_at_ms == due_ms == after.next_check_ms
+        assert ScheduleCheck(due_ms=due_ms) in effects
+        assert after.last_error
+        assert after.step == "waiting", "nothing starts before the backoff is over"
+    elif pair == (DC, "model-copied"):
+        assert (after.consecutive_failures, after.retry_at_ms) == (0, None)
+        assert after.last_error is None
+    else:
+        assert after.consecutive_failures == before.consecutive_failures
+
+
+def test_a_new_job_enters_its_phase_when_created() -> None:
+    d = Driver()
+    d.create()
+    assert d.job.phase_since_ms == d.now_ms
+    d.now_ms += 5000
+    d.create(spec(train_prob=0.5), digest="d2")  # a changed spec keeps the phase and step
+    assert d.job.phase_since_ms == d.now_ms - 5000

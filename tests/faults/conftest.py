@@ -378,6 +378,9 @@ class InProcess:
     name: str
     http_port: int
 
+    def auth_headers(self) -> dict[str, str]:
+        return {}  # the in-process replica runs without an HTTP token
+
 
 @contextlib.contextmanager
 def replica_on(

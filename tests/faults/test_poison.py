@@ -3,8 +3,9 @@ with garbage, and a garbage entry appended to another shard's ingress, against a
 `lifelong serve` and redis-server.
 
 Redis is poisoned while the controller is stopped (a running owner keeps what it committed
-in memory and would only overwrite it). Before, one garbage state value made 15,777 tracebacks in 45 s, stalled every other shard of
-the replica and left /readyz at 200; a garbage entry made every commit of its read fail.
+in memory and would only overwrite it). Before, one garbage state value made 15,777
+tracebacks in 45 s, stalled every other shard of the replica and left /readyz at 200; a
+garbage entry made every commit of its read fail.
 Now the poisoned job is quarantined (visible through the store, counted, retried with
 backoff), its entries and the garbage entry go to the dead-letter stream with the reason,
 the log stays short, and the healthy job's round completes.
@@ -93,7 +94,8 @@ def test_garbage_state_and_entry_are_quarantined_and_the_rest_goes_on(stack: Sta
 
         # its report and the garbage entry are on the dead-letter stream with the reason
         letters = [json.loads(r) for r in store.dlq()]
-        report = [x for x in letters if x["topic"].endswith(f"/workers/{POISONED}-train-worker/info")]
+        topic = f"/workers/{POISONED}-train-worker/info"
+        report = [x for x in letters if x["topic"].endswith(topic)]
         assert len(report) == 1 and "quarantined (state)" in report[0]["reason"]
         assert b"train" in base64.b64decode(report[0]["payload"])
         garbage = [x for x in letters if garbage_id in x["reason"]]

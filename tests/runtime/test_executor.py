@@ -3,6 +3,7 @@ reports its outcome as the event the core expects."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from service.core.state import DatasetInfo, DatasetState, encode_state
 from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
 from service.runtime.accept import decode_accepted
 from service.runtime.executor import Executor
-from tests.servers import Server
+from tests.conftest import DeniedS3
+from tests.harness import dataset_resource
+from tests.servers import Server, free_port
 
 NS = "default"
 
@@ -138,3 +141,62 @@ def test_notify_tells_every_job_of_the_dataset_and_detach_stops_it(
     executor.run(NotifyJobs(id="n", namespace=NS, dataset="ds", info=info), 0)
     told = DatasetChanged(namespace=NS, name="j1", dataset="ds", info=info)
     assert delivered(store) == [(shard_of(job_key(NS, "j1")), told)]
+
+
+def _poll(executor: Executor, url: str, fmt: str = "txt") -> DatasetPolled:
+    result = executor.run(PollDataset(id="e/0", namespace=NS, name="ds", url=url, format=fmt), 0)
+    assert isinstance(result, DatasetPolled)
+    return result
+
+
+def test_poll_of_a_missing_or_unreadable_file_says_why(executor: Executor, tmp_path: Path) -> None:
+    missing = _poll(executor, str(tmp_path / "trainData.csv"), "csv")
+    assert missing.unreadable == f"{tmp_path / 'trainData.csv'} does not exist"
+    assert missing.error is None and missing.cursor == b""
+    directory = _poll(executor, str(tmp_path))
+    assert directory.unreadable is not None and "Is a directory" in directory.unreadable
+    (tmp_path / "trainData.csv").write_text("a,b\n1,2\n")
+    readable = _poll(executor, str(tmp_path / "trainData.csv"), "csv")
+    assert (readable.unreadable, readable.error, readable.num_samples) == (None, None, 1)
+
+
+def _with_credential(store: RedisStore, endpoint: str, key_id: str, secret: str) -> None:
+    """Store the dataset's resource with a credential annotation, as intake does."""
+    credential = {"s3-endpoint": endpoint, "s3-usehttps": "0", "ACCESS_KEY_ID": key_id,
+                  "SECRET_ACCESS_KEY": secret}  # fmt: skip
+    resource = dataset_resource("ds", "s3://b/k", credential=credential)
+    ds = dataset_key(NS, "ds")
+    lease, fence = store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds))
+    token = store.lease_holder(lease) or store.acquire(lease, fence, "r", 99_999)
+    assert token is not None
+    state = DatasetState(namespace=NS, name="ds", url="s3://b/k", format="txt", digest="x")
+    commit = Commit(rkey=ds, state=encode_state(state), resource=json.dumps(resource).encode())
+    store.commit([(shard_of(ds), token, [commit])])
+
+
+def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
+    executor: Executor, store: RedisStore, s3_denied: DeniedS3, s3_endpoint: str, bucket: str
+) -> None:
+    _with_credential(store, s3_endpoint.removeprefix("http://"), "testing", "testing")
+    absent = _poll(executor, f"s3://{bucket}/no/such/key.txt")
+    assert absent.unreadable == f"s3://{bucket}/no/such/key.txt does not exist"
+    no_bucket = _poll(executor, "s3://no-such-bucket-here/k.txt")
+    assert no_bucket.unreadable == "s3://no-such-bucket-here/k.txt does not exist"
+
+    denied = S3Clients()  # a fresh cache: the credential below is another client
+    executor = Executor(store, BlobStore(denied, attempts=1, max_backoff_s=0.1),
+                        DatasetReader(denied))  # fmt: skip
+    _with_credential(store, s3_denied.endpoint.removeprefix("http://"),
+                     s3_denied.access_key_id, s3_denied.secret_access_key)  # fmt: skip
+    forbidden = _poll(executor, f"s3://{s3_denied.bucket}/{s3_denied.key}")
+    assert forbidden.unreadable is not None and "HTTP 403" in forbidden.unreadable
+    assert s3_denied.secret_access_key not in forbidden.unreadable
+    assert forbidden.error is None
+
+
+def test_poll_of_an_s3_endpoint_that_is_down_is_worth_retrying(
+    executor: Executor, store: RedisStore
+) -> None:
+    _with_credential(store, f"127.0.0.1:{free_port()}", "testing", "testing")
+    down = _poll(executor, "s3://b/k.txt")
+    assert down.unreadable is None and down.error is not None

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.adapters.redis_store import RedisStore
 from service.errors import StoreUnavailable
 from service.keys import Keys
+from service.runtime.clock import SystemClock
 from service.runtime.leases import LeaseKeeper, fair_share, plan
+from tests.servers import Server
+from tests.wait import wait_until
 
 
 def test_fair_share_and_plan() -> None:
@@ -76,3 +80,39 @@ def test_leases_and_ingress_given_up_when_redis_unreachable_past_most_of_ttl() -
     assert keeper.held() == {} and not keeper.holds_ingress
     assert ingress == [True, False], "the ingress client is stopped: no fight for its id"
     assert keeper.store_ok is False
+
+
+def test_ingress_ready_only_once_the_holder_is_subscribed(redis_proc: Server) -> None:
+    """A replica without the ingress lease counts the node able to take messages only once
+    the holder said (in Redis, with its renewal) that its subscription is acknowledged."""
+    store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"))
+    clock = SystemClock()
+    subscribed = {"a": False, "b": False}
+
+    def keeper(name: str) -> LeaseKeeper:
+        return LeaseKeeper(
+            store, name, ttl_ms=1_000, clock=clock, on_acquired=lambda _s: None,
+            on_ingress=lambda _held: None, ingress_subscribed=lambda: subscribed[name],
+        )  # fmt: skip
+
+    try:
+        a, b = keeper("a"), keeper("b")
+        a.tick()
+        b.tick()
+        assert a.holds_ingress and not b.holds_ingress
+        assert not a.ingress_ready and not b.ingress_ready, "held, but nobody listens yet"
+        subscribed["a"] = True
+        assert a.ingress_ready, "the holder knows at once"
+        b.tick()
+        assert not b.ingress_ready, "the holder has not said so yet"
+        a.tick()
+        b.tick()
+        assert b.ingress_ready
+        # a dies: its word lapses with its lease; b takes the ingress over, and is ready
+        # once its own client is subscribed (the session a made keeps messages meanwhile)
+        wait_until(lambda: (b.tick(), b.holds_ingress)[1], 5, "b taking the ingress over")
+        assert not b.ingress_ready
+        subscribed["b"] = True
+        assert b.ingress_ready
+    finally:
+        store.close()

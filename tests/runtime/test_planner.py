@@ -3,16 +3,25 @@ on outcomes of the real core without Redis."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 from service.config import Config
 from service.core.effects import AttachDataset, DetachDataset, decode_work
-from service.core.events import DatasetChanged, Event, JobApplied, JobDeleted, Tick
+from service.core.events import (
+    DatasetApplied,
+    DatasetChanged,
+    DatasetPolled,
+    Event,
+    JobApplied,
+    JobDeleted,
+    Tick,
+)
 from service.core.outcome import Context
-from service.core.state import State, decode_state
+from service.core.state import DatasetState, State, decode_state
 from service.core.transition import transition
 from service.history import decode_records
-from service.keys import job_key
+from service.keys import dataset_key, job_key
 from service.runtime.accept import Accepted
 from service.runtime.planner import Plan, Step, plan
 from tests.core.driver import DATASET, JOB, NS, info, report, spec
@@ -112,3 +121,24 @@ def test_events_that_change_nothing_are_counted_but_not_kept() -> None:
     assert [r.outcome for r in result.records] == ["ignored"]
     assert result.commit.history == ()
     assert result.commit.state is not None and decode_state(result.commit.state) == created()
+
+
+def test_an_unreadable_dataset_goes_to_the_errors_topic_and_is_not_a_refusal() -> None:
+    rkey = dataset_key(NS, DATASET)
+    applied = DatasetApplied(namespace=NS, name=DATASET, url="/d.csv", format="csv", digest="1")
+    created_state, _ = steps_of(None, applied)
+    missing = DatasetPolled(
+        namespace=NS, name=DATASET, url="/d.csv", unreadable="/d.csv does not exist"
+    )
+    _, steps = steps_of(created_state, missing, missing)
+    result = plan(rkey, TOKEN, created_state, steps, CONFIG)
+    (entry,) = result.commit.outbox  # the second poll found the same: nothing new to say
+    assert entry.topic == "sedna/edge-1/errors" and entry.id == "100-0/unreadable"
+    record = json.loads(entry.payload)
+    assert record["topic"] == "sedna/edge-1/downstream"
+    assert record["reason"] == f"dataset {NS}/{DATASET} cannot be read: /d.csv does not exist"
+    assert base64.b64decode(record["payload"]) == b"/d.csv"
+    assert [r.reason for r in result.unreadable] == ["/d.csv does not exist"]
+    assert result.rejected == ()
+    assert [r.outcome for r in result.records] == ["applied", "ignored"]
+    assert isinstance(result.state, DatasetState) and result.state.unreadable is not None

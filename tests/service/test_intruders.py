@@ -2,17 +2,25 @@
 
 `mosquitto/mosquitto.prod.conf` runs with only its listener address, file paths and port
 replaced, and `mosquitto/acl` runs unchanged, against a password file made here with
-`mosquitto_passwd`. A worker's credentials can publish its own report topic and nothing else,
-and read nothing; strangers cannot log in; the controller, logging in as `lifelong`, still
-completes a whole round with the workers reporting under their own names.
+`mosquitto_passwd` and, as root, given to the `mosquitto` user the way mosquitto/README.md
+says (mosquitto started as root drops to that user before reading it). A worker's credentials
+can publish its own report topic and nothing else, and read nothing; strangers cannot log in;
+the controller, logging in as `lifelong`, still completes a whole round with the workers
+reporting under their own names, and with `lifelong worker` logging in as the node's runner,
+while a logged-in intruder reads and forges nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
+import shlex
+import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +57,9 @@ DATASET = "guarded-dataset"
 TRAIN_WORKER = f"{JOB}-train-worker"
 EVAL_WORKER = f"{JOB}-eval-worker"
 OTHER_WORKER = "other-worker"
-USERS = ("lifelong", "eventbus", TRAIN_WORKER, EVAL_WORKER, OTHER_WORKER)
+RUNNER = NODE  # a node's runner logs in with the node's name
+INTRUDER = "intruder"
+USERS = ("lifelong", "eventbus", TRAIN_WORKER, EVAL_WORKER, OTHER_WORKER, RUNNER, INTRUDER)
 
 NOT_AUTHORIZED = 0x87
 # PUBACK reasons meaning "accepted": success, and success with nobody subscribed
@@ -71,7 +81,7 @@ def worker_topic(worker: str) -> str:
 # ------------------------------------------------------------------------------ the broker
 
 
-def prod_conf_text(port: int, workdir: Path, passwd: Path) -> str:
+def prod_conf_text(port: int, workdir: Path, passwd: Path, acl: Path = ACL) -> str:
     """mosquitto.prod.conf with its listener, paths and port pointed at this test.
 
     Every other line is kept as shipped; a line the rewrite expects but cannot find fails
@@ -80,7 +90,7 @@ def prod_conf_text(port: int, workdir: Path, passwd: Path) -> str:
     replacements: dict[str, str] = {
         "listener": f"listener {port} 127.0.0.1",
         "password_file": f"password_file {passwd}",
-        "acl_file": f"acl_file {ACL}",
+        "acl_file": f"acl_file {acl}",
         "persistence_location": f"persistence_location {workdir}/",
     }
     seen: set[str] = set()
@@ -94,8 +104,6 @@ def prod_conf_text(port: int, workdir: Path, passwd: Path) -> str:
         else:
             out.append(line)
     assert seen == set(replacements), f"{PROD_CONF.name} lacks {set(replacements) - seen}"
-    if os.geteuid() == 0:  # as root mosquitto drops to `mosquitto`, who cannot write tmp_path
-        out.append("user root")
     return "\n".join(out) + "\n"
 
 
@@ -119,23 +127,44 @@ class SecureBroker:
         return self.server.port
 
 
+def hand_to_broker_user(workdir: Path, passwd: Path) -> None:
+    """mosquitto/README.md's steps: the password file readable by the broker's user only.
+
+    Started as root, mosquitto drops to the `mosquitto` user before it reads the password
+    file and writes its persistence, so both belong to that user (`chown`); otherwise it
+    runs as whoever starts it, who owns them already.
+    """
+    if os.geteuid() == 0:
+        broker = pwd.getpwnam("mosquitto")
+        for path in (workdir, *workdir.iterdir()):
+            os.chown(path, broker.pw_uid, broker.pw_gid)
+    passwd.chmod(0o600)
+
+
 @pytest.fixture
-def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
-    workdir = tmp_path / "mosquitto-prod"
-    workdir.mkdir()
-    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
-    passwd = workdir / "passwd"
-    make_passwd(passwd, passwords)
-    port = free_port()
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(prod_conf_text(port, workdir, passwd))
-    binary = find_binary("mosquitto", "/usr/sbin/mosquitto")
-    server = Server("mosquitto", [binary, "-c", str(conf)], port, workdir)
-    server.start()
+def secure_broker() -> Iterator[SecureBroker]:
+    # Not under tmp_path: pytest makes its root 0700, which the `mosquitto` user mosquitto
+    # drops to (when started as root) cannot pass. The ACL is copied for the same reason.
+    workdir = Path(tempfile.mkdtemp(prefix="lifelong-mosquitto-"))
     try:
-        yield SecureBroker(server, passwords)
+        acl = workdir / "acl"
+        shutil.copyfile(ACL, acl)
+        passwords = {user: secrets.token_urlsafe(12) for user in USERS}
+        passwd = workdir / "passwd"
+        make_passwd(passwd, passwords)
+        port = free_port()
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(prod_conf_text(port, workdir, passwd, acl))
+        hand_to_broker_user(workdir, passwd)
+        binary = find_binary("mosquitto", "/usr/sbin/mosquitto")
+        server = Server("mosquitto", [binary, "-c", str(conf)], port, workdir)
+        server.start()
+        try:
+            yield SecureBroker(server, passwords)
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ MQTT peers
@@ -413,3 +442,110 @@ def run_round(stack: SecureStack, peers: Callable[[str], Peer]) -> None:
 
 def _json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
+
+
+# ------------------------------------------------------------------------------ the runner
+
+# A train or eval command: writes a model into OUTPUT_URL and names it in the results file.
+WRITE_MODEL = """
+import json, os, pathlib
+out = pathlib.Path(os.environ["OUTPUT_URL"]); out.mkdir(parents=True, exist_ok=True)
+model = out / "model.bin"
+model.write_bytes(("model of " + os.environ["WORKER_NAME"]).encode())
+result = {"format": "bin", "url": str(model), "metrics": {"accuracy": 0.75}}
+pathlib.Path(os.environ["LIFELONG_RESULTS_FILE"]).write_text(json.dumps([result]))
+"""
+
+
+def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
+    tmp_path: Path, secure_broker: SecureBroker, redis_proc: Server, peers: Callable[[str], Peer]
+) -> None:
+    """`lifelong worker`, logged in as the node's runner, reads the ready messages and reports
+    for the per-round worker names ({job}-train-1, {job}-eval-1) of its node; a logged-in
+    intruder can neither read that traffic nor forge the runner's reports or anything else."""
+    passwords = secure_broker.passwords
+    port = secure_broker.port
+    intruder = peers(INTRUDER)
+    for code in intruder.subscribe("#", UPSTREAM, DOWNSTREAM, f"{PREFIX}/+/workers/+/info"):
+        assert code in (*GRANTED_QOS, NOT_AUTHORIZED)  # granted or not, nothing may arrive
+    runner_peer = peers(RUNNER)  # the runner's rights, tried by hand beside the real runner
+    runner_peer.subscribe(DOWNSTREAM, ERRORS, worker_topic(TRAIN_WORKER),
+                          f"{PREFIX}/other-node/upstream")  # fmt: skip
+
+    cloud = Cloud(port, username="eventbus", password=passwords["eventbus"])
+    stack = SecureStack(
+        tmp_path, secure_broker.server, redis_proc, cloud,
+        userinfo=f"lifelong:{passwords['lifelong']}",
+    )  # fmt: skip
+    runner_log = tmp_path / "runner.log"
+    runner = start_runner(f"mqtt://{RUNNER}:{passwords[RUNNER]}@127.0.0.1:{port}", runner_log)
+    try:
+        wait_until(lambda: "subscribed to" in runner_log.read_text(), 15, "the runner serving")
+        data = tmp_path / "data" / "train.txt"
+        data.parent.mkdir()
+        append_lines(data, lines(0, 10))
+        out = tmp_path / "out"
+        stack.controller()
+        cloud.wait_for(lambda: any(t == PRESENCE for t, _ in cloud.messages), 10, "online")
+        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        cloud.wait_status(JOB, "train", "ready")
+
+        # the intruder forges the runner's report: refused by the broker, never applied
+        forged = worker_message(JOB, "train", "completed", "/etc/passwd", worker=f"{JOB}-train-1")
+        assert intruder.publish(worker_topic(f"{JOB}-train-1"), _json(forged)) == NOT_AUTHORIZED
+        for topic in (DOWNSTREAM, UPSTREAM, ERRORS, worker_topic(TRAIN_WORKER)):
+            assert intruder.publish(topic, b"forged") == NOT_AUTHORIZED, topic
+        assert intruder.publish(PRESENCE, b'{"state":"offline"}', retain=True) == NOT_AUTHORIZED
+
+        deploy = cloud.wait_status(JOB, "deploy", "ready", timeout_s=30)
+        model = f"{out}/eval/1/model.bin"
+        assert deploy["content"]["input"]["models"] == [
+            {"format": "bin", "url": model}
+        ], "the runner's eval model was deployed"
+        assert (out / "deploy" / "index.pkl").read_bytes() == f"model of {JOB}-eval-1".encode()
+        reported = {
+            (m["content"]["phase"], m["content"]["status"])
+            for m in cloud.upstream(JOB) if "output" in m["content"]
+        }  # fmt: skip
+        assert reported == {("train", "running"), ("train", "completed"),
+                            ("eval", "running"), ("eval", "completed")}  # fmt: skip
+
+        # the runner's own rights stop at its node's reports and upstream
+        for topic in (DOWNSTREAM, UPSTREAM, ERRORS, PRESENCE,
+                      f"{PREFIX}/other-node/workers/{JOB}-train-1/info"):  # fmt: skip
+            assert runner_peer.publish(topic, b"x") == NOT_AUTHORIZED, topic
+        # traffic the runner has no business reading: another node's status, the errors,
+        # another worker's report (downstream resources flowed above)
+        controller_peer = peers("lifelong")
+        assert controller_peer.publish(f"{PREFIX}/other-node/upstream", b"o") in ACCEPTED
+        assert controller_peer.publish(ERRORS, b"{}") in ACCEPTED
+        report = worker_message("no-such-job", "train", "running", worker=TRAIN_WORKER)
+        assert peers(TRAIN_WORKER).publish(worker_topic(TRAIN_WORKER), _json(report)) in ACCEPTED
+        # the controller refuses the report for an unknown job: errors traffic of its own
+        cloud.wait_for(lambda: len(cloud.errors()) == 2, 10, "both errors messages")
+        time.sleep(QUIET_S)
+        assert intruder.received == [], "the intruder read traffic it has no right to"
+        assert runner_peer.received == [], "the runner read beyond its node's upstream"
+    finally:
+        runner.terminate()
+        runner.wait(15)
+        for controller in stack.controllers:
+            controller.stop()
+        cloud.close()
+    log = runner_log.read_text()
+    assert "refused" not in log and "Traceback" not in log, log[-2000:]
+    assert passwords[RUNNER] not in log
+
+
+def start_runner(mqtt_url: str, log: Path) -> subprocess.Popen[bytes]:
+    """`lifelong worker` as a user runs it, logging in as the node's runner."""
+    command = shlex.join([sys.executable, "-c", WRITE_MODEL])
+    env = {**os.environ, "LIFELONG_MQTT_URL": mqtt_url, "LIFELONG_NODE_NAME": NODE,
+           "LIFELONG_LOG_FORMAT": "text"}  # fmt: skip
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--train-command", command,
+             "--eval-command", command, "--work-dir", str(log.parent / "runner")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip

@@ -7,12 +7,17 @@ Every test drives a real `lifelong serve` subprocess over a real broker and Redi
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.harness import (
     NODE,
@@ -318,6 +323,82 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     assert metric_sum(controller, "lifelong_rejections_total", reason="too_deep") == 2
     assert metric_sum(controller, "lifelong_rejections_total", reason="unknown_job") == 1
     assert metric_sum(controller, "lifelong_rejections_total", reason="invalid_utf8") == 2
+
+
+# ================================================================ hostile HTTP and log lines
+
+FORGED = "2026-01-01T00:00:00.000Z ERROR service.runtime forged"
+TOKEN = "wire-token-0123456789abcdef"
+
+
+def post_raw(
+    controller: Controller, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str]:
+    """POST exactly this path (no quoting) and headers; the status and the reply's message."""
+    conn = http.client.HTTPConnection("127.0.0.1", controller.http_port, timeout=5)
+    try:
+        conn.request("POST", path, body, headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())["message"]
+    finally:
+        conn.close()
+
+
+def test_hostile_http_requests_change_nothing_and_forge_no_log_line(stack: Stack) -> None:
+    cloud = stack.cloud
+    data, out = local_setup(stack)
+    token_file = stack.workdir / "http-token"
+    token_file.write_text(TOKEN + "\n")  # as a mounted secret often ends
+    controller = stack.controller(env={"LIFELONG_HTTP_TOKEN_FILE": str(token_file)})
+    controller.http_token = TOKEN
+    wait_ingress(controller, cloud)
+    apply(cloud, data, out)
+    cloud.wait_status(JOB, "train", "ready")
+
+    # each of these is a `failed` report: had one been applied, the round would have failed
+    failed = json.dumps(worker_message(JOB, "train", "failed")).encode()
+    path = f"/sedna/workers/{JOB}-train-worker/info"
+    as_json = {"Content-Type": "application/json"}
+    authorized = {"Authorization": f"Bearer {TOKEN}"}
+    refusals = [
+        # a browser's cross-site form or text POST, even one carrying the token
+        (path, {"Content-Type": "text/plain", **authorized}, 415,
+         "Content-Type must be application/json"),
+        (path, {"Content-Type": "application/x-www-form-urlencoded", **authorized}, 415,
+         "Content-Type must be application/json"),
+        (path, as_json, 401, "bearer token required (Authorization: Bearer <token>)"),
+        (path, {**as_json, "Authorization": "Bearer not-the-token-0123456789"}, 401,
+         "bearer token invalid"),
+        # a newline in the worker name once wrote a forged line into the log
+        ("/sedna/workers/w%0A" + FORGED.replace(" ", "%20") + "/info", {**as_json, **authorized},
+         400, "the worker name in the path must be a DNS-1123 subdomain"),
+    ]  # fmt: skip
+    for target, headers, code, message in refusals:
+        status, reply = post_raw(controller, target, failed, headers)
+        assert (status, reply[: len(message)]) == (code, message), target
+
+    # the metrics need the token too; the probes do not
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{controller.http_port}/metrics", timeout=5)
+    assert refused.value.code == 401
+    refused.value.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{controller.http_port}/readyz", timeout=5):
+        pass
+
+    # Sedna's report with the token is taken, and only it reached the job
+    running = worker_message(JOB, "train", "running")
+    assert controller.post_worker(running["name"], running) == (200, OK)
+    cloud.wait_for(lambda: forwarded(cloud, JOB), 10, "the running report forwarded")
+    assert forwarded(cloud, JOB) == [("train", "running")]
+
+    # a sender-chosen topic with a line separator is logged on one line, escaped
+    cloud.publish(worker_topic(f"w\u2028{FORGED}"), json.dumps(running).encode())
+    cloud.wait_for(cloud.errors, 10, "the rejection of the forged topic")
+    log = controller.log()
+    assert not [line for line in log.splitlines() if line.startswith(FORGED)]
+    assert f"workers/w\\u2028{FORGED}/info" in log
+    assert "400 the worker name in the path must be a DNS-1123 subdomain" in log
+    assert forwarded(cloud, JOB) == [("train", "running")]
 
 
 # ================================================================ the seed's bugs 11-13

@@ -70,8 +70,9 @@ def start_job(stack: Stack, samples: int = 10) -> Path:
 def run_worker(stack: Stack) -> Iterator[Any]:
     workers: list[Worker] = []
 
-    def start(settings: WorkerSettings) -> Worker:
-        cfg = Config.from_env({"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE})
+    def start(settings: WorkerSettings, **env: str) -> Worker:
+        environ = {"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE, **env}
+        cfg = Config.from_env(environ)
         worker = Worker(cfg, settings, client_id=f"worker-{len(workers)}")
         workers.append(worker)
         worker.start()
@@ -177,6 +178,25 @@ def test_http_reporting_with_a_sedna_library_worker(stack: Stack, run_worker: An
     assert forwarded(stack, "eval", "completed")[0]["ownerInfo"]["env"]["LC_SERVER"] == lc_server
     assert not forwarded(stack, "train", "failed")
     assert cloud.errors() == []
+
+
+def test_http_reporting_to_a_controller_that_requires_a_token(
+    stack: Stack, run_worker: Any
+) -> None:
+    token = "runner-token-0123456789"
+    controller = stack.controller(env={"LIFELONG_HTTP_TOKEN": token})
+    settings = WorkerSettings(
+        commands={"train": command(WRITE_MODEL), "eval": command(WRITE_MODEL)},
+        lc_server=f"http://127.0.0.1:{controller.http_port}",
+        report_http=True,
+    )
+    run_worker(settings, LIFELONG_HTTP_TOKEN=token)  # the runner sends the same setting
+    out = start_job(stack)
+    deploy = stack.cloud.wait_status(JOB, "deploy", "ready", timeout_s=30)
+    model = f"{out}/train/1/model.bin"
+    assert deploy["content"]["input"]["models"] == [{"format": "bin", "url": model}]
+    assert [len(forwarded(stack, kind, "completed")) for kind in ("train", "eval")] == [1, 1]
+    assert stack.cloud.errors() == []
 
 
 def test_parse_ready_ignores_everything_but_train_and_eval_ready() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +233,53 @@ def test_upstream_template_with_namespace() -> None:
 )
 def test_http_host_port(addr: str, expected: tuple[str, int]) -> None:
     assert Config.from_env({**BASE, "LIFELONG_HTTP_ADDR": addr}).http_host_port() == expected
+
+
+TOKEN = "k8s-secret-token-0123456789"
+
+
+def test_http_token_from_env_flag_or_file(tmp_path: Path) -> None:
+    assert Config.from_env(BASE).http_bearer_token() == ""  # off by default
+    assert Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN": TOKEN}).http_bearer_token() == TOKEN
+    assert from_args(parse_flags("--http-token", TOKEN), BASE).http_bearer_token() == TOKEN
+    secret = tmp_path / "token"
+    secret.write_text(f"{TOKEN}\n")
+    config = Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN_FILE": str(secret)})
+    assert config.http_bearer_token() == TOKEN
+    assert TOKEN not in repr(config) and TOKEN not in repr(Config.from_env(
+        {**BASE, "LIFELONG_HTTP_TOKEN": TOKEN}))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"LIFELONG_HTTP_TOKEN": "short"}, r"^LIFELONG_HTTP_TOKEN: a bearer token must be at"),
+        ({"LIFELONG_HTTP_TOKEN": "has space in it 0123456789"}, r"^LIFELONG_HTTP_TOKEN: a bearer"),
+        ({"LIFELONG_HTTP_TOKEN": TOKEN + "\n"}, r"^LIFELONG_HTTP_TOKEN: a bearer"),
+        ({"LIFELONG_HTTP_TOKEN_FILE": "/nonexistent/token"},
+         r"^LIFELONG_HTTP_TOKEN_FILE: cannot read '/nonexistent/token': No such file"),
+    ],
+)  # fmt: skip
+def test_bad_http_token_settings(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        Config.from_env({**BASE, **environ})
+    assert "\n" not in str(caught.value)
+    assert TOKEN not in str(caught.value) and "short" not in str(caught.value)
+
+
+def test_token_and_token_file_together_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN)
+    environ = {**BASE, "LIFELONG_HTTP_TOKEN": TOKEN, "LIFELONG_HTTP_TOKEN_FILE": str(secret)}
+    with pytest.raises(ConfigError, match="set one of them, not both"):
+        Config.from_env(environ)
+
+
+@pytest.mark.parametrize("content", ["", "\n", "weak\n", f"{TOKEN} {TOKEN}\n"])
+def test_a_bad_token_file_names_the_file_not_the_token(tmp_path: Path, content: str) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(content)
+    with pytest.raises(ConfigError, match=r"^LIFELONG_HTTP_TOKEN_FILE: ") as caught:
+        Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN_FILE": str(secret)})
+    assert str(secret) in str(caught.value)
+    assert "weak" not in str(caught.value) and TOKEN not in str(caught.value)

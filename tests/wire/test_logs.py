@@ -173,3 +173,80 @@ def test_the_quick_path_masks_exactly_what_the_patterns_mask(text: str) -> None:
 def test_the_quick_path_lets_every_kind_of_secret_through_to_the_patterns(text: str) -> None:
     assert logs._redact_all(text) != text
     assert redact(text) == logs._redact_all(text)
+
+
+# ------------------------------------------------------------------ control characters
+
+FORGED = "2026-01-01T00:00:00.000Z ERROR service.runtime forged"
+# every kind of character that can end a line or drive a terminal, and how the text shows it
+CONTROLS = {
+    "\n": r"\n", "\r": r"\r", "\r\n": r"\r\n", "\x1b[2J": r"\x1b[2J", "\x00": r"\x00",
+    "\x07": r"\x07", "\x0b": r"\x0b", "\x0c": r"\x0c", "\x1c": r"\x1c", "\x7f": r"\x7f",
+    "\x85": r"\x85", "\x9b": r"\x9b", "\u2028": r"\u2028", "\u2029": r"\u2029",
+}  # fmt: skip
+RAW_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def records_of(output: str) -> list[str]:
+    """The lines of a log, split on every line boundary any tool might honour."""
+    return output.splitlines()
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_input_forges_a_log_line(install: Install, fmt: str, control: str) -> None:
+    """A sender-chosen string in the message, a field's value or a field's name stays on one
+    line with its control characters escaped; JSON still decodes to exactly what was logged."""
+    stream = install(fmt)
+    hostile = f"w{control}{FORGED}"
+    log = logging.getLogger("service.runtime")
+    log.warning("rejected message on %s: bad", hostile, extra={"worker": hostile})
+    log.warning("field names too", extra={hostile: "v"})
+    output = stream.getvalue()
+    lines = records_of(output)
+    assert len(lines) == 2, output
+    assert not any(line.startswith(FORGED) for line in lines)
+    assert RAW_CONTROL.search(output) is None, output
+    if fmt == "json":
+        first, second = (json.loads(line) for line in lines)
+        assert first["msg"] == f"rejected message on {hostile}: bad"
+        assert first["worker"] == hostile
+        assert second[hostile] == "v"
+    else:
+        assert f"rejected message on w{CONTROLS[control]}{FORGED}: bad" in lines[0]
+
+
+def test_text_escapes_are_readable(install: Install) -> None:
+    stream = install("text")
+    logging.getLogger("service.http").info("path /a\nb\r\tc\x1bd\u2028e")
+    (line,) = stream.getvalue().splitlines()
+    assert line.endswith(r"path /a\nb\r\tc\x1bd\u2028e")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_traceback_cannot_forge_a_line(install: Install, fmt: str) -> None:
+    """An exception's message quoting input keeps to the record's own (indented) lines."""
+    stream = install(fmt)
+    try:
+        raise ValueError(f"bad name w\n{FORGED} \x1b[2J password=hunter2")
+    except ValueError:
+        logging.getLogger("service.runtime").exception("failed")
+    output = stream.getvalue()
+    assert "hunter2" not in output
+    assert RAW_CONTROL.search(output) is None
+    lines = records_of(output)
+    assert not any(line.startswith(FORGED) for line in lines)
+    if fmt == "text":
+        head, *trailer = lines
+        assert head.endswith("failed")
+        assert trailer and all(line.startswith("  ") for line in trailer)
+        assert any(line.strip() == f"{FORGED} \\x1b[2J password=***" for line in trailer)
+    else:
+        assert len(lines) == 1
+
+
+def test_printable_text_is_left_as_it_is(install: Install) -> None:
+    stream = install("text")
+    text = 'job default/x é 中文 \u00a0 tab-free "quoted" back\\slash'
+    logging.getLogger("service.runtime").info(text)
+    assert stream.getvalue().rstrip("\n").endswith(text)

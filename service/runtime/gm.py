@@ -1,0 +1,170 @@
+"""The node's link to Sedna's global manager (GM), held by the ingress lease holder.
+
+Frames the GM sends go into the intake's queue as downstream messages (topic `GM_TOPIC`):
+decoded, validated, made durable and rejected with a reason like any MQTT downstream
+message. Upstream messages reach the GM from the per-shard GM outbox streams the commits
+write beside the MQTT outbox: in stream order per shard, each removed once the link wrote it.
+While the link is down they wait, and go out in order once it is back.
+
+What the GM gets: websocket has no acknowledgement, so a message counts as sent once it was
+written to the open connection. One written just before the connection dropped, or before
+this replica died between the write and the removal, is lost or sent again: at least once
+except across a connection that dies mid-write, with the header's `id` to tell copies apart
+(Sedna's GM appends every job status it reads to the job's conditions, copies included).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+import msgspec
+
+from service.adapters.gm import GmFrame, GmLink, GmLinkSettings, GmRejected, parse_gm_address
+from service.adapters.mqtt import Inbound
+from service.errors import StoreUnavailable
+from service.keys import NUM_SHARDS
+from service.metrics import Metrics
+from service.runtime.clock import Clock
+from service.runtime.ports import GmOutboxStore
+from service.runtime.rejections import Rejections
+
+log = logging.getLogger(__name__)
+
+#: The topic GM frames are taken in under (rejections show it as their topic).
+GM_TOPIC = "gm"
+POLL_S = 0.2
+REPORT_EVERY_S = 2.0
+STORE_RETRY_S = 0.5
+BATCH = 100
+
+
+class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What the link's holder says of the link in Redis, for `describe` and `get`."""
+
+    replica: str
+    address: str
+    status: str
+    since: float
+    last_error: str | None = None
+    reconnects: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+
+
+_header_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+class GmBridge:
+    """One holding of the link: built when the ingress lease is taken, stopped for good when
+    it is lost (a second live connection would split the GM's messages between replicas)."""
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        node: str,
+        replica: str,
+        store: GmOutboxStore,
+        inbound: queue.SimpleQueue[Inbound],
+        rejections: Rejections,
+        metrics: Metrics,
+        clock: Clock,
+        report_ttl_ms: int,
+        settings: GmLinkSettings | None = None,
+    ) -> None:
+        self._address = address
+        self._replica = replica
+        self._store = store
+        self._inbound = inbound
+        self._rejections = rejections
+        self._clock = clock
+        self._report_ttl_ms = report_ttl_ms
+        self._stop = threading.Event()
+        self._link = GmLink(
+            parse_gm_address(address), node, self._on_frame,
+            on_reject=self._on_reject, observer=metrics.gm, settings=settings,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._forward, name="gm-outbox", daemon=True)
+
+    @property
+    def status(self) -> str:
+        return self._link.state.status
+
+    def start(self) -> None:
+        self._link.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._link.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------ frames in
+    def _on_frame(self, frame: GmFrame) -> None:
+        """On the link's thread: hand the frame to the intake, nothing more."""
+        self._inbound.put(
+            Inbound(
+                topic=GM_TOPIC, payload=frame.data, qos=0, dup=False, mid=0,
+                received_at=frame.received_at,
+            )
+        )  # fmt: skip
+
+    def _on_reject(self, rejected: GmRejected) -> None:
+        now_ms = int(rejected.received_at * 1000)
+        self._rejections.refuse(GM_TOPIC, "too_large", rejected.reason, b"", now_ms)
+
+    # ------------------------------------------------------------ messages out
+    def _forward(self) -> None:
+        """Send what waits in the GM outbox streams while the link is up; no exception ever
+        leaves this thread."""
+        reported_at = 0.0
+        while not self._stop.is_set():
+            try:
+                if self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
+                    self._report()
+                    reported_at = self._clock.monotonic_s()
+                if self._link.state.status != "up" or not self._send_pending():
+                    self._stop.wait(POLL_S)
+            except StoreUnavailable as e:
+                log.warning("GM outbox waits for redis: %s", e)
+                self._stop.wait(STORE_RETRY_S)
+            except Exception:
+                log.exception("GM outbox failed; continuing")
+                self._stop.wait(STORE_RETRY_S)
+
+    def _send_pending(self) -> bool:
+        """Send one batch per shard, in order; False when there was nothing to send or the
+        link refused a message (the rest then waits, in order)."""
+        sent_any = False
+        for shard, entries in self._store.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
+            done: list[str] = []
+            refused = False
+            for stream_id, payload in entries:
+                if self._stop.is_set() or not self._send(payload):
+                    refused = True
+                    break
+                done.append(stream_id)
+            self._store.gm_outbox_done(shard, done)
+            sent_any = sent_any or bool(done)
+            if refused:
+                return False
+        return sent_any
+
+    def _send(self, payload: bytes) -> bool:
+        envelope = _header_decoder.decode(payload)
+        header = {str(k): str(v) for k, v in envelope.get("header", {}).items()}
+        return self._link.send(header, msgspec.json.encode(envelope.get("content")))
+
+    def _report(self) -> None:
+        state = self._link.state
+        record = GmLinkRecord(
+            replica=self._replica, address=self._link.endpoint.shown, status=state.status,
+            since=state.since, last_error=state.last_error, reconnects=state.reconnects,
+            frames_in=state.frames_in, frames_out=state.frames_out,
+        )  # fmt: skip
+        self._store.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)
+

@@ -1,0 +1,165 @@
+"""Sedna's GM as the only cloud peer: resources arrive over the websocket link, statuses go
+back over it, through GM restarts and the death of the replica holding the link."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gm_standin import GmStandIn
+from tests.harness import (
+    NODE,
+    Controller,
+    append_lines,
+    dataset_resource,
+    job_resource,
+    lines,
+)
+from tests.stack import Stack
+from tests.wait import wait_until
+
+JOB = "gm-job"
+DATASET = "gm-dataset"
+
+
+@pytest.fixture
+def gm() -> Iterator[GmStandIn]:
+    with GmStandIn() as standin:
+        yield standin
+
+
+def statuses(gm: GmStandIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Status frames the GM read from the node: header and decoded content."""
+    return [(h, json.loads(c or b"null")) for h, c in gm.statuses(NODE)]
+
+
+def phases(gm: GmStandIn) -> list[tuple[str, str]]:
+    return [
+        (c["phase"], c["status"])
+        for h, c in statuses(gm)
+        if h["resourceName"] == JOB and "input" in c
+    ]
+
+
+def wait_phase(gm: GmStandIn, phase: str, status: str = "ready", timeout_s: float = 20) -> None:
+    wait_until(lambda: (phase, status) in phases(gm), timeout_s, f"{phase} {status} at the GM",
+               detail=lambda: str(phases(gm)))  # fmt: skip
+
+
+def readyz(controller: Controller) -> str:
+    url = f"http://127.0.0.1:{controller.http_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return ""
+
+
+def linked(stack: Stack, gm: GmStandIn, name: str) -> Controller:
+    return stack.controller(name, env={"LIFELONG_GM_ADDRESS": gm.address})
+
+
+def start_round(stack: Stack, gm: GmStandIn) -> Path:
+    """Dataset and job inserted by the GM; returns the job's output dir once train is ready."""
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    append_lines(data, lines(0, 10))
+    out = stack.workdir / "out"
+    gm.insert(NODE, dataset_resource(DATASET, str(data)))
+    gm.insert(NODE, job_resource(JOB, DATASET, str(out)))
+    wait_phase(gm, "train")
+    return out
+
+
+def model(out: Path, phase: str, version: int = 1) -> str:
+    path = out / phase / str(version) / "model.pkl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(f"{phase} model".encode())
+    return str(path)
+
+
+def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
+    controller = linked(stack, gm, "r1")
+    out = start_round(stack, gm)
+    assert gm.handshakes[0]["Node-Name"] == NODE
+    header, content = next((h, c) for h, c in statuses(gm) if c.get("status") == "ready")
+    assert header["resourceKind"] == "lifelonglearningjob" and header["operation"] == "status"
+    assert header["id"], "the header keeps the upstream id"
+    assert content["input"]["outputDir"] == f"{out}/train/1"
+    wait_until(
+        lambda: (
+            {"numberOfSamples": 10}
+            in [c for h, c in statuses(gm) if h["resourceKind"] == "dataset"]
+        ),
+        10,
+        "the dataset's status at the GM",
+    )
+
+    stack.cloud.report(JOB, "train", "completed", model(out, "train"))
+    wait_phase(gm, "eval")
+    stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
+    wait_phase(gm, "deploy")
+    assert (out / "deploy" / "index.pkl").read_bytes() == b"eval model"
+    assert "gm=up" in readyz(controller)
+    forwarded = [(c["phase"], c["status"]) for _, c in statuses(gm) if "output" in c]
+    assert forwarded == [("train", "completed"), ("eval", "completed")]
+    ids = [h["id"] for h, _ in statuses(gm)]
+    assert len(ids) == len(set(ids)), "each status once"
+    assert stack.cloud.upstream(JOB), "the MQTT upstream topic gets them too"
+
+
+def test_statuses_wait_for_a_restarted_gm_and_go_in_order(stack: Stack, gm: GmStandIn) -> None:
+    controller = linked(stack, gm, "r1")
+    out = start_round(stack, gm)
+    gm.stop()
+    wait_until(lambda: "gm=up" not in readyz(controller), 10, "the link to notice")
+    stack.cloud.report(JOB, "train", "completed", model(out, "train"))
+    stack.cloud.wait_status(JOB, "eval", "ready")  # produced while the GM is away
+    gm.start()
+    wait_phase(gm, "eval")
+    assert phases(gm) == [("train", "ready"), ("eval", "ready")]
+
+
+def test_the_link_moves_with_its_holder_and_nothing_is_lost(stack: Stack, gm: GmStandIn) -> None:
+    first = linked(stack, gm, "r1")
+    second = linked(stack, gm, "r2")
+    out = start_round(stack, gm)
+    holder, other = (first, second) if "gm=up" in readyz(first) else (second, first)
+    assert "gm=standby" in readyz(other), "one link per node"
+    assert gm.connections(NODE) == 1
+    holder.kill()
+    stack.cloud.report(JOB, "train", "completed", model(out, "train"))
+    wait_until(lambda: "gm=up" in readyz(other), 15, "the other replica to take the link")
+    wait_phase(gm, "eval")
+    stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
+    wait_phase(gm, "deploy")
+    assert phases(gm)[-3:] == [("train", "ready"), ("eval", "ready"), ("deploy", "ready")]
+
+
+def test_garbage_frames_are_rejected_and_the_link_stays(stack: Stack, gm: GmStandIn) -> None:
+    controller = linked(stack, gm, "r1")
+    wait_until(lambda: "gm=up" in readyz(controller), 10, "the link")
+    gm.send_raw(NODE, "this is not json")
+    gm.send_raw(NODE, json.dumps({"header": {"operation": "insert"}, "content": "!!"}))
+    rejected = stack.cloud.wait_for(
+        lambda: len(stack.cloud.errors()) >= 2 and stack.cloud.errors(), 15, "two rejections"
+    )
+    assert {r["topic"] for r in rejected} == {"gm"}
+    assert base64.b64decode(rejected[0]["payload"]) == b"this is not json"
+    assert "gm=up" in readyz(controller)
+    start_round(stack, gm)  # and the link still takes good frames
+
+
+def test_a_gm_that_sends_nothing_keeps_the_link_up(stack: Stack, gm: GmStandIn) -> None:
+    controller = linked(stack, gm, "r1")
+    wait_until(lambda: "gm=up" in readyz(controller), 10, "the link")
+    connects = gm.connects(NODE)
+    wait_until(lambda: len(controller.log()) > 0, 5, "a log")
+    stack.controller("r2")  # time passes with activity elsewhere; the GM stays silent
+    assert "gm=up" in readyz(controller) and gm.connects(NODE) == connects
