@@ -13,12 +13,13 @@ A report is bound to its job and its round:
   `train-worker-<suffix>`, `eval-worker-<suffix>` or `inferworker-<suffix>`, names that say
   nothing of the job; over HTTP (unauthenticated, so a name proves nothing anyway) those are
   accepted for reports of their kind.
-- **By round.** The models of a `completed` train or eval report must lie under the output
-  dir the round's `ready` message gave the worker (`{outputDir}/train/{v}/`,
-  `{outputDir}/eval/{v}/` for the job's current version v; an eval report may also name the
-  deployed model, `{outputDir}/deploy/index.pkl`, as Sedna's deploy gate compares against
-  it). A replayed report of an earlier round, or one naming files elsewhere, is refused and
-  changes nothing.
+- **By round.** The models of a `completed` train or eval report must lie where the
+  round's `ready` message pointed the worker, for the job's current version v: a train
+  report's under `{outputDir}/train/{v}/`; an eval report's under `{outputDir}/eval/{v}/`,
+  or under `{outputDir}/train/{v}/` (the models it was given to evaluate, which a worker may
+  report back with their scores), or the deployed model `{outputDir}/deploy/index.pkl` (which
+  a deploy gate compares against). A replayed report of an earlier round, or one naming
+  files elsewhere, is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -101,10 +102,13 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
         return None
     out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
     round_dir = paths.round_output_dir(out, report.kind, job.version)
+    trained = paths.round_output_dir(out, "train", job.version)
     deployed = paths.deploy_model(out)
     for model in usable_models(report.results):
         url = paths.trim_prefix(volume_prefix, model.url)
-        if paths.is_beneath(url, round_dir) or (report.kind == "eval" and url == deployed):
+        if paths.is_beneath(url, round_dir):
+            continue
+        if report.kind == "eval" and (paths.is_beneath(url, trained) or url == deployed):
             continue
         return Reject(
             code="outside_round",

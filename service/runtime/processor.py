@@ -164,8 +164,11 @@ class Processor:
                 self._fresh.update(shards)
             raise
         for rkey, raw in states.items():
-            if raw is not None:
-                self._metrics.job_changed(shard_of(rkey), None, decode_state(raw))
+            try:
+                state = decode_state(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # quarantined when an event for it comes (or its retry timer)
+            self._metrics.job_changed(shard_of(rkey), None, state)
 
     def _recover(self, shards: list[int]) -> None:
         """Redo what is pending in shards just become ours (or whose commit's fate is unknown).

@@ -166,6 +166,17 @@ def test_eval_may_name_the_deployed_model_beside_its_own() -> None:
     assert (d.job.phase, d.job.step) == ("deploy", "copying")
 
 
+def test_eval_may_report_back_the_models_it_was_given() -> None:
+    """An eval worker that scores the round's trained models and reports them (as
+    `lifelong worker`'s demo model does), not ones of another round."""
+    d = at_round(2)
+    d.apply(report("train", "completed", "/output/train/2/m.pkl"))
+    d.written("eval")
+    refused(d, report("eval", "completed", "/output/train/1/m.pkl"), "outside_round")
+    d.apply(report("eval", "completed", "/output/train/2/m.pkl"))
+    assert (d.job.phase, d.job.step) == ("deploy", "copying")
+
+
 def test_the_volume_prefix_is_trimmed_before_judging() -> None:
     d = at_round(1, prefix="/rootfs")
     d.apply(report("train", "completed", "/rootfs/output/train/1/m.pkl"))
