@@ -53,6 +53,8 @@ MAX_TEMPLATE_DEPTH = 32
 #: A resource's annotations together, keys and values: Kubernetes's own limit.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 REJECTION_PAYLOAD_BYTES = 4096
+#: The longest path or URL (outputDir, dataset url, a model's url).
+MAX_URL_CHARS = 4096
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
 SEDNA_API_VERSION = "sedna.io/v1alpha1"
 
@@ -106,7 +108,7 @@ StorageUrl = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=4096,
+        max_length=MAX_URL_CHARS,
         pattern=STORAGE_URL_PATTERN,
         description="s3://bucket/key or an absolute local path without '..' segments",
     ),

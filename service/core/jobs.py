@@ -288,9 +288,16 @@ def _no_usable_model(job: JobState, event: WorkerReported, out: Recorder) -> Job
     return _back_to_train(job, out, reason)
 
 
+def _kept_models(event: WorkerReported, out: Recorder) -> tuple[ModelRef, ...]:
+    left_out = reports.models_left_out(event)
+    if left_out is not None:
+        out.note(left_out)
+    return reports.model_refs(event)
+
+
 def _train_completed(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, WorkerReported)
-    models = reports.model_refs(event)
+    models = _kept_models(event, out)
     if not models:
         return _no_usable_model(job, event, out)
     job = replace(job, phase="eval", step="preparing", train_models=models, round=())
@@ -348,7 +355,7 @@ def _round_failed(job: JobState, out: Recorder, what: str, reason: str) -> JobSt
 # ================================================================= deploy
 def _eval_completed(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, WorkerReported)
-    models = reports.model_refs(event)
+    models = _kept_models(event, out)
     if not models:
         return _no_usable_model(job, event, out)
     prefix = out.ctx.volume_prefix

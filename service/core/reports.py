@@ -35,9 +35,14 @@ from service.core.effects import Reject
 from service.core.events import WorkerReported
 from service.core.state import JobState, ModelRef, State
 from service.logs import redact
-from service.messages import STORAGE_URL_PATTERN, Model
+from service.messages import MAX_URL_CHARS, STORAGE_URL_PATTERN, Model
 
 _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
+#: How many of a report's models a job keeps (TensorFlow workers report two, a deploy gate's
+#: eval two): the job's state is rewritten on every event, and the next ready carries them.
+MAX_MODELS_KEPT = 16
+#: The longest model format kept (formats are short names: pkl, pb, ckpt, onnx...).
+MAX_FORMAT_CHARS = 64
 #: How much of a failed worker's stderr (its tail) and stated reason a job keeps.
 STDERR_TAIL_CHARS = 400
 REASON_CHARS = 200
@@ -125,16 +130,26 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
 def usable_models(results: Iterable[dict[str, Any]]) -> tuple[Model, ...]:
     """The results that describe a model the lifecycle can use, in order.
 
-    A usable model has a string `format` (may be empty or absent) and a `url` that is an
-    s3:// URL or an absolute local path without `..`: a worker is not trusted to point the
-    deploy copy at arbitrary files.
+    A usable model has a string `format` (may be empty or absent; at most
+    `MAX_FORMAT_CHARS`) and a `url` that is an s3:// URL or an absolute local path without
+    `..`, of at most `MAX_URL_CHARS`: a worker is not trusted to point the deploy copy at
+    arbitrary files, nor to make its job's state large.
     """
     return tuple(model for model in map(_model_of, results) if model is not None)
 
 
 def model_refs(report: WorkerReported) -> tuple[ModelRef, ...]:
-    """The usable models of a report, as the job keeps them."""
-    return tuple(ModelRef(format=m.format, url=m.url) for m in usable_models(report.results))
+    """The usable models of a report, as the job keeps them: the first `MAX_MODELS_KEPT`."""
+    models = usable_models(report.results)[:MAX_MODELS_KEPT]
+    return tuple(ModelRef(format=m.format, url=m.url) for m in models)
+
+
+def models_left_out(report: WorkerReported) -> str | None:
+    """What a job says when it keeps only some of a report's usable models."""
+    count = len(usable_models(report.results))
+    if count <= MAX_MODELS_KEPT:
+        return None
+    return f"kept the first {MAX_MODELS_KEPT} of the {count} models {report.worker} reported"
 
 
 def no_usable_model(report: WorkerReported) -> str:
@@ -189,6 +204,8 @@ def _model_of(result: object) -> Model | None:
         return None
     url, model_format, metrics = result.get("url"), result.get("format", ""), result.get("metrics")
     if not isinstance(url, str) or not isinstance(model_format, str):
+        return None
+    if len(url) > MAX_URL_CHARS or len(model_format) > MAX_FORMAT_CHARS:
         return None
     if not _STORAGE_URL.search(url):
         return None

@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import json
 
+import msgspec
+
+from service import messages
 from service.config import Config
 from service.core.effects import AttachDataset, DetachDataset, decode_work
 from service.core.events import (
@@ -16,6 +19,7 @@ from service.core.events import (
     JobApplied,
     JobDeleted,
     Tick,
+    WorkerReported,
 )
 from service.core.outcome import Context
 from service.core.state import DatasetState, State, decode_state
@@ -142,3 +146,30 @@ def test_an_unreadable_dataset_goes_to_the_errors_topic_and_is_not_a_refusal() -
     assert result.rejected == ()
     assert [r.outcome for r in result.records] == ["applied", "ignored"]
     assert isinstance(result.state, DatasetState) and result.state.unreadable is not None
+
+
+def test_a_forwarded_report_over_the_size_limit_goes_out_trimmed_with_a_reason() -> None:
+    """Outbound messages keep the inbound limit: a report whose forward would be larger (its
+    numbers written longer than the worker wrote them) is forwarded with each result's
+    format and url only and no ownerInfo, and a reason saying so."""
+    big = [{"format": "pkl", "url": f"/m{i}", "metrics": {"a": [1e15] * 1000}} for i in range(60)]
+    state, _ = steps_of(created())
+    event = WorkerReported(
+        namespace=NS, name=JOB, worker=f"{JOB}-train-1", kind="train", status="running",
+        results=tuple(big), owner_info=b'{"note": "x"}',
+    )  # fmt: skip
+    result = planned(state, event)
+    (entry,) = result.commit.outbox
+    assert len(entry.payload) <= messages.MAX_PAYLOAD_BYTES
+    content = json.loads(entry.payload)["content"]
+    assert content["output"] == {
+        "models": [{"format": "pkl", "url": f"/m{i}"} for i in range(60)],
+        "ownerInfo": {},
+    }
+    assert "over the 1048576-byte limit" in content["reason"]
+    assert "ownerInfo left out" in content["reason"]
+    # one that fits goes out as it came
+    small = msgspec.structs.replace(event, results=tuple(big[:2]))
+    (entry,) = planned(state, small).commit.outbox
+    output = json.loads(entry.payload)["content"]["output"]
+    assert output == {"models": json.loads(json.dumps(big[:2])), "ownerInfo": {"note": "x"}}
