@@ -1,6 +1,6 @@
-"""Every transition leaves a trace: a counter by event type and verdict, a log line for those
-worth one (the same records the commit stored as the resource's history), and a dataset's
-sample count in its gauge."""
+"""Every transition leaves a trace: a counter by event type and verdict, and a log line for
+those worth one (the same records the commit stored as the resource's history). A dataset's
+sample gauge is `DatasetHealth`'s, which also removes it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ class Journal:
     def write(self, rkey: str, records: Iterable[HistoryRecord]) -> None:
         for record in records:
             self._metrics.events.labels(type=record.event, outcome=record.outcome).inc()
-            if record.samples is not None:
-                key = parse_rkey(rkey)
-                self._metrics.dataset_samples.labels(key.namespace, key.name).set(record.samples)
             if worth_keeping(record):
                 key = parse_rkey(rkey)
                 log.info(

@@ -21,7 +21,7 @@ from service.config import Config
 from service.core.effects import decode_work
 from service.core.events import Event, Tick
 from service.core.outcome import Context, Outcome
-from service.core.state import State, decode_state
+from service.core.state import DatasetState, State, decode_state
 from service.errors import LeaseLost, StoreUnavailable
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
@@ -153,12 +153,14 @@ class Processor:
         return fresh
 
     def _report_jobs(self, shards: list[int]) -> None:
-        """Set the phase gauges of the jobs on shards that just became ours: a job waiting for
-        its worker may get no event for hours, and would have no series here until then."""
+        """Set the gauges of the jobs and datasets on shards that just became ours: a job
+        waiting for its worker may get no event for hours, a dataset none until its next
+        poll, and would have no series here until then (the previous owner dropped its
+        series when it lost the shard)."""
         if not shards:
             return
         try:
-            states = self._store.load(self._store.list_rkeys("job", shards))
+            states = self._store.load(self._store.list_rkeys(None, shards))
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
@@ -168,7 +170,10 @@ class Processor:
                 state = decode_state(raw) if raw is not None else None
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue  # quarantined when an event for it comes (or its retry timer)
-            self._metrics.job_changed(shard_of(rkey), None, state)
+            if isinstance(state, DatasetState):
+                self._datasets.committed(rkey, state, ())
+            else:
+                self._metrics.job_changed(shard_of(rkey), None, state)
 
     def _recover(self, shards: list[int]) -> None:
         """Redo what is pending in shards just become ours (or whose commit's fate is unknown).
