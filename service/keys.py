@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from service.core.paths import canonical_dir
+
 NUM_SHARDS = 16
 DEFAULT_PREFIX = "lifelong"
 
@@ -162,6 +164,11 @@ class Keys:
     def gm_link(self) -> str:
         """What the GM link's holder last said of the link (a JSON value with a TTL)."""
         return f"{self.prefix}:gm-link"
+
+    def output_claim(self, output_dir: str) -> str:
+        """Which job writes to an outputDir (its canonical spelling, digested): one key per
+        outputDir, in a slot of its own."""
+        return f"{self.prefix}:claim:{_digest(canonical_dir(output_dir))}"
 
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"

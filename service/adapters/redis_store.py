@@ -46,6 +46,7 @@ _SCRIPT_NAMES = (
     "renew",
     "release",
     "quarantine",
+    "claim",
 )
 
 
@@ -703,6 +704,29 @@ class RedisStore:
         with _store_errors("dlq"):
             entries = self._client.xrevrange(self.keys.dlq(), count=count)
         return [fields[b"r"] for _, fields in reversed(entries)]
+
+    def claim_output_dir(
+        self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
+    ) -> str | None:
+        """Claim an outputDir for a job: None when the job holds it now, else the rkey of the
+        job that does (`stale`: a holder found gone, taken over once its claim is older than
+        `grace_ms`)."""
+        call = _Call(
+            self._scripts["claim"],
+            (self.keys.output_claim(output_dir),),
+            ("claim", job_rkey, now_ms, stale, grace_ms),
+        )
+        holder = self._eval([call], what="claim_output_dir")[0]
+        return None if holder is None else _text(holder)
+
+    def release_output_dir(self, output_dir: str, job_rkey: str) -> bool:
+        """Give up a job's claim on an outputDir; False when the job did not hold it."""
+        call = _Call(
+            self._scripts["claim"],
+            (self.keys.output_claim(output_dir),),
+            ("release", job_rkey, 0, "", 0),
+        )
+        return bool(self._eval([call], what="release_output_dir")[0])
 
     def dataset_jobs_add(self, dataset: str, job_rkey: str) -> None:
         with _store_errors("dataset_jobs_add"):

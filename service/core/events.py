@@ -12,10 +12,14 @@ from service.messages import WorkerKind, WorkerStatus
 
 
 class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):
+    """A job was inserted. `output_dir_holder` is set by the shell, never the wire: the
+    other job that already writes to this outputDir (the insert is then refused)."""
+
     namespace: str
     name: str
     spec: JobSpec
     digest: str
+    output_dir_holder: str | None = None
 
 
 class JobDeleted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-deleted"):

@@ -74,6 +74,14 @@ def index_prefix(dataset_url: str) -> str:
     return posixpath.dirname(dataset_url).rstrip("/") + "/"
 
 
+def canonical_dir(url: str) -> str:
+    """One spelling of a directory: local paths without empty or "." components and without
+    a trailing "/"; S3 URLs without a trailing "/" (their keys are otherwise literal)."""
+    if is_remote(url):
+        return url.rstrip("/")
+    return "/" + "/".join(part for part in url.split("/") if part not in ("", "."))
+
+
 def is_beneath(path: str, directory: str) -> bool:
     """Whether `path` is `directory` or lies inside it, judged on the names alone.
 

@@ -22,6 +22,7 @@ from service.core.effects import (
     DetachDataset,
     NotifyJobs,
     PollDataset,
+    ReleaseOutputDir,
     Work,
     WriteRound,
 )
@@ -63,6 +64,8 @@ class Executor:
             case DetachDataset():
                 dataset = dataset_key(work.namespace, work.dataset)
                 self._store.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
+            case ReleaseOutputDir():
+                self._store.release_output_dir(work.output_dir, job_key(work.namespace, work.name))
         return None
 
     # ------------------------------------------------------------ credentials

@@ -63,9 +63,13 @@ class EffectStore(Protocol):
 
 
 class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
-    """What the processor reads and writes (quarantine marks too)."""
+    """What the processor reads and writes (quarantine marks and outputDir claims too)."""
 
     def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]: ...
+
+    def claim_output_dir(
+        self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
+    ) -> str | None: ...
 
     def list_rkeys(self, kind: str | None = None, shards: Sequence[int] = ...) -> list[str]: ...
 
@@ -128,6 +132,8 @@ class ExecutorStore(StateStore, Protocol):
     def dataset_jobs_remove(self, dataset: str, job_rkey: str) -> None: ...
 
     def dataset_jobs(self, dataset: str) -> list[str]: ...
+
+    def release_output_dir(self, output_dir: str, job_rkey: str) -> bool: ...
 
     def append_ingress(
         self,

@@ -19,13 +19,14 @@ from service import failpoints
 from service.adapters.redis_store import Commit, IngressEntry, Quarantine
 from service.config import Config
 from service.core.effects import decode_work
-from service.core.events import Event, Tick
+from service.core.events import Event, JobApplied, Tick
 from service.core.outcome import Context, Outcome
-from service.core.state import DatasetState, State, decode_state
+from service.core.state import DatasetState, JobState, State, decode_state
 from service.errors import LeaseLost, StoreUnavailable
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, decode_accepted, target_of
+from service.runtime.claims import OutputDirs
 from service.runtime.clock import Clock
 from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
@@ -101,6 +102,7 @@ class Processor:
         self._stop = stop
         self._states = ShardStates()
         self._quarantines = Quarantines(metrics)
+        self._output_dirs = OutputDirs(store, grace_ms=int(config.lease_s * 2000))
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
         self._pending_sweep_at_s = 0.0
@@ -378,11 +380,26 @@ class Processor:
             assert item.accepted is not None
             now_ms = self._clock.now_ms()
             ctx = self._context(shard, item.entry_id, now_ms)
-            outcome = self._run(state, item.accepted.event, ctx)
+            outcome = self._claimed(rkey, state, item.accepted.event, ctx)
             state = outcome.state
             steps.append(Step(item.entry_id, item.accepted, outcome, now_ms))
         self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
+
+    def _claimed(self, rkey: str, state: State | None, event: Event, ctx: Context) -> Outcome:
+        """The event's outcome; a job insert that leaves the job with an outputDir first
+        claims it, and one whose outputDir another job holds is run again saying so (the
+        core then refuses it)."""
+        outcome = self._run(state, event, ctx)
+        after = outcome.state
+        if not isinstance(event, JobApplied) or not isinstance(after, JobState):
+            return outcome
+        if outcome.verdict == "rejected":
+            return outcome
+        holder = self._output_dirs.claim(rkey, after.spec.output_dir, ctx.now_ms)
+        if holder is None:
+            return outcome
+        return self._run(state, msgspec.structs.replace(event, output_dir_holder=holder), ctx)
 
     def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:
         started = time.perf_counter()

@@ -10,7 +10,7 @@ import msgspec
 
 from service import messages
 from service.config import Config
-from service.core.effects import AttachDataset, DetachDataset, decode_work
+from service.core.effects import AttachDataset, DetachDataset, ReleaseOutputDir, decode_work
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -112,10 +112,13 @@ def test_a_refusal_keeps_the_state_and_goes_to_the_errors_topic() -> None:
     assert result.records[0].outcome == "rejected"
 
 
-def test_a_delete_removes_the_state_and_keeps_its_detach_intent() -> None:
+def test_a_delete_removes_the_state_and_keeps_its_detach_and_release_intents() -> None:
     result = planned(created(), JobDeleted(namespace=NS, name=JOB))
     assert result.commit.delete and result.commit.state is None
-    assert [type(decode_work(i)) for _, i in result.commit.effects] == [DetachDataset]
+    assert [type(decode_work(i)) for _, i in result.commit.effects] == [
+        DetachDataset,
+        ReleaseOutputDir,
+    ]
     assert result.commit.history == ()
 
 
