@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint schemas serve demo clean bench bench-full
+.PHONY: install test soak lint schemas serve demo clean bench bench-full
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ schemas: install
 
 test: install lint
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# Redis failover soaks (Sentinel, Cluster; several kill points, many rounds): minutes each
+soak: install
+	$(BIN)/pytest -q -p no:cacheprovider -m soak
 
 serve: install
 	$(BIN)/lifelong serve --embedded

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import baselines, decode, files, idle, lifecycle
-from bench.common import Controller, Result, Stack, scratch, stack
+from bench import baselines, decode, files, idle, lifecycle, replicated
+from bench.common import Controller, Result, Stack, scratch, sentinel_stack, stack
 from bench.report import markdown_table, text_table
 
 
@@ -58,7 +58,7 @@ FULL = Sizes(
     idle_window_s=60,
     failover_trials=20,
 )
-SUITES = ("latency", "throughput", "datasets", "idle", "failover", "decode")
+SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel", "decode")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,10 +83,19 @@ def run(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     with scratch(args.keep) as root:
 
-        def suite(name: str, fn: Callable[[Stack], list[Result]]) -> None:
+        def suite(
+            name: str, fn: Callable[[Stack], list[Result]], sentinel_replicas: int = 0
+        ) -> None:
+            """Run ``fn`` on fresh servers: a single Redis, or one behind Sentinel with that
+            many replicas."""
             started = time.monotonic()
             print(f"[bench] {name}...", file=sys.stderr, flush=True)
-            with stack(root, name) as s:
+            servers = (
+                sentinel_stack(root, name, sentinel_replicas)
+                if sentinel_replicas
+                else stack(root, name)
+            )
+            with servers as s:
                 results.extend(fn(s))
             print(f"[bench] {name}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
 
@@ -136,6 +145,25 @@ def run(args: argparse.Namespace) -> list[Result]:
             suite(
                 "failover",
                 lambda s: lifecycle.failover(s, trials=sizes.failover_trials, lease_s=3.0),
+            )
+        if "sentinel" in wanted:
+            single = {r.id: r.value for r in results}
+            suite(
+                "sentinel-latency",
+                lambda s: replicated.latency(s, floors, single, jobs=sizes.latency_jobs),
+                sentinel_replicas=1,
+            )
+            suite(
+                "sentinel-throughput",
+                lambda s: replicated.throughput(
+                    s, single, jobs=sizes.throughput_jobs, reports=sizes.reports
+                ),
+                sentinel_replicas=1,
+            )
+            suite(
+                "sentinel-failover",
+                lambda s: replicated.failover(s, trials=sizes.failover_trials),
+                sentinel_replicas=2,
             )
         if "decode" in wanted:  # in this process: no servers
             print("[bench] decode...", file=sys.stderr, flush=True)

@@ -26,7 +26,15 @@ import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from redis import Redis
 
-from service.embedded import Server, free_port, mosquitto_server, redis_server, wait_port
+from service.embedded import (
+    SentinelTopology,
+    Server,
+    free_port,
+    mosquitto_server,
+    redis_server,
+    sentinel_topology,
+    wait_port,
+)
 from service.keys import NUM_SHARDS, Keys
 
 NODE = "bench-node"
@@ -90,12 +98,14 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
 # ------------------------------------------------------------------ servers and controllers
 @dataclass
 class Stack:
-    """A private mosquitto and redis-server (never the standard ports) plus controllers."""
+    """A private mosquitto and redis-server (never the standard ports) plus controllers;
+    with ``sentinel``, the Redis is that topology's master, reached through its sentinels."""
 
     workdir: Path
     broker: Server
     redis: Server
     controllers: list[Controller] = field(default_factory=list)
+    sentinel: SentinelTopology | None = None
 
     @property
     def mqtt_url(self) -> str:
@@ -103,10 +113,14 @@ class Stack:
 
     @property
     def redis_url(self) -> str:
+        if self.sentinel is not None:
+            return self.sentinel.url
         return f"redis://127.0.0.1:{self.redis.port}/0"
 
     def redis_client(self) -> Redis[bytes]:
-        return Redis(port=self.redis.port)
+        """A client of the server that takes writes now (the master, behind Sentinel)."""
+        server = self.redis if self.sentinel is None else self.sentinel.master()
+        return Redis(port=server.port)
 
     def controller(self, name: str, env: dict[str, str] | None = None) -> Controller:
         controller = Controller(self, name, env or {})
@@ -130,6 +144,26 @@ def stack(root: Path, name: str) -> Iterator[Stack]:
             for controller in s.controllers:
                 controller.stop()
             store.stop()
+    finally:
+        broker.stop()
+
+
+@contextlib.contextmanager
+def sentinel_stack(root: Path, name: str, replicas: int) -> Iterator[Stack]:
+    """A stack whose Redis is a master with ``replicas`` replicas and three sentinels."""
+    workdir = root / name
+    broker = mosquitto_server(workdir / "mosquitto")
+    topology = sentinel_topology(workdir / "sentinel", replicas=replicas)
+    broker.start()
+    try:
+        topology.start()
+        s = Stack(workdir, broker, topology.master(), sentinel=topology)
+        try:
+            yield s
+        finally:
+            for controller in s.controllers:
+                controller.stop()
+            topology.stop()
     finally:
         broker.stop()
 

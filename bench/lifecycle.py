@@ -278,20 +278,31 @@ def client_commands_per_event(
     }
 
 
-def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Result]:
-    """Each rate is the best of three bursts, as the relay's baseline rate is: on a shared
-    machine a single burst mostly measures the neighbours."""
+def burst_on_one_replica(s: Stack, jobs: int) -> tuple[Peer, Burst, redis.Redis[bytes]]:
+    """Replica r1 with ``jobs`` jobs inserted and its ingress taking reports: a burst ready to
+    run, its peer and a client of the Redis master."""
     seen = Upstream()
     peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
-    r1 = s.controller("r1")
+    s.controller("r1")
     names = [f"tp-{i}" for i in range(jobs)]
     insert_jobs(peer, names, "no-such-dataset", s.workdir / "out")
     client = s.redis_client()
     wait_until(lambda: count_jobs(client) >= jobs, 60 + jobs / 20, f"{jobs} jobs inserted")
     wait_ingress(peer, seen, names[0])
-    burst = Burst(peer, seen, names)
-    burst.run(min(500, reports))  # warm-up
-    one_rate = max(burst.run(reports)[0] for _ in range(3))
+    return peer, Burst(peer, seen, names), client
+
+
+def best_rate(burst: Burst, reports: int) -> float:
+    """Reports/s: the best of three bursts after a warm-up, as the relay's baseline rate is
+    (on a shared machine a single burst mostly measures the neighbours)."""
+    burst.run(min(500, reports))
+    return max(burst.run(reports)[0] for _ in range(3))
+
+
+def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Result]:
+    """Report rates with one and two replicas, and the Redis commands per report."""
+    peer, burst, client = burst_on_one_replica(s, jobs)
+    one_rate = best_rate(burst, reports)
     net, raw, top = commands_per_event(client, burst, reports)
     monitored = client_commands_per_event(client, burst, min(reports, 1000))
     s.controller("r2")
@@ -300,11 +311,9 @@ def throughput(s: Stack, floors: Floors, *, jobs: int, reports: int) -> list[Res
         30,
         "two replicas splitting the shards 8/8",
     )
-    burst.run(min(500, reports))
-    two_rate = max(burst.run(reports)[0] for _ in range(3))
+    two_rate = best_rate(burst, reports)
     peer.close()
     client.close()
-    assert r1.proc is not None
     relay = floors.relay_rate_per_s
     details = {"jobs": jobs, "reports": reports, "naive_loop_per_s": floors.naive_rate_per_s}
     return [

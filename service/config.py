@@ -18,16 +18,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
-from urllib.parse import SplitResult, urlsplit
 
 from service.adapters.gm import parse_gm_address
 from service.adapters.mqtt import PROTOCOL_WORDS, parse_mqtt_url
+from service.core.paths import DataRoots, segments, system_dir_of
 from service.errors import ConfigError
-from service.urls import redact_url
+from service.urls import parse_redis_url
 
 LogFormat = Literal["text", "json"]
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
 _UPSTREAM_PLACEHOLDERS = frozenset({"prefix", "node", "namespace"})
 _LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 _MAX_NODE_NAME_CHARS = 253
@@ -41,6 +40,11 @@ _BEARER_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}=*")
 _BEARER_TOKEN_RULE = (
     "a bearer token must be at least 16 letters, digits or - . _ ~ + / (then optional =)"
 )
+_KIB = 1 << 10
+_SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
+_MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
+_MAX_LINE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,17 +59,23 @@ class Config:
     volume_prefix: str = ""
     http_addr: str = "127.0.0.1:9100"
     key_prefix: str = "lifelong"
+    redis_min_replicas: int | None = None
     dataset_poll_s: float = 60
     lease_s: float = 10
     log_format: LogFormat = "text"
     gm_address: str = ""
     http_token: str = dataclasses.field(default="", repr=False)
     http_token_file: str = ""
+    data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"
+    max_model_bytes: int = 4 << 30
+    max_line_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
         for setting in _SETTINGS:
             value = getattr(self, setting.field)
+            if value is None:
+                continue  # an optional setting left to its default
             setting.check(value if isinstance(value, str) else repr(value), setting.env)
         if self.http_token and self.http_token_file:
             raise ConfigError(
@@ -93,6 +103,22 @@ class Config:
         if "node_name" not in values:
             values["node_name"] = _NODE_NAME.parse(socket.gethostname(), "hostname")
         return cls(**values)  # type: ignore[arg-type]
+
+    def path_policy(self) -> DataRoots:
+        """Where a job's local files may lie: the data roots (default: the volume prefix,
+        the host's root as mounted, else "/") with the volume prefix."""
+        if self.data_roots:
+            roots = tuple(self.data_roots.split(":"))
+        else:
+            roots = (self.volume_prefix or "/",)
+        return DataRoots(roots=roots, prefix=self.volume_prefix)
+
+    def min_replicas(self) -> int:
+        """Replicas a write must reach before it is acted on: as set, else 0 for a single
+        Redis server and 1 behind Sentinel or in a Cluster."""
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return parse_redis_url(self.redis_url).default_min_replicas
 
     def upstream_topic_for(self, namespace: str) -> str:
         """The topic a status of a resource in `namespace` is published to."""
@@ -165,27 +191,6 @@ def _lookup(
     return None, setting.env
 
 
-def _split_url(value: str, source: str, schemes: tuple[str, ...]) -> SplitResult:
-    shown = redact_url(value)
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ConfigError(f"{source}: {shown!r} is not a valid URL ({_no_secret(e)})") from None
-    if parts.scheme.lower() not in schemes:
-        wanted = ", ".join(f"{s}://" for s in schemes)
-        raise ConfigError(f"{source}: scheme of {shown!r} must be one of {wanted}")
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{source}: port {port} is outside 1..65535")
-    return parts
-
-
-def _no_secret(error: ValueError) -> str:
-    """urlsplit's messages may quote the port text; keep only the kind of failure."""
-    text = str(error)
-    return "bad port" if "port" in text.lower() else "malformed"
-
-
 def _parse_mqtt_url(value: str, source: str) -> str:
     """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
     try:
@@ -196,17 +201,14 @@ def _parse_mqtt_url(value: str, source: str) -> str:
 
 
 def _parse_redis_url(value: str, source: str) -> str:
-    parts = _split_url(value, source, _REDIS_SCHEMES)
-    if parts.scheme.lower() == "unix":
-        if not parts.path.startswith("/"):
-            raise ConfigError(f"{source}: a unix:// Redis URL needs an absolute socket path")
-        return value
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {redact_url(value)!r} names no Redis host")
-    database = parts.path.lstrip("/")
-    if database and not database.isdigit():
-        raise ConfigError(f"{source}: Redis database {database!r} is not a number")
+    parse_redis_url(value, source)
     return value
+
+
+def _parse_min_replicas(value: str, source: str) -> int:
+    if not value.strip().isdigit():
+        raise ConfigError(f"{source}: {value!r} is not a whole number of replicas (0 or more)")
+    return int(value)
 
 
 def _check_topic_level(value: str, source: str, what: str) -> None:
@@ -366,6 +368,47 @@ def _parse_token_file(value: str, source: str) -> str:
     return value
 
 
+def _parse_data_roots(value: str, source: str) -> str:
+    """':'-separated absolute directories (as PATH), each normalized to no trailing '/';
+    empty for the default. A system directory cannot be a root: nothing beneath it is
+    allowed anyway."""
+    if value == "":
+        return value
+    roots: list[str] = []
+    for root in value.split(":"):
+        parts = segments(root)
+        if not root or parts is None:
+            raise ConfigError(
+                f"{source}: data root {root!r} must be an absolute path without '..' "
+                "(roots are separated by ':')"
+            )
+        normal = "/" + "/".join(parts)
+        system = system_dir_of(normal)
+        if system not in (None, "/"):
+            raise ConfigError(f"{source}: data root {root!r} is in the system directory {system}")
+        roots.append(normal)
+    return ":".join(roots)
+
+
+def _parse_bytes(value: str, source: str, minimum: int, maximum: int) -> int:
+    """A byte count: digits with an optional KiB, MiB, GiB or TiB."""
+    match = _SIZE_RE.fullmatch(value.strip())
+    if match is None:
+        raise ConfigError(f"{source}: {value!r} is not a size (bytes, or with KiB/MiB/GiB/TiB)")
+    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+    if not minimum <= size <= maximum:
+        raise ConfigError(f"{source}: {value!r} must be between {minimum} and {maximum} bytes")
+    return size
+
+
+def _parse_model_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, 1, 2**63 - 1)
+
+
+def _parse_line_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, _MIN_LINE_BYTES, _MAX_LINE_BYTES)
+
+
 @dataclass(frozen=True)
 class _Setting:
     """One configurable value: where it is read from and how it is parsed."""
@@ -401,7 +444,15 @@ _SETTINGS: tuple[_Setting, ...] = (
     ),
     _Setting(
         "redis_url", "LIFELONG_REDIS_URL", "--redis-url", _parse_redis_url,
-        "Redis URL (rediss:// for TLS, unix:// for a socket)", "redis://127.0.0.1:6379/0", "URL",
+        "Redis URL: redis:// (rediss:// for TLS, unix:// for a socket), "
+        "redis+sentinel://host:port[,...]/<master>[/<db>] or redis+cluster://host:port[,...]",
+        "redis://127.0.0.1:6379/0", "URL",
+    ),
+    _Setting(
+        "redis_min_replicas", "LIFELONG_REDIS_MIN_REPLICAS", "--redis-min-replicas",
+        _parse_min_replicas,
+        "replicas (Redis WAIT) that must hold a write before it is acknowledged or acted on",
+        "0 for one server, 1 for Sentinel and Cluster", "N",
     ),
     _NODE_NAME,
     _Setting(
@@ -453,5 +504,19 @@ _SETTINGS: tuple[_Setting, ...] = (
         "http_token_file", "LIFELONG_HTTP_TOKEN_FILE", "--http-token-file", _parse_token_file,
         "file holding that token, e.g. a mounted Kubernetes secret (read at start-up)", "none",
         "FILE",
+    ),
+    _Setting(
+        "data_roots", "LIFELONG_DATA_ROOTS", "--data-roots", _parse_data_roots,
+        "':'-separated directories a job's local files (datasets, output dirs, models) must "
+        "lie under", "the volume prefix if set, else /", "DIRS",
+    ),
+    _Setting(
+        "max_model_bytes", "LIFELONG_MAX_MODEL_BYTES", "--max-model-bytes", _parse_model_bytes,
+        "largest model the deploy copy takes (bytes, or with KiB/MiB/GiB)", "4GiB", "SIZE",
+    ),
+    _Setting(
+        "max_line_bytes", "LIFELONG_MAX_LINE_BYTES", "--max-line-bytes", _parse_line_bytes,
+        "longest dataset line (1MiB..1GiB); a longer one stops the dataset with a reason",
+        "1MiB", "SIZE",
     ),
 )  # fmt: skip

@@ -29,6 +29,7 @@ RejectCode = Literal[
     "unknown_topic",
     "unknown_job",
     "immutable_field",
+    "path_refused",
     "foreign_worker",
     "outside_round",
     "output_dir_taken",
@@ -69,6 +70,11 @@ class PermanentError(ServiceError):
 
 class BrokerRefused(PermanentError):
     """The MQTT broker refused our CONNECT (bad password, not authorised) or a publish."""
+
+
+class Refused(PermanentError):
+    """The file access policy forbids the path or object: outside the data roots or the job's
+    output, a symlink, not a regular file, over a size cap. Never worth retrying."""
 
 
 class TransientError(ServiceError):

@@ -3,6 +3,11 @@
 Per-shard keys carry the hash tag ``{s<N>}`` so that each Lua script touches one hash slot
 (Redis Cluster compatible). A resource's keys (state, resource JSON, history) live in the
 shard of its resource key (``rkey``), so a commit for one resource never leaves its slot.
+The ingress lease, its fence and its holder's "subscribed" marker share the tag
+``{ingress}`` (one script takes lease and fence, one MGET lease and marker). The
+other global keys (live replicas, dead letters, a dataset's jobs, the GM link's state)
+carry no tag: each is only ever used alone, one key per command or transaction, so its
+slot is its own.
 """
 
 from __future__ import annotations
@@ -176,3 +181,19 @@ class Keys:
     def dataset_jobs(self, dataset: str) -> str:
         """Jobs using a dataset (the dataset's resource key)."""
         return f"{self.prefix}:dataset-jobs:{dataset}"
+
+    def barrier(self, key: str) -> str:
+        """A scratch key in ``key``'s hash slot (so on a Cluster on its node), written after
+        reads to make a WAIT cover everything they saw; its value means nothing."""
+        return f"{self.prefix}:{{{hash_tag(key)}}}:barrier"
+
+
+def hash_tag(key: str) -> str:
+    """What Redis hashes to find a key's slot: the part inside the first ``{...}`` when it is
+    not empty, else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key

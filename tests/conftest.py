@@ -15,7 +15,18 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 from tests import rabbitmq
-from tests.servers import Server, mosquitto_server, moto_server, redis_server, running
+from tests.servers import (
+    ClusterTopology,
+    SentinelTopology,
+    Server,
+    cluster_topology,
+    mosquitto_server,
+    moto_server,
+    redis_server,
+    running,
+    running_topology,
+    sentinel_topology,
+)
 from tests.stack import Stack, stack_on
 
 
@@ -29,6 +40,20 @@ def mosquitto(tmp_path: Path) -> Iterator[Server]:
 def redis_proc(tmp_path: Path) -> Iterator[Server]:
     with running(redis_server(tmp_path / "redis")) as server:
         yield server
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[SentinelTopology]:
+    """A Redis master and one replica watched by three sentinels (down after 1 s)."""
+    with running_topology(sentinel_topology(tmp_path / "sentinel")) as topology:
+        yield topology
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterTopology]:
+    """A Redis Cluster of three masters with one replica each (node timeout 1 s)."""
+    with running_topology(cluster_topology(tmp_path / "cluster")) as topology:
+        yield topology
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Real servers for tests: mosquitto, redis-server (service.embedded) and moto's S3 server."""
+"""Real servers for tests: mosquitto, redis-server (service.embedded), replicated Redis
+topologies (a Sentinel-watched master and replica, a Cluster) and moto's S3 server."""
 
 from __future__ import annotations
 
@@ -7,25 +8,35 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from service.embedded import (
+    ClusterTopology,
+    SentinelTopology,
     Server,
+    cluster_topology,
     find_binary,
     free_port,
     mosquitto_server,
     redis_server,
+    sentinel_topology,
     wait_port,
 )
 from service.embedded import running as running_all
 
 __all__ = [
+    "ClusterTopology",
+    "SentinelTopology",
     "Server",
+    "cluster_topology",
     "free_port",
     "locked_mosquitto",
     "mosquitto_server",
     "moto_server",
     "redis_server",
     "running",
+    "running_topology",
+    "sentinel_topology",
     "wait_port",
 ]
 
@@ -48,6 +59,15 @@ def locked_mosquitto(workdir: Path, users: dict[str, str], acl: str) -> Server:
     )
 
 
+class _Topology(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+T = TypeVar("T", bound=_Topology)
+
+
 def moto_server(workdir: Path, port: int | None = None) -> Server:
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -59,3 +79,13 @@ def moto_server(workdir: Path, port: int | None = None) -> Server:
 def running(server: Server) -> Iterator[Server]:
     with running_all(server):
         yield server
+
+
+@contextlib.contextmanager
+def running_topology(topology: T) -> Iterator[T]:
+    """Start a Redis topology; stop every process of it afterwards (each by its pid)."""
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()

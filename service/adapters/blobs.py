@@ -1,17 +1,25 @@
 """Round sample files and the deploy copy: the controller's writes, local or S3.
 
 Every write lands whole or not at all: local targets are written to a temporary file in
-the target's own directory, fsynced and ``os.replace``d onto the target (so a smaller new
-model never leaves old bytes behind, the seed's bug 10); S3 targets are uploaded from a
-temporary file. Temporary files are removed on every path (the seed's bug 11). Each call is
-idempotent, so the whole call is what we retry on transient errors, with jittered
-exponential backoff.
+the target's own directory, fsynced and renamed onto the target (so a smaller new model
+never leaves old bytes behind, the seed's bug 10, and a symlink planted as the target is
+replaced, not written through); S3 targets are uploaded from a temporary file. Temporary
+files are removed on every path (the seed's bug 11). Each call is idempotent, so the whole
+call is what we retry on transient errors, with jittered exponential backoff.
+
+Local paths go through ``LocalFiles``, the file access policy: sources are regular files
+beneath a data root reached without following a symlink, and the target's directory is
+created and opened the same way, then written through its descriptor. A model is copied only
+from inside the job's output dir (local or S3), only up to ``max_model_bytes``, and holes of
+a sparse local model stay holes in the copy. Refusals are ``Refused``: permanent, not retried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
+import secrets
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -26,23 +34,30 @@ from service.adapters import s3
 from service.adapters.datasets import (
     BLOCK_BYTES,
     BOTO_ERRORS,
+    DEFAULT_MAX_LINE_BYTES,
     Chunk,
     LineCensus,
+    LocalSource,
+    S3Source,
     SampleBatch,
     SampleScanner,
     SourceMissing,
     io_errors,
     iter_batches,
+    open_local,
     open_source,
     sample_lines,
-    translate_io,
 )
+from service.adapters.files import LocalFiles
 from service.adapters.s3 import S3Clients, S3CredentialLike
-from service.errors import PermanentError, TransientError
+from service.core import paths
+from service.errors import PermanentError, Refused, TransientError
 
 T = TypeVar("T")
 #: Writes at least this big go to the blob writer's helper thread.
 PIPELINED_MIN_BYTES = 1 << 16
+#: The default cap on a model's size (``LIFELONG_MAX_MODEL_BYTES``): 4 GiB.
+DEFAULT_MAX_MODEL_BYTES = 4 << 30
 SampleRange = tuple[int, int]
 """Half-open sample indices ``[start, end)``."""
 
@@ -119,17 +134,27 @@ def _take(
 
 
 class BlobStore:
-    """Writes round files and copies models, local or S3, retrying transient failures."""
+    """Writes round files and copies models, local or S3, retrying transient failures.
+
+    ``files`` is the file access policy for local paths (default: any path outside the
+    system directories); ``max_model_bytes`` and ``max_line_bytes`` the size caps.
+    """
 
     def __init__(
         self,
         s3: S3Clients,
         *,
+        files: LocalFiles | None = None,
+        max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         attempts: int = 5,
         max_backoff_s: float = 8.0,
         tmp_dir: str | None = None,
     ) -> None:
         self._s3 = s3
+        self._files = files or LocalFiles()
+        self._max_model = max_model_bytes
+        self._max_line = max_line_bytes
         self._tmp_dir = tmp_dir
         self._retrying = Retrying(
             stop=stop_after_attempt(attempts),
@@ -187,8 +212,10 @@ class BlobStore:
     ) -> None:
         """One forward scan of the source serving an ascending run of ranges."""
         i = 0
-        with open_source(self._s3, url, cred) as source, source.range(0) as read_into:
-            scanner = SampleScanner(fmt, expected_bytes=source.size)
+        with open_source(self._s3, self._files, url, cred) as source, source.range(0) as read_into:
+            scanner = SampleScanner(
+                fmt, expected_bytes=source.size, max_line=self._max_line, source=url
+            )
             for batch in iter_batches(read_into, scanner):
                 if writer.needs_header and scanner.header is not None:
                     writer.header(scanner.header)
@@ -201,15 +228,21 @@ class BlobStore:
         *,
         src_url: str,
         dst_url: str,
+        output_dir: str | None,
         src_cred: S3CredentialLike | None,
         dst_cred: S3CredentialLike | None,
     ) -> None:
         """Replace ``dst_url`` whole with the bytes of ``src_url``.
 
-        A missing source raises PermanentError naming it.
+        The source must lie in ``output_dir`` (the job's output dir, local or S3; None: a
+        caller with no job, nothing to check), be a regular file reached without a symlink
+        (local) and hold at most ``max_model_bytes``: else ``Refused``. A missing source
+        raises PermanentError naming it.
         """
         if src_url == dst_url:
             return
+        if output_dir is not None and not paths.is_beneath(src_url, output_dir):
+            raise Refused(f"model {src_url} is not in the job's output dir {output_dir}")
         try:
             self._retry(lambda: self._copy_once(src_url, dst_url, src_cred, dst_cred))
         except SourceMissing as e:
@@ -236,6 +269,8 @@ class BlobStore:
         src, dst = s3.parse_s3_url(src_url), s3.parse_s3_url(dst_url)
         client = self._s3.client(cred)
         try:
+            head = client.head_object(Bucket=src.bucket, Key=src.key)
+            self._check_model_size(src_url, int(head["ContentLength"]))
             client.copy_object(
                 Bucket=dst.bucket,
                 Key=dst.key,
@@ -247,40 +282,44 @@ class BlobStore:
             raise s3.translate(e, f"copying {src_url} to {dst_url}") from e
 
     def _upload_local(self, src_url: str, dst_url: str, cred: S3CredentialLike | None) -> None:
-        try:
-            file = open(src_url, "rb")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError as e:
-            raise SourceMissing(f"{src_url} does not exist") from e
-        except OSError as e:
-            raise translate_io(e, f"reading {src_url}") from e
+        file = open_local(self._files, src_url)
         location = s3.parse_s3_url(dst_url)
         with file, io_errors(f"uploading {src_url} to {dst_url}"):
+            self._check_model_size(src_url, os.fstat(file.fileno()).st_size)
             self._s3.client(cred).upload_fileobj(file, location.bucket, location.key)
 
+    def _check_model_size(self, url: str, size: int) -> None:
+        if size > self._max_model:
+            raise Refused(
+                f"model {url} holds {size} bytes, more than {self._max_model} "
+                "(LIFELONG_MAX_MODEL_BYTES)"
+            )
+
     def _download(self, url: str, cred: S3CredentialLike | None, out: _Pipelined) -> None:
-        """Stream the whole of ``url`` into ``out`` in large blocks."""
+        """Copy the whole of ``url`` into ``out`` in large blocks (a local file's holes are
+        skipped, then the copy is cut to the source's size: it stays as sparse)."""
         with (
-            open_source(self._s3, url, cred) as source,
-            source.range(0) as read_into,
+            open_source(self._s3, self._files, url, cred) as source,
             io_errors(f"writing a copy of {url}"),
         ):
+            self._check_model_size(url, source.size)
             buffer = memoryview(bytearray(BLOCK_BYTES))
-            while size := read_into(buffer):
-                out.write(buffer[:size])
-                failpoints.hit("blob-mid-copy", out)
+            if isinstance(source, LocalSource):
+                _copy_extents(source, out, buffer)
+                out.truncate(source.size)
+            else:
+                _copy_stream(source, out, buffer)
 
     @contextmanager
     def _staged(self, url: str, cred: S3CredentialLike | None) -> Iterator[BinaryIO]:
         """A temporary file that becomes ``url`` if the block succeeds; always cleaned up."""
+        if not s3.is_s3_url(url):
+            with self._staged_local(url) as out:
+                yield out
+            return
         context = f"writing {url}"
-        remote = s3.is_s3_url(url)
         with io_errors(context):
-            if remote:
-                directory, prefix = self._tmp_dir or tempfile.gettempdir(), "lifelong-"
-            else:
-                directory, name = os.path.split(url)
-                directory, prefix = directory or ".", f".{name}."
-                os.makedirs(directory, exist_ok=True)
+            directory, prefix = self._tmp_dir or tempfile.gettempdir(), "lifelong-"
             _sweep_dead_writers(directory, prefix)
             fd, tmp_path = tempfile.mkstemp(
                 prefix=f"{prefix}{_WRITER}~", suffix=".tmp", dir=directory
@@ -291,17 +330,54 @@ class BlobStore:
                 out.flush()
                 os.fsync(out.fileno())
             with io_errors(context):
-                if remote:
-                    self._upload(tmp_path, url, cred)
-                else:
-                    _replace(tmp_path, url)
+                self._upload(tmp_path, url, cred)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp_path)
 
+    @contextmanager
+    def _staged_local(self, path: str) -> Iterator[BinaryIO]:
+        """``_staged`` for a local target: its directory is created and opened by the file
+        access policy, and the temporary file is created, renamed onto the target and
+        removed through that directory's descriptor, never through the path again."""
+        context = f"writing {path}"
+        directory, name = posixpath.split(path)
+        prefix = f".{name}."
+        with io_errors(context), self._files.directory(directory, create=True) as dir_fd:
+            _sweep_dead_writers(dir_fd, prefix)
+            tmp_name, fd = _create_temporary(dir_fd, prefix)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    yield out
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                os.fsync(dir_fd)  # the rename itself is durable
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_name, dir_fd=dir_fd)
+
     def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
         location = s3.parse_s3_url(url)
         self._s3.client(cred).upload_file(path, location.bucket, location.key)
+
+
+def _copy_extents(source: LocalSource, out: _Pipelined, buffer: memoryview) -> None:
+    """The data stretches of a local source, each at its own offset in ``out``."""
+    for start, end in source.extents():
+        out.seek(start)
+        position = start
+        while position < end and (size := source.read_at(buffer[: end - position], position)):
+            out.write(buffer[:size])
+            position += size
+            failpoints.hit("blob-mid-copy", out)
+
+
+def _copy_stream(source: S3Source, out: _Pipelined, buffer: memoryview) -> None:
+    with source.range(0) as read_into:
+        while size := read_into(buffer):
+            out.write(buffer[:size])
+            failpoints.hit("blob-mid-copy", out)
 
 
 class _Pipelined:
@@ -365,6 +441,17 @@ class _Pipelined:
         self.wait()
         self._file.flush()
 
+    def seek(self, offset: int) -> None:
+        """Go on writing at ``offset``; skipped bytes stay a hole."""
+        self.wait()
+        self._file.seek(offset)
+        self._written = offset
+
+    def truncate(self, size: int) -> None:
+        """Cut or extend (with a hole) the file to ``size`` bytes."""
+        self.wait()
+        self._file.truncate(size)
+
     def wait(self) -> None:
         """Until the write in flight is done (its error raised here)."""
         in_flight, self._in_flight = self._in_flight, None
@@ -385,9 +472,21 @@ class _Pipelined:
 _WRITER = f"{os.getpid()}@{socket.gethostname()}"
 
 
-def _sweep_dead_writers(directory: str, prefix: str) -> None:
-    """Remove temporary files left in `directory` by writers on this host that died."""
+def _create_temporary(dir_fd: int, prefix: str) -> tuple[str, int]:
+    """A new file `<prefix><writer>~<random>.tmp` (mode 0600) in the directory; its name and
+    a descriptor open for writing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        name = f"{prefix}{_WRITER}~{secrets.token_hex(4)}.tmp"
+        with contextlib.suppress(FileExistsError):
+            return name, os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+def _sweep_dead_writers(directory: str | int, prefix: str) -> None:
+    """Remove temporary files left in `directory` (a path or a descriptor) by writers on
+    this host that died."""
     host = socket.gethostname()
+    dir_fd = directory if isinstance(directory, int) else None
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             name = entry.name
@@ -397,7 +496,7 @@ def _sweep_dead_writers(directory: str, prefix: str) -> None:
             pid, _, writer_host = tag.partition("@")
             if sep and writer_host == host and pid.isdigit() and not _alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+                    os.unlink(name if dir_fd is not None else entry.path, dir_fd=dir_fd)
 
 
 def _alive(pid: int) -> bool:
@@ -410,14 +509,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _replace(tmp_path: str, url: str) -> None:
-    """Atomically move ``tmp_path`` onto ``url`` and make the rename itself durable."""
-    os.replace(tmp_path, url)
-    directory = os.path.dirname(url) or "."
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -11,7 +11,12 @@ files through the same scanner so that "sample i" means the same line everywhere
 lines split on b"\\n", one trailing b"\\r" stripped, empty lines skipped, the first non-empty
 csv line is the header, and an unterminated last line is a sample that is not yet consumed.
 Blocks are processed with C-level bytes operations (replace, translate, count), never a
-Python loop per line, and memory stays at a few blocks whatever the file size.
+Python loop per line, and memory stays at a few blocks whatever the file size: a line longer
+than the line cap (``LIFELONG_MAX_LINE_BYTES``) is refused as soon as the scan passes the cap,
+so a huge one-line file cannot make the controller hold the line.
+
+Local files are opened through ``LocalFiles`` (the file access policy): beneath a data root,
+no symlink followed, regular files only.
 """
 
 from __future__ import annotations
@@ -30,14 +35,18 @@ import msgspec
 import numpy as np
 
 from service.adapters import s3
+from service.adapters.files import LocalFiles
 from service.adapters.s3 import S3Clients, S3CredentialLike
-from service.errors import BlobUnavailable, PermanentError, ServiceError
+from service.errors import BlobUnavailable, PermanentError, Refused, ServiceError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 BLOCK_BYTES = 1 << 20
 TAIL_BYTES = 64
+#: The default line cap; the smallest allowed is one block, because lines are measured only
+#: when they span blocks (a line within one block is shorter than the block).
+DEFAULT_MAX_LINE_BYTES = BLOCK_BYTES
 
 #: Bytes a census compares at a time, into scratch arrays it reuses (256 KiB: big enough
 #: that numpy's per-call cost vanishes, small enough to stay in cache).
@@ -182,7 +191,9 @@ class SampleScanner:
     ``offset`` is the absolute end of the last complete line, ``samples`` the number of
     samples before it, ``tail`` the last ``TAIL_BYTES`` bytes before ``offset``. With
     ``keep_lines=False`` (counting only) a long partial line is shortened to two bytes, which
-    keeps its emptiness verdict, so one endless line cannot grow memory.
+    keeps its emptiness verdict, so one endless line cannot grow memory. Either way, a line
+    longer than ``max_line`` bytes (its newline not counted; at least one block) raises
+    ``Refused`` naming ``source`` and where the line starts.
     """
 
     def __init__(
@@ -195,7 +206,11 @@ class SampleScanner:
         tail: bytes = b"",
         keep_lines: bool = True,
         expected_bytes: int | None = None,
+        max_line: int = DEFAULT_MAX_LINE_BYTES,
+        source: str = "the dataset",
     ) -> None:
+        if max_line < BLOCK_BYTES:
+            raise ValueError(f"a line cap of {max_line} bytes is below one block ({BLOCK_BYTES})")
         # Blocks no bigger than what the range holds: a fresh megabyte costs page faults,
         # which would dominate a poll that finds a few kilobytes appended.
         self._block = (
@@ -212,6 +227,9 @@ class SampleScanner:
         self._carry_at = 0  # the partial last line is _buf[_carry_at : _carry_at + _carry_len]
         self._carry_len = 0
         self._keep_lines = keep_lines
+        self._partial = 0  # the partial line's true length (_carry_len may be shortened)
+        self._max_line = max_line
+        self._source = source
         self.census = LineCensus()
 
     def read_from(self, read_into: ReadInto) -> tuple[int, SampleBatch | None]:
@@ -232,10 +250,15 @@ class SampleScanner:
         total = carry + size
         end = buf.rfind(b"\n", carry, total)
         if end < 0:
+            self._partial += size
+            self._check_line(self._partial)
             self._carry_len = self._shortened(total)
             self._remember(buf, carry, total)
             return size, None
+        if self._partial + size > self._max_line:  # the first line may pass the cap
+            self._check_line(self._partial + buf.find(b"\n", carry, total) - carry)
         line_end = end + 1
+        self._partial = total - line_end
         if line_end - carry >= TAIL_BYTES:
             self.tail = bytes(buf[line_end - TAIL_BYTES : line_end])
         else:
@@ -247,6 +270,14 @@ class SampleScanner:
         if buf.find(b"\r", 0, line_end) >= 0:  # memchr speed; most files have no CR at all
             folded = bytes(folded).replace(b"\r\n", b"\n")
         return size, self._batch(folded)
+
+    def _check_line(self, length: int) -> None:
+        """Refuse the line starting at ``offset`` if its ``length`` passes the cap."""
+        if length > self._max_line:
+            raise Refused(
+                f"{self._source}: the line at byte {self.offset} is longer than "
+                f"{self._max_line} bytes (LIFELONG_MAX_LINE_BYTES)"
+            )
 
     def finish(self) -> SampleBatch | None:
         """The unterminated last line as a one-sample batch (not consumed), if it is one."""
@@ -327,6 +358,31 @@ class LocalSource:
         self._file = file
         self._context = context
 
+    def extents(self) -> Iterator[tuple[int, int]]:
+        """The stretches ``[start, end)`` below the size seen at open that hold data, holes
+        skipped (``SEEK_DATA``/``SEEK_HOLE``); the whole file where the file system cannot
+        tell. Read them with ``read_at``, which does not use the file's position."""
+        fd, pos = self._file.fileno(), 0
+        while pos < self.size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+                end = min(os.lseek(fd, start, os.SEEK_HOLE), self.size)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # nothing but a hole from pos on
+                    return
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise translate_io(e, self._context) from e
+                start, end = pos, self.size
+            if start >= self.size:
+                return
+            yield start, end
+            pos = end
+
+    def read_at(self, view: memoryview, offset: int) -> int:
+        """Fill a prefix of ``view`` with the bytes at ``offset``; how many (0 at the end)."""
+        with io_errors(self._context):
+            return os.preadv(self._file.fileno(), [view], offset)
+
     @contextmanager
     def range(self, start: int) -> Iterator[ReadInto]:
         """Read from ``start`` up to the size seen at open (later appends wait a poll)."""
@@ -389,27 +445,34 @@ class S3Source:
 
 @contextmanager
 def open_source(
-    clients: S3Clients, url: str, cred: S3CredentialLike | None
+    clients: S3Clients, files: LocalFiles, url: str, cred: S3CredentialLike | None
 ) -> Iterator[LocalSource | S3Source]:
-    """Open a dataset or model source; a missing one raises ``SourceMissing``."""
+    """Open a dataset or model source; a missing one raises ``SourceMissing``, one the file
+    access policy (``files``) forbids raises ``Refused``."""
     context = f"reading {url}"
     if s3.is_s3_url(url):
         with io_errors(context):
             client = clients.client(cred)
         yield S3Source(client, url, context)
         return
-    try:
-        file = open(url, "rb")  # noqa: SIM115 - closed below, after the caller is done
-    except FileNotFoundError as e:
-        raise SourceMissing(f"{url} does not exist") from e
-    except OSError as e:
-        raise translate_io(e, context) from e
+    file = open_local(files, url)
     try:
         with io_errors(context):
             source = LocalSource(file, context)
         yield source
     finally:
         file.close()
+
+
+def open_local(files: LocalFiles, path: str) -> io.BufferedReader:
+    """The regular file ``path`` opened for reading by the file access policy."""
+    try:
+        fd = files.open_regular(path)
+    except FileNotFoundError as e:
+        raise SourceMissing(f"{path} does not exist") from e
+    except OSError as e:
+        raise translate_io(e, f"reading {path}") from e
+    return os.fdopen(fd, "rb")
 
 
 class Cursor(msgspec.Struct, frozen=True, kw_only=True):
@@ -433,26 +496,41 @@ class Poll(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DatasetReader:
-    """Polls dataset sources incrementally (local files and S3 objects)."""
+    """Polls dataset sources incrementally (local files and S3 objects).
 
-    def __init__(self, clients: S3Clients) -> None:
+    ``files`` is the file access policy for local sources (default: any path outside the
+    system directories); ``max_line_bytes`` the line cap.
+    """
+
+    def __init__(
+        self,
+        clients: S3Clients,
+        *,
+        files: LocalFiles | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    ) -> None:
         self._clients = clients
+        self._files = files or LocalFiles()
+        self._max_line = max_line_bytes
 
     def poll(
         self, url: str, fmt: str, cursor: Cursor, cred: S3CredentialLike | None
     ) -> Poll:
         """Count the samples of ``url`` reading only what was appended since ``cursor``.
 
-        Raises BlobUnavailable (retry later) or PermanentError; a missing source is not an
-        error but ``Poll(missing=True)`` with the cursor unchanged.
+        Raises BlobUnavailable (retry later) or PermanentError (``Refused`` for a source the
+        file access policy forbids or a line over the cap); a missing source is not an error
+        but ``Poll(missing=True)`` with the cursor unchanged.
         """
         try:
-            with open_source(self._clients, url, cred) as source:
-                return self._poll_open(source, fmt, cursor)
+            with open_source(self._clients, self._files, url, cred) as source:
+                return self._poll_open(source, url, fmt, cursor)
         except SourceMissing:
             return Poll(cursor=cursor, num_samples=0, bytes_read=0, rewritten=False, missing=True)
 
-    def _poll_open(self, source: LocalSource | S3Source, fmt: str, cursor: Cursor) -> Poll:
+    def _poll_open(
+        self, source: LocalSource | S3Source, url: str, fmt: str, cursor: Cursor
+    ) -> Poll:
         replaced = bool(cursor.identity) and cursor.identity != source.identity
         if not replaced and source.size >= cursor.offset:
             with source.range(cursor.offset - len(cursor.tail)) as read_into:
@@ -462,6 +540,7 @@ class DatasetReader:
                         fmt, offset=cursor.offset, samples=cursor.samples,
                         header_seen=cursor.header is not None, tail=cursor.tail,
                         keep_lines=False, expected_bytes=source.size - cursor.offset,
+                        max_line=self._max_line, source=url,
                     )
                     scanned = _scan(read_into, scanner)
                     return _poll_of(scanner, cursor.header, source.identity,
@@ -469,7 +548,9 @@ class DatasetReader:
             bytes_before = len(before)
         else:
             bytes_before = 0
-        scanner = SampleScanner(fmt, keep_lines=False, expected_bytes=source.size)
+        scanner = SampleScanner(
+            fmt, keep_lines=False, expected_bytes=source.size, max_line=self._max_line, source=url
+        )
         with source.range(0) as read_into:
             scanned = _scan(read_into, scanner)
         return _poll_of(scanner, None, source.identity, bytes_before + scanned, rewritten=True)

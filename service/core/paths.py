@@ -1,14 +1,21 @@
-"""The file layout of a job's rounds, and the volume prefix.
+"""The file layout of a job's rounds, the volume prefix, and where a job's files may lie.
 
 Workers see paths as the cloud wrote them (`/output/...`); the controller may see the host's
 root mounted elsewhere (`ROOTFS_MOUNT_DIR=/rootfs`), so local paths get the prefix added before
 touching disk and trimmed before going to a worker. S3 URLs are never prefixed. Adding is
 idempotent (a path already under the prefix is not prefixed again: Sedna's bug 7).
+
+The data roots (`LIFELONG_DATA_ROOTS`) bound every local path the controller reads or writes
+for a job: dataset files, output directories, models. `outside_roots` is the one check, pure,
+used at intake (a resource naming such a path is rejected) and again by the file adapter
+before it touches the disk. Everything here is string work: no I/O.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 S3_SCHEME = "s3://"
 DEPLOY_MODEL = "deploy/index.pkl"
@@ -82,37 +89,73 @@ def canonical_dir(url: str) -> str:
     return "/" + "/".join(part for part in url.split("/") if part not in ("", "."))
 
 
-def is_beneath(path: str, directory: str) -> bool:
-    """Whether `path` is `directory` or lies inside it, judged on the names alone.
+def output_dir_of(deploy_url: str) -> str:
+    """The output dir whose deploy model ``deploy_url`` is (``deploy_model``'s inverse).
 
-    Local paths must both be absolute; they are compared component by component after
-    dropping empty and "." components (`/a//b/./c` is `/a/b/c`), so `/a/bc` is not beneath
-    `/a/b`. A ".." component anywhere, a NUL, or a relative path makes the answer False:
-    without the file system, ".." cannot be resolved safely. S3 URLs compare by bucket, then
-    by key prefix ending at a "/" (S3 keys are literal: `s3://b/a//x` is not beneath
-    `s3://b/a/x`); a "." or ".." key component makes the answer False, since some clients
-    normalise them. A local path is never beneath an S3 URL, nor the other way round.
-    Nothing is resolved: symlinks are the file system's business.
+    A URL that is not a deploy model is returned unchanged: nothing lies beneath a file, so a
+    check "beneath the output dir" made with it refuses everything.
     """
-    if is_remote(path) != is_remote(directory):
-        return False
-    if is_remote(path):
-        return _s3_beneath(path[len(S3_SCHEME) :], directory[len(S3_SCHEME) :])
-    inner, outer = _local_parts(path), _local_parts(directory)
-    if inner is None or outer is None:
-        return False
-    return inner[: len(outer)] == outer
+    suffix = "/" + DEPLOY_MODEL
+    return deploy_url[: -len(suffix)] if deploy_url.endswith(suffix) else deploy_url
 
 
-def _local_parts(path: str) -> tuple[str, ...] | None:
+# --- where a job's files may lie -------------------------------------------------------------
+
+#: Host directories that hold the operating system, kernel interfaces, devices and runtime
+#: state. No dataset, output dir or model may lie in one (or be "/" itself), whatever the data
+#: roots say: the controller runs as root in a Sedna pod, with the host's root mounted.
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var/lock",
+    "/var/run",
+)
+
+
+def segments(path: str) -> tuple[str, ...] | None:
+    """The components of an absolute local path (empty and "." ones dropped), or None when
+    it is relative, holds a NUL or has a ".." component."""
     if not path.startswith("/") or "\0" in path:
         return None
     parts = tuple(part for part in path.split("/") if part not in ("", "."))
     return None if ".." in parts else parts
 
 
+def is_beneath(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies inside it, judged on the names alone.
+
+    Local paths must both be absolute; they are compared component by component after
+    dropping empty and "." components (``/a//b/./c`` is ``/a/b/c``), so ``/a/bc`` is not
+    beneath ``/a/b``. A ".." component anywhere, a NUL, or a relative path makes the answer
+    False: without the file system, ".." cannot be resolved safely. S3 URLs compare by
+    bucket, then by key prefix ending at a "/" (S3 keys are literal: ``s3://b/a//x`` is not
+    beneath ``s3://b/a/x``); a "." or ".." key component makes the answer False, since some
+    clients normalise them. A local path is never beneath an S3 URL, nor the other way
+    round. Nothing is resolved: symlinks are the file adapter's business.
+    """
+    if is_remote(path) != is_remote(directory):
+        return False
+    if is_remote(path):
+        return _s3_beneath(path[len(S3_SCHEME) :], directory[len(S3_SCHEME) :])
+    inner, outer = segments(path), segments(directory)
+    if inner is None or outer is None:
+        return False
+    return inner[: len(outer)] == outer
+
+
 def _s3_beneath(path: str, directory: str) -> bool:
-    """Both without the scheme: `bucket/key`."""
+    """Both without the scheme: ``bucket/key``."""
     bucket, _, key = path.partition("/")
     dir_bucket, _, dir_key = directory.partition("/")
     if not bucket or bucket != dir_bucket or "\0" in path:
@@ -123,3 +166,71 @@ def _s3_beneath(path: str, directory: str) -> bool:
     if not prefix:
         return True  # the whole bucket
     return key.rstrip("/") == prefix or key.startswith(prefix + "/")
+
+
+_SYSTEM_PARTS = {tuple(d.strip("/").split("/")): d for d in SYSTEM_DIRS}
+_SYSTEM_DEPTH = max(map(len, _SYSTEM_PARTS))
+
+
+def system_dir_of(path: str) -> str | None:
+    """The system directory (``SYSTEM_DIRS``, or "/" for the root itself) ``path`` is or lies
+    in; None for any other path."""
+    parts = segments(path)
+    if parts == ():
+        return "/"
+    for depth in range(1, min(len(parts or ()), _SYSTEM_DEPTH) + 1):
+        found = _SYSTEM_PARTS.get((parts or ())[:depth])
+        if found is not None:
+            return found
+    return None
+
+
+def host_path(prefix: str, path: str) -> str:
+    """The host's view of a disk path: the volume prefix trimmed ("/" for the prefix itself)."""
+    if prefix and path.rstrip("/") == prefix.rstrip("/"):
+        return "/"
+    return trim_prefix(prefix, path)
+
+
+def outside_roots(path: str, roots: Sequence[str], prefix: str = "") -> str | None:
+    """Why the local disk path ``path`` may not hold a job's files, or None when it may.
+
+    It must be absolute without "..", seen from the host (``prefix``, the volume prefix,
+    trimmed) be neither "/" nor in a system directory (``SYSTEM_DIRS``), and lie under one
+    of ``roots`` (disk paths, as ``LIFELONG_DATA_ROOTS``).
+    """
+    if segments(path) is None:
+        return f"{path!r} is not an absolute path without '..'"
+    host = host_path(prefix, path)
+    system = system_dir_of(host)
+    if system == "/":
+        return f"{host!r} is the file system root"
+    if system is not None:
+        return f"{host!r} is in the system directory {system}"
+    if not any(is_beneath(path, root) for root in roots):
+        return f"{path!r} is not under a data root (LIFELONG_DATA_ROOTS={':'.join(roots)})"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DataRoots:
+    """The data roots and volume prefix one controller applies to every local path."""
+
+    roots: tuple[str, ...] = ("/",)
+    prefix: str = ""
+
+    def problem(self, url: str) -> str | None:
+        """Why the worker-visible ``url`` (a dataset url, an outputDir, a model url) may not be
+        used, or None; S3 URLs are not local paths and have no problem here."""
+        if is_remote(url):
+            return None
+        return self.disk_problem(add_prefix(self.prefix, url))
+
+    def disk_problem(self, path: str) -> str | None:
+        """``problem`` for a path that already carries the volume prefix."""
+        return outside_roots(path, self.roots, self.prefix)
+
+    def root_of(self, path: str) -> str | None:
+        """The innermost root ``path`` lies under (where a walk down to it starts)."""
+        under = [root for root in self.roots if is_beneath(path, root)]
+        return max(under, key=lambda root: len(segments(root) or ()), default=None)

@@ -25,6 +25,7 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
+from service.core.paths import DataRoots
 from service.core.state import JobSpec
 from service.core.triggers import TriggerSpec, parse_hhmm
 from service.errors import InvalidMessage
@@ -62,9 +63,18 @@ def target_of(event: Event) -> str:
     return job_key(event.namespace, event.name)
 
 
-def accept_downstream(topic: str, payload: bytes, received_ms: int) -> Accepted:
-    """A downstream envelope (insert or delete of a dataset or job) as an event."""
-    event, resource = downstream_event(messages.decode_envelope(payload))
+def accept_downstream(
+    topic: str, payload: bytes, received_ms: int, *, data_roots: DataRoots | None = None
+) -> Accepted:
+    """A downstream envelope (insert or delete of a dataset or job) as an event.
+
+    With ``data_roots``, a dataset url or job outputDir outside them (or in a system
+    directory) is refused too.
+    """
+    downstream = messages.decode_envelope(payload)
+    if data_roots is not None:
+        check_paths(downstream, data_roots)
+    event, resource = downstream_event(downstream)
     head = payload[: messages.REJECTION_PAYLOAD_BYTES]
     return Accepted(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
 
@@ -105,6 +115,20 @@ def digest(resource: messages.Dataset | messages.LifelongLearningJob) -> str:
     credential = resource.metadata.annotations.get(messages.CREDENTIAL_ANNOTATION, "")
     blob = messages.canonical(resource.spec) + b"\0" + credential.encode("utf-8", "replace")
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def check_paths(message: messages.Downstream, data_roots: DataRoots) -> None:
+    """Refuse a dataset url or outputDir where the controller may not read or write."""
+    match message:
+        case messages.DatasetInsert(dataset=dataset):
+            field, url = "$.spec.url", dataset.spec.url
+        case messages.JobInsert(job=job):
+            field, url = "$.spec.outputDir", job.spec.output_dir
+        case _:
+            return
+    problem = data_roots.problem(url)
+    if problem is not None:
+        raise InvalidMessage(problem, field, code="path_refused")
 
 
 def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]:

@@ -122,7 +122,11 @@ class Executor:
         cred = self._credential(job_key(work.namespace, work.name), work.src_url, work.dst_url)
         try:
             self._blobs.copy_model(
-                src_url=work.src_url, dst_url=work.dst_url, src_cred=cred, dst_cred=cred
+                src_url=work.src_url,
+                dst_url=work.dst_url,
+                output_dir=paths.output_dir_of(work.dst_url),
+                src_cred=cred,
+                dst_cred=cred,
             )
         except (PermanentError, TransientError) as e:
             error = redact(f"copying model {work.src_url} to {work.dst_url} failed: {e}")

@@ -22,7 +22,14 @@ from typing import Any
 
 import msgspec
 
-from service.adapters.gm import GmFrame, GmLink, GmLinkSettings, GmRejected, parse_gm_address
+from service.adapters.gm import (
+    GmFrame,
+    GmLink,
+    GmLinkSettings,
+    GmRejected,
+    LinkState,
+    parse_gm_address,
+)
 from service.adapters.mqtt import Inbound
 from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
@@ -41,17 +48,12 @@ STORE_RETRY_S = 0.5
 BATCH = 100
 
 
-class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the link's holder says of the link in Redis, for `describe` and `get`."""
 
     replica: str
     address: str
-    status: str
-    since: float
-    last_error: str | None = None
-    reconnects: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
+    link: LinkState
 
 
 _header_decoder = msgspec.json.Decoder(dict[str, Any])
@@ -160,11 +162,8 @@ class GmBridge:
         return self._link.send(header, msgspec.json.encode(envelope.get("content")))
 
     def _report(self) -> None:
-        state = self._link.state
         record = GmLinkRecord(
-            replica=self._replica, address=self._link.endpoint.shown, status=state.status,
-            since=state.since, last_error=state.last_error, reconnects=state.reconnects,
-            frames_in=state.frames_in, frames_out=state.frames_out,
-        )  # fmt: skip
+            replica=self._replica, address=self._link.endpoint.shown, link=self._link.state
+        )
         self._store.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)
 

@@ -75,6 +75,7 @@ class Intake:
         gm_factory: GmFactory | None = None,
     ) -> None:
         self._downstream_topic = config.downstream_topic()
+        self._data_roots = config.path_policy()
         self._store = store
         self._leases = leases
         self._rejections = rejections
@@ -167,23 +168,29 @@ class Intake:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
         and the broker redelivers it to the next holder)."""
         failpoints.hit("intake-before-durable")
+        retry = False
         while not self._stop.is_set():
             try:
                 # the token fences a holder frozen past its lease: messages the new holder
-                # already took in are dropped by their marker, not taken in twice
+                # already took in are dropped by their marker, not taken in twice. A retry
+                # may follow appends that happened but were not confirmed (no reply, too few
+                # replicas): it sends them as redeliveries, so only the missing ones go in.
                 self._store.append_many(
-                    [(s, data, d, m.dup) for m, s, data, d in accepted],
+                    [(s, data, d, m.dup or retry) for m, s, data, d in accepted],
                     token=self._leases.ingress_token,
                 )
                 return True
             except StoreUnavailable as e:
                 log.warning("ingress not durable yet, holding %d messages: %s", len(accepted), e)
+                retry = True
                 self._stop.wait(STORE_RETRY_S)
         return False
 
     def _accept(self, msg: Inbound, now_ms: int) -> Accepted:
         if msg.topic in (self._downstream_topic, GM_TOPIC):
-            return accept_downstream(msg.topic, msg.payload, now_ms)
+            return accept_downstream(
+                msg.topic, msg.payload, now_ms, data_roots=self._data_roots
+            )
         worker = worker_topic_name(msg.topic)
         if worker is None:
             raise InvalidMessage(f"no handler for topic {msg.topic!r}", code="unknown_topic")

@@ -15,8 +15,8 @@ from service.errors import LeaseLost
 from service.keys import Keys
 
 
-class IngressLog(Protocol):
-    """Per-shard durable streams of accepted events."""
+class IngressAppend(Protocol):
+    """Appends an accepted event to its shard's durable ingress stream."""
 
     def append_ingress(
         self,
@@ -28,6 +28,10 @@ class IngressLog(Protocol):
         dedupe_ttl_ms: int = 60_000,
         token: str = "",
     ) -> str | None: ...
+
+
+class IngressLog(IngressAppend, Protocol):
+    """Per-shard durable streams of accepted events."""
 
     def append_many(
         self,
@@ -121,7 +125,7 @@ class Publisher(Protocol):
     ) -> PublishTicket: ...
 
 
-class ExecutorStore(StateStore, Protocol):
+class ExecutorStore(StateStore, IngressAppend, Protocol):
     """What running effects reads and writes besides files: resource JSON (for credentials),
     the jobs of each dataset, and the ingress the results go to."""
 
@@ -134,17 +138,6 @@ class ExecutorStore(StateStore, Protocol):
     def dataset_jobs(self, dataset: str) -> list[str]: ...
 
     def release_output_dir(self, output_dir: str, job_rkey: str) -> bool: ...
-
-    def append_ingress(
-        self,
-        shard: int,
-        event: bytes,
-        *,
-        dedupe: str | None = None,
-        dup: bool = False,
-        dedupe_ttl_ms: int = 60_000,
-        token: str = "",
-    ) -> str | None: ...
 
 
 class GmOutboxStore(Protocol):

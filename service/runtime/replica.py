@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
+from service.adapters.files import LocalFiles
 from service.adapters.http import HttpServer
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
@@ -85,7 +86,9 @@ class Replica:
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics(gm_link=bool(config.gm_address))
-        self.store = RedisStore(config.redis_url, Keys(config.key_prefix))
+        self.store = RedisStore(
+            config.redis_url, Keys(config.key_prefix), min_replicas=config.min_replicas()
+        )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         will = presence_payload(self.replica, "offline", self.clock.now_ms())
@@ -146,11 +149,15 @@ class Replica:
             puback_timeout_s=tuning.puback_timeout_s, on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
         s3 = S3Clients()
+        files = LocalFiles(self.config.path_policy())
         blobs = BlobStore(
-            s3, attempts=tuning.blob_attempts, max_backoff_s=tuning.blob_max_backoff_s
-        )
+            s3, files=files, max_model_bytes=self.config.max_model_bytes,
+            max_line_bytes=self.config.max_line_bytes, attempts=tuning.blob_attempts,
+            max_backoff_s=tuning.blob_max_backoff_s,
+        )  # fmt: skip
+        reader = DatasetReader(s3, files=files, max_line_bytes=self.config.max_line_bytes)
         self.effects = EffectRunner(
-            executor=Executor(self.store, blobs, DatasetReader(s3)), store=self.store,
+            executor=Executor(self.store, blobs, reader), store=self.store,
             leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.processor = Processor(

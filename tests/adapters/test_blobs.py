@@ -264,7 +264,9 @@ def test_copy_model_local_over_larger_file(store: BlobStore, tmp_path: Path) -> 
     dst = tmp_path / "deploy" / "index.pkl"
     dst.parent.mkdir()
     dst.write_bytes(b"an older and much larger model" * 100)
-    store.copy_model(src_url=str(src), dst_url=str(dst), src_cred=None, dst_cred=None)
+    store.copy_model(
+        src_url=str(src), dst_url=str(dst), output_dir=str(tmp_path), src_cred=None, dst_cred=None
+    )
     assert dst.read_bytes() == b"new-model"
     assert files_under(dst.parent) == {dst}
 
@@ -277,6 +279,7 @@ def test_copy_model_between_s3_and_local(
     store.copy_model(
         src_url=f"s3://{bucket}/eval/1/model.pkl",
         dst_url=f"s3://{bucket}/deploy/index.pkl",
+        output_dir=f"s3://{bucket}",
         src_cred=cred,
         dst_cred=cred,
     )
@@ -286,13 +289,21 @@ def test_copy_model_between_s3_and_local(
     local.parent.mkdir()
     local.write_bytes(b"old-and-longer")
     store.copy_model(
-        src_url=f"s3://{bucket}/deploy/index.pkl", dst_url=str(local), src_cred=cred, dst_cred=None
+        src_url=f"s3://{bucket}/deploy/index.pkl",
+        dst_url=str(local),
+        output_dir=None,
+        src_cred=cred,
+        dst_cred=None,
     )
     assert local.read_bytes() == b"m1"
 
     local.write_bytes(b"m2")
     store.copy_model(
-        src_url=str(local), dst_url=f"s3://{bucket}/deploy/index.pkl", src_cred=None, dst_cred=cred
+        src_url=str(local),
+        dst_url=f"s3://{bucket}/deploy/index.pkl",
+        output_dir=None,
+        src_cred=None,
+        dst_cred=cred,
     )
     assert get(s3c, bucket, "deploy/index.pkl") == b"m2"
     assert files_under(local.parent, tmp_dir) == {local}
@@ -302,16 +313,23 @@ def test_copy_model_missing_source(
     store: BlobStore, bucket: str, cred: Cred, tmp_path: Path, tmp_dir: Path
 ) -> None:
     dst = tmp_path / "deploy" / "index.pkl"
-    for src, src_cred in (
-        (str(tmp_path / "none.pkl"), None),
-        (f"s3://{bucket}/none.pkl", cred),
+    for src, src_cred, output_dir in (
+        (str(tmp_path / "none.pkl"), None, str(tmp_path)),
+        (f"s3://{bucket}/none.pkl", cred, None),
     ):
         with pytest.raises(PermanentError, match=r"none\.pkl"):
-            store.copy_model(src_url=src, dst_url=str(dst), src_cred=src_cred, dst_cred=None)
+            store.copy_model(
+                src_url=src,
+                dst_url=str(dst),
+                output_dir=output_dir,
+                src_cred=src_cred,
+                dst_cred=None,
+            )
     with pytest.raises(PermanentError, match=r"none\.pkl"):
         store.copy_model(
             src_url=f"s3://{bucket}/none.pkl",
             dst_url=f"s3://{bucket}/d.pkl",
+            output_dir=f"s3://{bucket}",
             src_cred=cred,
             dst_cred=cred,
         )
@@ -330,7 +348,11 @@ def test_s3_down_is_blob_unavailable_after_retries(tmp_path: Path, tmp_dir: Path
     started = time.monotonic()
     with pytest.raises(BlobUnavailable) as info:
         store.copy_model(
-            src_url=str(src), dst_url="s3://b/deploy/index.pkl", src_cred=None, dst_cred=down
+            src_url=str(src),
+            dst_url="s3://b/deploy/index.pkl",
+            output_dir=None,
+            src_cred=None,
+            dst_cred=down,
         )
     with pytest.raises(BlobUnavailable):
         store.write_round(
@@ -387,6 +409,7 @@ def test_each_attempt_is_one_request(tmp_path: Path, tmp_dir: Path) -> None:
             store.copy_model(
                 src_url=str(src),
                 dst_url="s3://b/deploy/index.pkl",
+                output_dir=None,
                 src_cred=None,
                 dst_cred=Cred(endpoint=f"127.0.0.1:{port}"),
             )

@@ -351,20 +351,49 @@ def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisSto
 # -- leases and replicas ---------------------------------------------------------------
 
 
+def fence_of(token: str) -> int:
+    return int(token.rpartition(":")[2])
+
+
 def test_leases_compare_and_act(store: RedisStore) -> None:
     lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
+    before_ms = time.time_ns() // 1_000_000
     token = store.acquire(lease, fence, "r1", TTL_MS)
-    assert token == "r1:1"
+    assert token is not None and token.startswith("r1:")
+    assert fence_of(token) >= before_ms  # the first fence starts at the wall clock
+    other = f"r2:{fence_of(token)}"
     assert store.lease_holder(lease) == token
     assert store.acquire(lease, fence, "r2", TTL_MS) is None
     assert store.acquire(lease, fence, "r1", TTL_MS) is None
-    assert not store.renew(lease, "r2:1", TTL_MS)
-    assert not store.release(lease, "r2:1")
+    assert not store.renew(lease, other, TTL_MS)
+    assert not store.release(lease, other)
     assert store.renew(lease, token, TTL_MS)
     assert store.release(lease, token)
     assert not store.release(lease, token)
     assert store.lease_holder(lease) is None
-    assert store.acquire(lease, fence, "r2", TTL_MS) == "r2:2"
+    second = store.acquire(lease, fence, "r2", TTL_MS)
+    assert second is not None and second.startswith("r2:")
+    assert fence_of(second) > fence_of(token)
+
+
+def test_fence_never_goes_back_when_its_counter_was_lost(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    """A failover may lose the INCR behind the last token (an asynchronous replica promoted):
+    the next token is still larger, because the fence never falls below the wall clock."""
+    lease, fence = store.keys.lease(SHARD), store.keys.fence(SHARD)
+    first = store.acquire(lease, fence, "r1", TTL_MS)
+    assert first is not None
+    raw.delete(lease)
+    raw.set(fence, fence_of(first) - 5)  # the promoted replica missed the last increments
+    time.sleep(0.01)
+    second = store.acquire(lease, fence, "r2", TTL_MS)
+    assert second is not None
+    assert fence_of(second) > fence_of(first)
+    raw.delete(lease, fence)  # the counter gone altogether
+    time.sleep(0.01)
+    third = store.acquire(lease, fence, "r1", TTL_MS)
+    assert third is not None and fence_of(third) > fence_of(second)
 
 
 def test_renew_keeps_a_lease_alive_past_its_first_ttl(store: RedisStore) -> None:

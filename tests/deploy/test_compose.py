@@ -189,6 +189,18 @@ def test_the_examples_paths_are_writable_by_the_image_user(services: dict[str, A
     assert dataset_dir in volumes["feeder"]
 
 
+def test_the_examples_paths_are_within_the_controllers_data_roots(
+    services: dict[str, Any],
+) -> None:
+    dataset_url = example("dataset.yaml")["spec"]["url"]
+    output_dir = example("lifelonglearningjob.yaml")["spec"]["outputDir"]
+    for name in CONTROLLERS:
+        policy = config_of(services[name]).path_policy()
+        assert policy.roots != ("/",), f"{name}: file access confined to the shared volumes"
+        for path in (dataset_url, output_dir):
+            assert policy.problem(path) is None, f"{name}: {policy.problem(path)}"
+
+
 def test_no_published_port_clashes_with_servers_already_on_the_host(
     services: dict[str, Any],
 ) -> None:

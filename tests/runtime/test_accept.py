@@ -12,6 +12,7 @@ import pytest
 
 from service.core import reports
 from service.core.events import JobApplied, WorkerReported
+from service.core.paths import DataRoots
 from service.errors import InvalidMessage
 from service.messages import make_rejection
 from service.runtime.accept import accept_downstream, accept_report, target_of, worker_topic_name
@@ -149,3 +150,59 @@ def test_rejections_never_carry_the_secret() -> None:
     text = base64.b64decode(rejection.payload).decode()
     assert "s3cr3t-canary" not in text and "s3cr3t-canary" not in rejection.reason
     assert "outputDir" in text  # the rest of the message is still there to debug with
+
+
+def dataset_envelope(url: str) -> bytes:
+    header = {
+        "namespace": "default",
+        "resourceKind": "Dataset",
+        "resourceName": "ds",
+        "operation": "insert",
+    }
+    content = {
+        "metadata": {"name": "ds", "namespace": "default"},
+        "spec": {"url": url, "format": "txt", "nodeName": "n"},
+    }
+    return json.dumps({"header": header, "content": content}).encode()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("outputDir", "/", ["$.spec.outputDir", "file system root"]),
+        ("outputDir", "/etc", ["$.spec.outputDir", "system directory /etc"]),
+        ("outputDir", "/proc/1/root/x", ["system directory /proc"]),
+        ("outputDir", "/elsewhere/out", ["not under a data root", "/data:/output"]),
+        ("url", "/etc/passwd", ["$.spec.url", "system directory /etc"]),
+        ("url", "/dev/zero", ["$.spec.url", "system directory /dev"]),
+        ("url", "/srv/data.txt", ["$.spec.url", "not under a data root"]),
+    ],
+)
+def test_paths_outside_the_data_roots_are_rejected_at_intake(
+    field: str, value: str, words: list[str]
+) -> None:
+    roots = DataRoots(roots=("/data", "/output"))
+    if field == "url":
+        payload = dataset_envelope(value)
+    else:
+        job = copy.deepcopy(JOB)
+        job["spec"]["outputDir"] = value
+        payload = envelope(job)
+    accept_downstream("t", payload, 0)  # without data roots: the shape-only check
+    with pytest.raises(InvalidMessage) as caught:
+        accept_downstream("t", payload, 0, data_roots=roots)
+    assert caught.value.code == "path_refused"
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_paths_within_the_data_roots_and_s3_pass_intake() -> None:
+    roots = DataRoots(roots=("/data", "/output"))
+    assert accept_downstream("t", envelope(JOB), 0, data_roots=roots)
+    assert accept_downstream("t", dataset_envelope("/data/d.txt"), 0, data_roots=roots)
+    assert accept_downstream("t", dataset_envelope("s3://bkt/etc/d.txt"), 0, data_roots=roots)
+    # with a volume prefix, the worker-visible path is judged where it lies on disk
+    mounted = DataRoots(roots=("/rootfs",), prefix="/rootfs")
+    assert accept_downstream("t", envelope(JOB), 0, data_roots=mounted)
+    with pytest.raises(InvalidMessage, match="system directory /etc"):
+        accept_downstream("t", dataset_envelope("/etc/shadow"), 0, data_roots=mounted)

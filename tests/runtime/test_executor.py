@@ -154,7 +154,7 @@ def test_poll_of_a_missing_or_unreadable_file_says_why(executor: Executor, tmp_p
     assert missing.unreadable == f"{tmp_path / 'trainData.csv'} does not exist"
     assert missing.error is None and missing.cursor == b""
     directory = _poll(executor, str(tmp_path))
-    assert directory.unreadable is not None and "Is a directory" in directory.unreadable
+    assert directory.unreadable == f"{tmp_path} is a directory, not a regular file"
     (tmp_path / "trainData.csv").write_text("a,b\n1,2\n")
     readable = _poll(executor, str(tmp_path / "trainData.csv"), "csv")
     assert (readable.unreadable, readable.error, readable.num_samples) == (None, None, 1)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.config import Config, add_arguments, from_args
+from service.core.paths import DataRoots
 from service.errors import ConfigError
 
 BASE = {"LIFELONG_NODE_NAME": "edge-1"}
@@ -36,6 +37,16 @@ def test_defaults() -> None:
     assert config.log_format == "text"
 
 
+def test_file_access_defaults_follow_the_volume_prefix() -> None:
+    config = Config.from_env(BASE)
+    assert (config.max_model_bytes, config.max_line_bytes) == (4 << 30, 1 << 20)
+    assert config.path_policy() == DataRoots(roots=("/",), prefix="")
+    mounted = Config.from_env({**BASE, "ROOTFS_MOUNT_DIR": "/rootfs"})
+    assert mounted.path_policy() == DataRoots(roots=("/rootfs",), prefix="/rootfs")
+    given = Config.from_env({**BASE, "LIFELONG_DATA_ROOTS": "/data:/srv", "ROOTFS_MOUNT_DIR": "/r"})
+    assert given.path_policy() == DataRoots(roots=("/data", "/srv"), prefix="/r")
+
+
 def test_node_name_defaults_to_hostname() -> None:
     expected = socket.gethostname()
     assert Config.from_env({}).node_name == expected
@@ -58,6 +69,13 @@ def test_node_name_defaults_to_hostname() -> None:
         ("LIFELONG_DATASET_POLL_SECONDS", "0.5", "dataset_poll_s", 0.5),
         ("LIFELONG_LEASE_SECONDS", "3", "lease_s", 3.0),
         ("LIFELONG_LOG_FORMAT", "JSON", "log_format", "json"),
+        ("LIFELONG_DATA_ROOTS", "/data/:/srv//jobs", "data_roots", "/data:/srv/jobs"),
+        ("LIFELONG_DATA_ROOTS", "/", "data_roots", "/"),
+        ("LIFELONG_MAX_MODEL_BYTES", "512MiB", "max_model_bytes", 512 << 20),
+        ("LIFELONG_MAX_MODEL_BYTES", "1000", "max_model_bytes", 1000),
+        ("LIFELONG_MAX_MODEL_BYTES", "2 gib", "max_model_bytes", 2 << 30),
+        ("LIFELONG_MAX_LINE_BYTES", "4MiB", "max_line_bytes", 4 << 20),
+        ("LIFELONG_MAX_LINE_BYTES", "1048576", "max_line_bytes", 1 << 20),
     ],
 )
 def test_each_variable_from_env(variable: str, raw: str, field: str, expected: object) -> None:
@@ -158,6 +176,17 @@ def test_every_field_has_a_flag_naming_its_variable() -> None:
         ("LIFELONG_LEASE_SECONDS", "0.5"),
         ("LIFELONG_LEASE_SECONDS", "inf"),
         ("LIFELONG_LOG_FORMAT", "xml"),
+        ("LIFELONG_DATA_ROOTS", "data"),
+        ("LIFELONG_DATA_ROOTS", "/data::/srv"),
+        ("LIFELONG_DATA_ROOTS", "/data/../etc"),
+        ("LIFELONG_DATA_ROOTS", "/etc"),
+        ("LIFELONG_DATA_ROOTS", "/data:/usr/share"),
+        ("LIFELONG_MAX_MODEL_BYTES", "0"),
+        ("LIFELONG_MAX_MODEL_BYTES", "4GB"),
+        ("LIFELONG_MAX_MODEL_BYTES", "-1"),
+        ("LIFELONG_MAX_MODEL_BYTES", "lots"),
+        ("LIFELONG_MAX_LINE_BYTES", "1000"),
+        ("LIFELONG_MAX_LINE_BYTES", "2GiB"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, raw: str) -> None:

@@ -1,0 +1,149 @@
+"""The file access policy on the local disk: a job's files lie beneath a data root, and no
+symbolic link beneath a root is ever followed.
+
+Workers share the output directories the controller writes into, and they report the paths
+of the models it copies; the controller runs as root. So every local path is checked by
+``paths.DataRoots`` (under a data root, not a system directory) and then reached by a walk
+that opens one component at a time under the previous directory's descriptor with
+``O_NOFOLLOW``: a symlink anywhere beneath the root (a planted ``model.pkl``, a ``deploy``
+directory swapped for a link elsewhere) is refused, never followed. The root itself is opened
+as configured (the operator's path, which may be a link, e.g. a volume mount).
+
+Only regular files are read. The kind is checked before opening (``fstatat`` without
+following), the open uses ``O_NONBLOCK`` so that a FIFO swapped in meanwhile cannot block it,
+and the kind is checked again on the open descriptor: FIFOs, devices, sockets and directories
+are refused at once, as ``Refused`` (permanent). Directories for a job's files are created
+the same way, one ``mkdir`` under the parent's descriptor at a time, and the caller keeps the
+final directory's descriptor, so what it writes lands where the walk checked.
+
+Missing components raise ``FileNotFoundError`` and other OS errors pass through unchanged:
+the callers translate them (missing source, transient or permanent failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from service.core.paths import DataRoots, segments
+from service.errors import Refused
+
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words."""
+    for test, kind in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _not_wanted(path: str, mode: int, wanted: str) -> Refused:
+    kind = kind_of(mode)
+    if stat.S_ISLNK(mode):
+        return Refused(f"{path} is a symbolic link: links beneath a data root are not followed")
+    return Refused(f"{path} is {kind}, not {wanted}")
+
+
+class LocalFiles:
+    """Opens a job's local files for reading and its directories for writing, by the policy."""
+
+    def __init__(self, roots: DataRoots | None = None) -> None:
+        self._roots = roots or DataRoots()
+
+    def open_regular(self, path: str) -> int:
+        """A read-only descriptor of the regular file ``path`` (blocking reads).
+
+        Raises ``Refused`` (policy, symlink, not a regular file), ``FileNotFoundError``, or
+        another ``OSError``.
+        """
+        root, names = self._locate(path)
+        if not names:
+            raise Refused(f"{path} is a directory, not a regular file")
+        parent = self._walk(root, names[:-1], create=False)
+        try:
+            return _open_regular(parent, names[-1], path)
+        finally:
+            os.close(parent)
+
+    @contextmanager
+    def directory(self, path: str, *, create: bool) -> Iterator[int]:
+        """A descriptor of the directory ``path``, creating missing components if ``create``.
+
+        Write beneath it with ``dir_fd=`` calls: they land in the directory the walk checked
+        even if a component is swapped for a symlink afterwards.
+        """
+        root, names = self._locate(path)
+        fd = self._walk(root, names, create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _locate(self, path: str) -> tuple[str, tuple[str, ...]]:
+        """The root to start from and the components below it; ``Refused`` by the policy."""
+        problem = self._roots.disk_problem(path)
+        root = self._roots.root_of(path)
+        parts, root_parts = segments(path), segments(root or "")
+        if problem is not None or root is None or parts is None or root_parts is None:
+            raise Refused(problem or f"{path} is not under a data root")
+        return root, parts[len(root_parts) :]
+
+    @staticmethod
+    def _walk(root: str, names: tuple[str, ...], *, create: bool) -> int:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for depth, name in enumerate(names):
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                try:
+                    inner = os.open(name, _OPEN_DIR, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    where = posixpath.join(root, *names[: depth + 1])
+                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+                    raise _not_wanted(where, mode, "a directory") from e
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _open_regular(parent: int, name: str, path: str) -> int:
+    mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_wanted(path, mode, "a regular file")
+    try:
+        fd = os.open(name, _OPEN_FILE, dir_fd=parent)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # swapped for a link since the stat above
+            raise _not_wanted(path, stat.S_IFLNK, "a regular file") from e
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped for something else since the stat above
+            raise _not_wanted(path, mode, "a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

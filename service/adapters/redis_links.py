@@ -1,0 +1,346 @@
+"""How the store's commands reach Redis: one server (direct or through Sentinel) or a Cluster.
+
+Every store operation is a list of commands sent in one pipelined exchange, here rather than
+through redis-py's pipelines because two things the store needs are out of their reach:
+
+- ``WAIT`` on the connection that took the writes, after them and outside any MULTI/EXEC
+  (inside a transaction it never blocks). redis-py's transactional pipeline wraps every
+  command in MULTI/EXEC, and its cluster pipeline sends a key-less WAIT to any node.
+- Never sending a command twice. redis-py's cluster pipeline re-sends a command whose reply
+  timed out, which could apply a commit twice; here a failed exchange is reported and the
+  caller decides (the runtime retries whole operations, knowing which are idempotent).
+
+Replies come back as Redis sent them (RESP2, no redis-py response callbacks) with error
+replies as values; connection failures are raised as redis-py's errors, which the store
+translates. A link never retries.
+
+(The ``type: ignore`` comments below answer the type stubs, which describe redis-py 4 where
+the installed library is newer: ``get_connection()`` without arguments, packed bytes.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection, ConnectionPool
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
+
+log = logging.getLogger("service.adapters.redis_links")
+
+Arg = bytes | str | int | float
+#: Replies that mean the cluster's slot map changed under us: the exchange is reported as
+#: failed (``SlotMoved``; the command did not run) and the slot map refreshed.
+_TOPOLOGY_REPLIES = (MovedError, AskError, ClusterDownError, TryAgainError)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One command and the key whose hash slot decides the node (None: any node)."""
+
+    key: str | None
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """Wait until ``replicas`` replicas hold the exchange's writes, at most ``timeout_ms``.
+
+    ``barrier``: the exchange only reads, and what it read is about to be acted on; a
+    barrier write after the reads makes the WAIT cover every write they saw (WAIT counts
+    the writes of its own connection, and replication keeps the master's order).
+    """
+
+    replicas: int
+    timeout_ms: int
+    barrier: bool = False
+
+
+class NotReplicated(Exception):
+    """The writes went through on the master but too few replicas confirmed them in time.
+
+    ``results`` holds every command's reply, for a caller that must undo what it wrote.
+    """
+
+    def __init__(self, confirmed: int, confirm: Confirm) -> None:
+        super().__init__(
+            f"only {confirmed} of {confirm.replicas} replica(s) confirmed the write "
+            f"within {confirm.timeout_ms} ms"
+        )
+        self.confirmed = confirmed
+        self.results: list[Any] = []
+
+
+class SlotMoved(redis.ConnectionError):
+    """A Cluster node refused a command for a slot it does not serve (any more): that one
+    did not run, others of the exchange may have; the slot map is refreshed and the caller
+    retries the operation."""
+
+
+class Link(Protocol):
+    """A topology the store talks to."""
+
+    def run(
+        self, commands: Sequence[Routed], *, atomic: bool = False, confirm: Confirm | None = None
+    ) -> list[Any]:
+        """Send the commands in one exchange; their replies in order (errors as values).
+
+        ``atomic``: commands sharing a hash slot run as one MULTI/EXEC (on a single server,
+        all of them do). ``confirm``: WAIT for replicas after the writes; raises
+        ``NotReplicated`` when too few confirmed (the writes may still have happened)."""
+        ...
+
+    def load_scripts(self, texts: Sequence[str]) -> None:
+        """SCRIPT LOAD every text on every primary (after a SCRIPT FLUSH)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Exchange:
+    """The commands bound for one connection, grouped into transactions when atomic."""
+
+    groups: list[list[int]]  # indexes into the caller's commands
+    atomic: bool
+    confirm: Confirm | None
+    barrier_key: str
+
+    def wire(self, commands: Sequence[Routed]) -> list[tuple[Arg, ...]]:
+        sent: list[tuple[Arg, ...]] = []
+        for group in self.groups:
+            wrapped = self.atomic and len(group) > 1
+            sent += [("MULTI",)] if wrapped else []
+            sent += [commands[i].args for i in group]
+            sent += [("EXEC",)] if wrapped else []
+        if self.confirm is not None:
+            if self.confirm.barrier:
+                sent.append(("SET", self.barrier_key, b"", "PX", 60_000))
+            sent.append(("WAIT", self.confirm.replicas, self.confirm.timeout_ms))
+        return sent
+
+    def unpack(self, replies: list[Any], results: list[Any]) -> None:
+        """Store each command's reply in ``results``."""
+        at = 0
+        for group in self.groups:
+            if not (self.atomic and len(group) > 1):
+                for i in group:
+                    results[i] = replies[at]
+                    at += 1
+                continue
+            queued = replies[at + 1 : at + 1 + len(group)]
+            done = replies[at + 1 + len(group)]
+            at += len(group) + 2
+            for k, i in enumerate(group):
+                if isinstance(done, list):
+                    results[i] = done[k]
+                else:  # EXECABORT: nothing ran; a command refused when queued says why
+                    results[i] = queued[k] if isinstance(queued[k], ResponseError) else done
+
+    def shortfall(self, replies: list[Any]) -> NotReplicated | None:
+        """Too few replicas confirmed the writes (WAIT's reply is the last one)."""
+        if self.confirm is None:
+            return None
+        confirmed = replies[-1]
+        if isinstance(confirmed, int) and confirmed >= self.confirm.replicas:
+            return None
+        return NotReplicated(confirmed if isinstance(confirmed, int) else 0, self.confirm)
+
+
+def _read(connection: Connection) -> Any:
+    try:
+        return connection.read_response()
+    except ResponseError as e:
+        return e
+
+
+@contextlib.contextmanager
+def _borrowed(pools: Sequence[ConnectionPool]) -> Iterator[list[Connection]]:
+    """A connection from each pool; on any failure each is closed, so none goes back to its
+    pool with unread replies on it."""
+    taken: list[tuple[ConnectionPool, Connection]] = []
+    try:
+        for pool in pools:
+            taken.append((pool, pool.get_connection()))  # type: ignore[call-arg]
+        yield [connection for _, connection in taken]
+    except BaseException:
+        for _, connection in taken:
+            connection.disconnect()
+        raise
+    finally:
+        for pool, connection in taken:
+            pool.release(connection)
+
+
+def _exchange(
+    pools: Sequence[ConnectionPool],
+    exchanges: Sequence[_Exchange],
+    commands: Sequence[Routed],
+) -> list[Any]:
+    """Write every exchange to its pool's connection first, then read them all: one round
+    trip in all, however many nodes take part."""
+    results: list[Any] = [None] * len(commands)
+    wires = [exchange.wire(commands) for exchange in exchanges]
+    with _borrowed(pools) as connections:
+        for connection, wire in zip(connections, wires, strict=True):
+            connection.send_packed_command(connection.pack_commands(wire))  # type: ignore[arg-type]
+        replies = [
+            [_read(connection) for _ in wire]
+            for connection, wire in zip(connections, wires, strict=True)
+        ]
+    short: NotReplicated | None = None
+    for exchange, got in zip(exchanges, replies, strict=True):
+        exchange.unpack(got, results)
+        short = short or exchange.shortfall(got)
+    moved = next((r for r in results if isinstance(r, _TOPOLOGY_REPLIES)), None)
+    if moved is not None:  # first: a WAIT on a node that no longer is a master says nothing
+        raise SlotMoved(f"cluster slot map changed ({moved}); retry")
+    if short is not None:
+        short.results = results
+        raise short
+    return results
+
+
+class SingleLink:
+    """One server: a plain connection pool, or the master Sentinel points at (whose pool
+    asks the sentinels again whenever a connection is made)."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        barrier_key: Callable[[str], str],
+        on_close: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._pool = pool
+        self._barrier_key = barrier_key
+        self._on_close = on_close
+
+    def run(
+        self, commands: Sequence[Routed], *, atomic: bool = False, confirm: Confirm | None = None
+    ) -> list[Any]:
+        if not commands:
+            return []
+        indexes = list(range(len(commands)))
+        exchange = _Exchange(
+            groups=[indexes] if atomic else [[i] for i in indexes],
+            atomic=atomic,
+            confirm=confirm,
+            barrier_key=self._barrier_key(commands[0].key or ""),
+        )
+        return _exchange([self._pool], [exchange], commands)
+
+    def load_scripts(self, texts: Sequence[str]) -> None:
+        self.run([Routed(None, ("SCRIPT", "LOAD", text)) for text in texts])
+
+    def close(self) -> None:
+        self._pool.disconnect()
+        self._on_close()
+
+
+class ClusterLink:
+    """A Redis Cluster: commands go to the primary serving their key's slot, one pipelined
+    exchange per node, all nodes in one round trip.
+
+    The client is built on first use (building one connects to the seed nodes, and the
+    controller starts before Redis may be reachable). A connection failure or a slot moved
+    refreshes the slot map before the failure is reported, so the caller's retry goes to
+    the node that serves the slot now (the promoted replica after a failover).
+    """
+
+    def __init__(
+        self, make: Callable[[], RedisCluster[bytes]], barrier_key: Callable[[str], str]
+    ) -> None:
+        self._make = make
+        self._barrier_key = barrier_key
+        self._client: RedisCluster[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _cluster(self) -> RedisCluster[bytes]:
+        with self._lock:  # every thread of the controller shares the one client
+            if self._client is None:
+                self._client = self._make()
+            return self._client
+
+    def run(
+        self, commands: Sequence[Routed], *, atomic: bool = False, confirm: Confirm | None = None
+    ) -> list[Any]:
+        if not commands:
+            return []
+        try:
+            return self._run(self._cluster(), commands, atomic, confirm)
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
+            self._refresh()
+            raise
+
+    def _run(
+        self,
+        cluster: RedisCluster[bytes],
+        commands: Sequence[Routed],
+        atomic: bool,
+        confirm: Confirm | None,
+    ) -> list[Any]:
+        by_node: dict[str, tuple[ClusterNode, dict[int | None, list[int]]]] = {}
+        for i, command in enumerate(commands):
+            slot = None if command.key is None else int(cluster.keyslot(command.key))
+            node = _node_for(cluster, slot)
+            slots = by_node.setdefault(node.name, (node, {}))[1]
+            slots.setdefault(slot, []).append(i)
+        nodes = [node for node, _ in by_node.values()]
+        exchanges = [
+            _Exchange(
+                groups=(
+                    list(slots.values()) if atomic else [[i] for g in slots.values() for i in g]
+                ),
+                atomic=atomic,
+                confirm=confirm,
+                barrier_key=self._barrier_key(commands[next(iter(slots.values()))[0]].key or ""),
+            )
+            for _, slots in by_node.values()
+        ]
+        pools = [cluster.get_redis_connection(node).connection_pool for node in nodes]
+        return _exchange(pools, exchanges, commands)
+
+    def _refresh(self) -> None:
+        """Re-read the slot map from any node that answers (failures leave the old one)."""
+        if self._client is None:
+            return
+        try:
+            self._client.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException) as e:
+            log.debug("cluster slot map not refreshed: %s", e)
+
+    def load_scripts(self, texts: Sequence[str]) -> None:
+        cluster = self._cluster()
+        for node in cluster.get_primaries():
+            pool = cluster.get_redis_connection(node).connection_pool
+            load = [Routed(None, ("SCRIPT", "LOAD", text)) for text in texts]
+            _exchange([pool], [_Exchange([[i] for i in range(len(load))], False, None, "")], load)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _node_for(cluster: RedisCluster[bytes], slot: int | None) -> ClusterNode:
+    """The primary serving ``slot`` (None: the client's default node)."""
+    found: Any = (
+        cluster.get_default_node()
+        if slot is None
+        else cluster.nodes_manager.get_node_from_slot(slot)  # type: ignore[arg-type]
+    )
+    if not isinstance(found, ClusterNode):
+        raise RedisClusterException(f"no node serves slot {slot}")
+    return found

@@ -1,0 +1,121 @@
+"""The Redis master dies under two controller replicas, behind Sentinel and in a Cluster.
+
+One lean failover of each kind (part of `make test`; the longer soaks with several kill
+points are in test_redis_soak.py, `make soak`). Both start the same way: the master's
+replica is frozen and cut off (its replication link closed by the master, so nothing
+written from then on reaches it, not even into its socket buffer), reports arrive, the
+master takes them in but cannot get them replicated; the master is then SIGKILLed and the
+replica, which never saw them, promoted.
+Each report the broker accepted must still be applied exactly once: the controller
+acknowledges a message to the broker only once a replica holds it (WAIT), so the broker
+still has every one the promoted replica lacks and delivers it again. Then the round and a
+second one complete; every check of `Fleet.check` holds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from service.embedded import ClusterTopology, SentinelTopology, Server
+from service.keys import Keys, shard_of
+from tests.faults.rounds import (
+    Fleet,
+    cut_off,
+    markers,
+    reached,
+    replica_of,
+    topology_stack,
+    wait_until,
+)
+from tests.harness import NS
+
+JOBS = 3
+KEYS = Keys()
+
+
+def test_sentinel_failover_loses_no_accepted_report(
+    tmp_path: Path, mosquitto: Server, sentinel: SentinelTopology
+) -> None:
+    """[make test: the one Sentinel failover]"""
+    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
+        stack.start("r1")
+        stack.start("r2")
+        fleet = Fleet.create(stack, JOBS)
+        fleet.next_round()
+
+        old = sentinel.master()
+        replica = replica_of(old, sentinel.data)
+        before = markers(old)
+        with cut_off(replica, old):
+            fleet.train_reports()  # accepted by the broker, taken in by the master only
+            reached(old, before)
+            old.kill()
+        killed = time.monotonic()
+        sentinel.wait_promoted(old)
+        promoted_s = time.monotonic() - killed
+        sentinel.restart_as_replica(old)
+
+        fleet.finish_round()
+        fleet.next_round()
+        fleet.train_reports()
+        fleet.finish_round()
+        fleet.check(sentinel.url)
+        assert promoted_s < 15
+
+
+def test_cluster_failover_loses_no_accepted_report(
+    tmp_path: Path, mosquitto: Server, cluster: ClusterTopology
+) -> None:
+    """[make test: the one Cluster failover]"""
+    with topology_stack(tmp_path, mosquitto, cluster.url) as stack:
+        stack.start("r1")
+        stack.start("r2")
+        fleet = Fleet.create(stack, JOBS)
+        fleet.next_round()
+
+        # the master serving the first job's shard; its replica frozen, so what it takes in
+        # from now on stays unreplicated
+        victim = cluster.master_of(KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}")))
+        replica = replica_of(victim, cluster.nodes)
+        before = markers(victim)
+        with cut_off(replica, victim):
+            fleet.train_reports()
+            reached(victim, before)
+            victim.kill()
+        cluster.wait_promoted(victim)
+        victim.start()  # rejoins as a replica of the promoted node
+        cluster.wait_healthy()
+
+        fleet.finish_round()
+        fleet.next_round()
+        fleet.train_reports()
+        fleet.finish_round()
+        fleet.check(cluster.url)
+
+
+def test_a_replica_slower_than_the_wait_changes_nothing(
+    tmp_path: Path, mosquitto: Server, sentinel: SentinelTopology
+) -> None:
+    """No failover: the replica stalls past the WAIT bound and then catches up, so writes
+    the controller saw as not done did happen. Reports are still applied exactly once (the
+    intake retries its appends as redeliveries), the HTTP endpoint says 503 meanwhile (not
+    accepted), and nothing goes upstream before the replica holds it."""
+    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
+        r1 = stack.start("r1")
+        fleet = Fleet.create(stack, 1)
+        fleet.next_round()
+        replica = replica_of(sentinel.master(), sentinel.data)
+        published = len(stack.cloud.upstream())
+        replica.freeze()
+        try:
+            fleet.train_reports()
+            wait_until(
+                lambda: "ingress not durable yet" in r1.log(), 20, "the intake to hold reports"
+            )
+            assert fleet.post_running(r1, fleet.jobs[0]) == 503
+            assert len(stack.cloud.upstream()) == published  # nothing acted on
+        finally:
+            replica.thaw()
+        fleet.finish_round()
+        fleet.check(sentinel.url)
