@@ -163,7 +163,7 @@ def decode_cost() -> list[Result]:
         cost, plain, size, _ = costs[worst]
         results.append(
             Result(
-                f"8.decode_{figure}",
+                f"9.decode_{figure}",
                 f"CPU per worst-case message, {figure} ({worst})",
                 cost * 1000,
                 "ms",

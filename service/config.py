@@ -14,7 +14,7 @@ import math
 import re
 import socket
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -45,6 +45,7 @@ _SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
 _MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
 _MAX_LINE_BYTES = 1 << 30
+_HOSTNAME_VARIABLE = "HOSTNAME"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +131,17 @@ class Config:
         """Where the cloud sends resources for this node."""
         return f"{self.topic_prefix}/{self.node_name}/downstream"
 
+    def upstream_topic_filter(self) -> str:
+        """A subscription matching this node's upstream topic in every namespace: a level of
+        the template that holds `{namespace}` becomes `+`."""
+        levels = []
+        for level in self.upstream_topic.split("/"):
+            if "{namespace}" in level:
+                levels.append("+")
+            else:
+                levels.append(level.format(prefix=self.topic_prefix, node=self.node_name))
+        return "/".join(levels)
+
     def worker_topic_filter(self) -> str:
         """Subscription filter matching every worker's report topic on this node."""
         return f"{self.topic_prefix}/{self.node_name}/workers/+/info"
@@ -141,6 +153,20 @@ class Config:
     def presence_topic(self, replica: str) -> str:
         """Retained online/offline topic of one controller replica."""
         return f"{self.topic_prefix}/{self.node_name}/controllers/{replica}"
+
+    def presence_filter_all_nodes(self) -> str:
+        """A subscription matching every replica's presence topic, on every node."""
+        return f"{self.topic_prefix}/+/controllers/+"
+
+    def node_of_presence_topic(self, topic: str) -> str | None:
+        """The node a presence topic belongs to (None: not a presence topic under our prefix)."""
+        levels = topic.split("/")
+        is_presence = len(levels) == 4 and levels[0] == self.topic_prefix
+        return levels[1] if is_presence and levels[2] == "controllers" else None
+
+    def for_node(self, node_name: str) -> Config:
+        """The same settings for another node (its topics), checked like any node name."""
+        return dataclasses.replace(self, node_name=node_name)
 
     def http_host_port(self) -> tuple[str, int]:
         """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
@@ -171,8 +197,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Build a Config from parsed flags (added by `add_arguments`) over `environ`."""
-    overrides = {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
-    return Config.from_env(environ, overrides)
+    return Config.from_env(environ, _flag_values(args))
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, str | None]:
+    return {s.field: cast("str | None", getattr(args, s.field, None)) for s in _SETTINGS}
+
+
+def node_name_chosen(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """Whether someone chose the node name: its flag, LIFELONG_NODE_NAME or NODENAME. The
+    host name and HOSTNAME (set in every container) are fallbacks, not choices."""
+    raw, source = _lookup(_NODE_NAME, environ, _flag_values(args)["node_name"])
+    return raw is not None and source != _HOSTNAME_VARIABLE
+
+
+def environment(cfg: Config, fields: Iterable[str]) -> dict[str, str]:
+    """The variables that give another process these settings of `cfg`: {name: value}."""
+    names = {s.field: s.env for s in _SETTINGS}
+    return {names[f]: str(getattr(cfg, f)) for f in fields}
 
 
 # --- parsing and validation, one function per kind of value -------------------------------
@@ -211,28 +253,42 @@ def _parse_min_replicas(value: str, source: str) -> int:
     return int(value)
 
 
-def _check_topic_level(value: str, source: str, what: str) -> None:
+def _topic_level_problem(value: str, what: str) -> str | None:
     if not value:
-        raise ConfigError(f"{source}: {what} must not be empty")
+        return f"{what} must not be empty"
     bad = sorted(set(value) & {"+", "#", "/", "\0"})
     if bad:
-        raise ConfigError(f"{source}: {what} {value!r} must not contain {' '.join(bad)!r}")
+        return f"{what} {value!r} must not contain {' '.join(bad)!r}"
     if value.startswith("$"):
-        raise ConfigError(f"{source}: {what} {value!r} must not start with '$' (broker-reserved)")
+        return f"{what} {value!r} must not start with '$' (broker-reserved)"
+    return None
+
+
+def node_name_problem(value: str) -> str | None:
+    """Why `value` cannot name an edge node (it is a topic level and a DNS-1123 name), or
+    None when it can: the one rule for node names, wherever one is given."""
+    problem = _topic_level_problem(value, "node name")
+    if problem is None and (
+        len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value)
+    ):
+        problem = (
+            f"node name {value!r} is not a DNS-1123 name "
+            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return problem
 
 
 def _parse_node_name(value: str, source: str) -> str:
-    _check_topic_level(value, source, "node name")
-    if len(value) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(value):
-        raise ConfigError(
-            f"{source}: node name {value!r} is not a DNS-1123 name "
-            "(letters, digits, '-' and '.', starting and ending alphanumeric)"
-        )
+    problem = node_name_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 
 def _parse_topic_prefix(value: str, source: str) -> str:
-    _check_topic_level(value, source, "topic prefix")
+    problem = _topic_level_problem(value, "topic prefix")
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     return value
 
 
@@ -432,7 +488,8 @@ class _Setting:
 
 _NODE_NAME = _Setting(
     "node_name", "LIFELONG_NODE_NAME", "--node-name", _parse_node_name,
-    "the edge node this controller serves", "the host name", "NAME", ("NODENAME", "HOSTNAME"),
+    "the edge node this controller serves", "the host name", "NAME",
+    ("NODENAME", _HOSTNAME_VARIABLE),
 )  # fmt: skip
 
 _SETTINGS: tuple[_Setting, ...] = (

@@ -2,14 +2,16 @@
 
 `python -m service.demo_model train|eval` is what the demo's worker runs, reading the
 environment a Sedna worker pod gets (TRAIN_DATASET_URL / TEST_DATASET_URL, MODEL_URLS,
-OUTPUT_URL) and writing its results to `$LIFELONG_RESULTS_FILE`, so it doubles as an example
-of a worker command. `python -m service.demo_model feed PATH` keeps appending samples to a
-dataset file (what compose.yaml's feeder runs, so that `docker compose up` shows rounds).
-Small and numpy-only on purpose: a round trains in milliseconds, which
-keeps the demo about the controller rather than the model.
+OUTPUT_URL, and DEPLOYED_MODEL_URL when the job has a deploy condition) and writing its
+results to `$LIFELONG_RESULTS_FILE`, so it doubles as an example of a worker command.
+`python -m service.demo_model feed PATH` keeps appending samples to a dataset file (what
+compose.yaml's feeder runs, so that `docker compose up` shows rounds). Small and numpy-only
+on purpose: a round trains in milliseconds, which keeps the demo about the controller rather
+than the model.
 
-The data drift: the temperature people find comfortable rises over time (`shift_c`), so a
-model trained in an early round misjudges later samples and later rounds matter.
+The data drift: the temperature people find comfortable rises season by season (`shift_c`),
+so a model trained in an early season misjudges later samples and later rounds matter, while
+one trained again within the same season is no better than the one it would replace.
 The model file is JSON (weights plus feature scaling), never a pickle.
 """
 
@@ -36,8 +38,11 @@ LABEL_NOISE = 0.03
 TRAIN_STEPS = 400
 LEARNING_RATE = 0.5
 MODEL_URL_SEPARATOR = ";"
-#: How far the comfortable temperature moves as samples accumulate.
-DRIFT_C_PER_1000_SAMPLES = 3.0
+DEPLOYED_MODEL_ENV = "DEPLOYED_MODEL_URL"
+#: The comfortable temperature moves in steps, like seasons: the same for a stretch of
+#: samples, then higher.
+SEASON_SHIFT_C = 3.0
+SEASON_SAMPLES = 1000
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -57,9 +62,11 @@ def comfort_rows(rng: np.random.Generator, count: int, shift_c: float) -> list[s
     return [f"{t:.1f},{h:.0f},{y}" for t, h, y in zip(temperature, humidity, labels, strict=True)]
 
 
-def drift_c(samples_so_far: int) -> float:
-    """The comfort boundary's shift once `samples_so_far` samples were collected."""
-    return DRIFT_C_PER_1000_SAMPLES * samples_so_far / 1000
+def drift_c(samples_so_far: int, season_samples: int = SEASON_SAMPLES) -> float:
+    """The comfort boundary's shift once `samples_so_far` samples were collected: a step of
+    3 C every `season_samples`. Within a season a new model is no better than the one
+    before; after a step it clearly is (what a deploy gate tells apart)."""
+    return SEASON_SHIFT_C * (samples_so_far // season_samples)
 
 
 def append_samples(path: Path, rng: np.random.Generator, count: int, samples_so_far: int) -> None:
@@ -168,19 +175,25 @@ def train(env: Mapping[str, str]) -> dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     model_path = out / MODEL_FILE
     model_path.write_text(model.to_json())
-    metrics = {"train_accuracy": round(model.accuracy(features, labels), 4),
-               "samples": len(labels)}
+    metrics = {"train_accuracy": [round(model.accuracy(features, labels), 4)],
+               "samples": [len(labels)]}
     return {"results": [{"format": MODEL_FORMAT, "url": str(model_path), "metrics": metrics}]}
 
 
 def evaluate(env: Mapping[str, str]) -> dict[str, object]:
-    """Score each model of MODEL_URLS on TEST_DATASET_URL; report them with their accuracy."""
+    """Score models on TEST_DATASET_URL and report each with its accuracy (metrics are lists
+    of numbers, as Sedna's are): every model of MODEL_URLS; or, given DEPLOYED_MODEL_URL (the
+    eval of a job with a deploy condition), the new model and then the deployed one."""
     features, labels = read_csv(env["TEST_DATASET_URL"])
+    urls = [url for url in env["MODEL_URLS"].split(MODEL_URL_SEPARATOR) if url]
+    deployed = env.get(DEPLOYED_MODEL_ENV)
+    if deployed:
+        urls = [next((url for url in urls if url != deployed), deployed), deployed]
     results = []
-    for url in filter(None, env["MODEL_URLS"].split(MODEL_URL_SEPARATOR)):
+    for url in urls:
         model = Model.from_json(Path(url).read_text())
-        metrics = {"accuracy": round(model.accuracy(features, labels), 4),
-                   "samples": len(labels)}
+        metrics = {"accuracy": [round(model.accuracy(features, labels), 4)],
+                   "samples": [len(labels)]}
         results.append({"format": MODEL_FORMAT, "url": url, "metrics": metrics})
     return {"results": results}
 

@@ -1,7 +1,7 @@
 """Every Redis key name the service uses, in one module.
 
 Per-shard keys carry the hash tag ``{s<N>}`` so that each Lua script touches one hash slot
-(Redis Cluster compatible). A resource's keys (state, resource JSON, history) live in the
+(Redis Cluster compatible). A resource's keys (state, resource JSON, histories) live in the
 shard of its resource key (``rkey``), so a commit for one resource never leaves its slot.
 The ingress lease, its fence and its holder's "subscribed" marker share the tag
 ``{ingress}`` (one script takes lease and fence, one MGET lease and marker). The
@@ -150,6 +150,10 @@ class Keys:
 
     def history(self, resource_key: str) -> str:
         return f"{self._shard(shard_of(resource_key))}:history:{resource_key}"
+
+    def rounds(self, resource_key: str) -> str:
+        """A job's round history: one JSON record per round (and per rollback), capped."""
+        return f"{self._shard(shard_of(resource_key))}:rounds:{resource_key}"
 
     # global
     def ingress_lease(self) -> str:

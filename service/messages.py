@@ -30,7 +30,7 @@ from service.errors import InvalidMessage, RejectCode
 # Every inbound message, before it is parsed. What parsing costs is mostly one allocation per
 # array or object (and the garbage collector's walks over them), then a little per value: the
 # caps below keep the worst message under the size limit to milliseconds of CPU (bench
-# figure 8: ~17 ms, where a 1 MiB report of 62-deep lists cost 0.5-1.3 s, twice).
+# figure 9: ~17 ms, where a 1 MiB report of 62-deep lists cost 0.5-1.3 s, twice).
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NESTING_DEPTH = 64
 #: Arrays and objects in one message (a Sedna job has about a hundred, a report a few).
@@ -201,7 +201,8 @@ class Dataset(_Wire, frozen=True, kw_only=True):
 
 
 class Condition(_Wire, frozen=True, kw_only=True):
-    """Train trigger condition; an empty operator means "no condition" (Sedna sends it unset)."""
+    """A trigger's condition: `metric` (`name` or `name[i]`) compared with `threshold`; an
+    empty operator means "no condition" (Sedna sends it unset)."""
 
     operator: Operator = ""
     threshold: NumericString | int | float | None = None
@@ -248,10 +249,19 @@ class EvalSpec(_Wire, frozen=True, kw_only=True):
     template: dict[str, Any] = {}
 
 
+class DeployTrigger(_Wire, frozen=True, kw_only=True):
+    """When an evaluated model is deployed, as Sedna's IncrementalLearningJob says it: the
+    condition is evaluated on the eval report's metrics, `m` (the new model's) and `m_delta`
+    (new minus deployed); unset or with an empty operator, every evaluated model is."""
+
+    condition: Condition | None = None
+
+
 class DeploySpec(_Wire, frozen=True, kw_only=True):
-    """Deploy worker template (opaque, passed on)."""
+    """Deploy worker template (opaque, passed on) and the deploy gate."""
 
     template: dict[str, Any] = {}
+    trigger: DeployTrigger | None = None
 
 
 class LifelongLearningJobSpec(_Wire, frozen=True, kw_only=True):
@@ -331,12 +341,19 @@ class ModelRef(_Wire, frozen=True, kw_only=True):
 
 
 class JobInput(_Wire, frozen=True, kw_only=True):
-    """What the next worker gets; note Sedna's capitals in `dataURL` and `dataIndexURL`."""
+    """What the next worker gets; note Sedna's capitals in `dataURL` and `dataIndexURL`.
+
+    For a job with a deploy condition, once a model is deployed, an eval round's `models`
+    ends with the deployed model (its own round's model file, of which the deploy file is a
+    copy), which `deployedModel` names again: the eval worker reports the new model's result
+    first and the deployed one's second.
+    """
 
     models: list[ModelRef] = []
     data_url: str | None = msgspec.field(default=None, name="dataURL")
     data_index_url: str | None = msgspec.field(default=None, name="dataIndexURL")
     output_dir: str | None = None
+    deployed_model: ModelRef | None = None
 
 
 class JobOutput(_Wire, frozen=True, kw_only=True):
@@ -346,14 +363,43 @@ class JobOutput(_Wire, frozen=True, kw_only=True):
     owner_info: JsonObject
 
 
+class GateResult(_Wire, frozen=True, kw_only=True):
+    """What the deploy gate compared for round `version`: the condition, the value it read
+    (absent when there was none: a metric missing or not finite, or nothing deployed to
+    compare with) and whether it held; `deployedVersion`: the model compared with."""
+
+    metric: str
+    operator: str
+    threshold: float
+    value: float | None = None
+    holds: bool
+    version: Count
+    deployed_version: Count | None = None
+
+
+class RollbackResult(_Wire, frozen=True, kw_only=True):
+    """A rollback: the version whose model the deploy file holds again, and the one before."""
+
+    to_version: Count
+    from_version: Count | None = None
+
+
 class JobStatus(_Wire, frozen=True, kw_only=True):
-    """Upstream job status: the phase entered or reported, and its status."""
+    """Upstream job status: the phase entered or reported, and its status.
+
+    `gate` comes with the deploy decision of a job with a deploy condition (status `ready`
+    when the model was deployed, `completed` when the gate held it back: Sedna's
+    incremental-learning LC says "nothing to deploy" so); `rollback` with a rollback's
+    deploy `ready`.
+    """
 
     phase: WorkerKind
     status: WorkerStatus
     reason: str | None = None
     input: JobInput | None = None
     output: JobOutput | None = None
+    gate: GateResult | None = None
+    rollback: RollbackResult | None = None
 
 
 class DatasetStatus(_Wire, frozen=True, kw_only=True):
@@ -428,7 +474,23 @@ class JobDelete(msgspec.Struct, frozen=True, kw_only=True):
     name: str
 
 
-Downstream = DatasetInsert | DatasetDelete | JobInsert | JobDelete
+class RollbackContent(_Wire, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The content of a downstream `rollback` of a job: the round whose model goes back in
+    the deploy file; absent (or no content at all): the version deployed before the current
+    one. Unknown fields are refused: a misspelt `version` must not roll back to the default."""
+
+    version: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
+
+
+class JobRollback(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's deploy file is to hold round `version`'s model again (None: the previous)."""
+
+    namespace: str
+    name: str
+    version: int | None = None
+
+
+Downstream = DatasetInsert | DatasetDelete | JobInsert | JobDelete | JobRollback
 R = TypeVar("R", Dataset, LifelongLearningJob)
 
 
@@ -728,8 +790,11 @@ def decode_envelope(data: bytes) -> Downstream:
         if kind == "dataset":
             return DatasetDelete(namespace=header.namespace, name=header.resource_name)
         return JobDelete(namespace=header.namespace, name=header.resource_name)
+    if operation == "rollback" and kind == "lifelonglearningjob":
+        return _rollback(header, envelope.content)
     if operation != "insert":
-        reason = f"unknown operation {_quoted(header.operation)}; expected insert or delete"
+        expected = "insert, delete or rollback" if kind != "dataset" else "insert or delete"
+        reason = f"unknown operation {_quoted(header.operation)}; expected {expected}"
         raise InvalidMessage(reason, "$.header.operation")
     content = _with_defaults(
         _content_object(envelope.content), header.namespace, _RESOURCE_KINDS[kind]
@@ -741,6 +806,19 @@ def decode_envelope(data: bytes) -> Downstream:
     job = _resource_object(content, LifelongLearningJob)
     _check_matches_header(job.metadata, header)
     return JobInsert(job=job, raw=canonical(content))
+
+
+def _rollback(header: Header, content: object) -> JobRollback:
+    """A job's rollback: content `{"version": V}` (inline or base64), or none for the previous
+    version. Paths in errors are relative to the content (`$.content.version`)."""
+    obj = {} if content is None else _content_object(content)
+    try:
+        request = msgspec.convert(obj, RollbackContent)
+    except msgspec.ValidationError as e:
+        raise _invalid(e, "$.content") from None
+    return JobRollback(
+        namespace=header.namespace, name=header.resource_name, version=request.version
+    )
 
 
 def decode_dataset(data: bytes, *, default_namespace: str = "default") -> Dataset:
@@ -817,7 +895,10 @@ def _resource_object(obj: dict[str, Any], type_: type[R]) -> R:
             text = _ENCODER.encode(template)
             path = f"$.spec.{name}.template"
             _check_free_form(text, path, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH)
-        _check_trigger(spec.train_spec.trigger)
+        _check_condition(spec.train_spec.trigger.condition, "$.spec.trainSpec.trigger.condition")
+        deploy = spec.deploy_spec.trigger
+        if deploy is not None:
+            _check_condition(deploy.condition, "$.spec.deploySpec.trigger.condition")
     credential_of(resource.metadata)
     return resource
 
@@ -830,11 +911,11 @@ def _check_annotations(metadata: ObjectMeta) -> None:
         raise InvalidMessage(reason, "$.metadata.annotations", code="too_large")
 
 
-def _check_trigger(trigger: Trigger) -> None:
-    condition = trigger.condition
+def _check_condition(condition: Condition | None, path: str) -> None:
+    """What a condition's types cannot say: a finite threshold, and both a metric and a
+    threshold when an operator is given."""
     if condition is None:
         return
-    path = "$.spec.trainSpec.trigger.condition"
     if condition.threshold is not None and not _finite(condition.threshold):
         raise InvalidMessage("must be a finite number", f"{path}.threshold")
     if condition.operator and not condition.metric:

@@ -11,7 +11,7 @@ node hold the ingress" however the scraper labels its targets.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -138,6 +138,7 @@ class Metrics:
         self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
         self._jobs_lock = threading.Lock()
         self._kept_shards: frozenset[int] | None = None
+        self.models = ModelMetrics(self.registry)
         self.gm = GmLinkMetrics(self.registry) if gm_link else None
 
     def set_health(
@@ -160,6 +161,7 @@ class Metrics:
             key = (after.namespace, after.name)
             entry = (shard, after.phase, after.step, after.phase_since_ms)
             with self._jobs_lock:
+                self.models.changed(shard, after)
                 if self._jobs.get(key) == entry:
                     return  # the common case: an event that left the job where it was
                 self._forget_job(key)
@@ -172,6 +174,7 @@ class Metrics:
         elif isinstance(before, JobState):
             with self._jobs_lock:
                 self._forget_job((before.namespace, before.name))
+                self.models.forget((before.namespace, before.name))
 
     def keep_jobs_of(self, shards: Collection[int]) -> None:
         """Forget the jobs on shards this replica no longer holds: their new owner reports
@@ -184,6 +187,7 @@ class Metrics:
             self._kept_shards = kept
             for key in [k for k, (shard, *_) in self._jobs.items() if shard not in kept]:
                 self._forget_job(key)
+            self.models.keep(kept)
 
     def _forget_job(self, key: tuple[str, str]) -> None:
         known = self._jobs.pop(key, None)
@@ -197,6 +201,95 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+#: (model, metric) -> value: the series of one job's model metrics
+ModelSeries = dict[tuple[str, str], float]
+
+
+class ModelMetrics:
+    """Per job: the deployed version, and the latest metrics of the new model
+    (`model="candidate"`, from the latest eval) and of the deployed one (`model="deployed"`:
+    what that eval measured for it, or its own round's metrics when it was deployed since,
+    by a rollback say). At most SERIES_PER_MODEL metrics per model: a list metric's values
+    are `name[i]`, a one-value list is `name`. Callers hold the jobs lock."""
+
+    SERIES_PER_MODEL = 8
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.deployed_version = Gauge(
+            "lifelong_job_deployed_version",
+            "The round whose model each job's deploy file holds (jobs with one deployed).",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.metric = Gauge(
+            "lifelong_job_model_metric",
+            "The latest eval's metrics of each job's new model (candidate) and of its "
+            "deployed model (deployed); at most 8 per model.",
+            ["namespace", "name", "model", "metric"],
+            registry=registry,
+        )
+        #: (namespace, name) -> (shard, deployed version, series) of each job exported
+        self._jobs: dict[tuple[str, str], tuple[int, int | None, ModelSeries]] = {}
+
+    def changed(self, shard: int, job: JobState) -> None:
+        key = (job.namespace, job.name)
+        entry = (shard, *_view(job))
+        known = self._jobs.get(key)
+        if known == entry:
+            return
+        if entry[1] is None and not entry[2]:
+            self.forget(key)
+            return
+        old_version, old_series = (known[1], known[2]) if known is not None else (None, {})
+        if entry[1] is not None:
+            self.deployed_version.labels(*key).set(entry[1])
+        elif old_version is not None:
+            self.deployed_version.remove(*key)
+        for labels in old_series.keys() - entry[2].keys():
+            self.metric.remove(*key, *labels)
+        for labels, value in entry[2].items():
+            self.metric.labels(*key, *labels).set(value)
+        self._jobs[key] = entry
+
+    def forget(self, key: tuple[str, str]) -> None:
+        known = self._jobs.pop(key, None)
+        if known is None:
+            return
+        if known[1] is not None:
+            self.deployed_version.remove(*key)
+        for labels in known[2]:
+            self.metric.remove(*key, *labels)
+
+    def keep(self, shards: frozenset[int]) -> None:
+        for key in [k for k, (shard, *_) in self._jobs.items() if shard not in shards]:
+            self.forget(key)
+
+
+def _view(job: JobState) -> tuple[int | None, ModelSeries]:
+    """A job's deployed version and the series of its model metrics."""
+    deployed = job.deployed
+    scores = job.scores
+    series: ModelSeries = {}
+    if scores is not None:
+        series.update(_series("candidate", scores.candidate))
+    if deployed is not None:
+        measured = scores is not None and scores.deployed_version == deployed.version
+        latest = scores.deployed if measured and scores is not None else {}
+        series.update(_series("deployed", latest or deployed.metrics))
+    return (deployed.version if deployed is not None else None), series
+
+
+def _series(model: str, metrics: Mapping[str, tuple[float, ...]]) -> ModelSeries:
+    found: ModelSeries = {}
+    for name, values in metrics.items():
+        for i, value in enumerate(values):
+            label = name if len(values) == 1 else f"{name}[{i}]"
+            if len(found) == ModelMetrics.SERIES_PER_MODEL:
+                return found
+            found[(model, label)] = value
+    return found
 
 
 class GmLinkMetrics:

@@ -35,6 +35,11 @@ _SCHEMA_TYPES: Mapping[str, Any] = {
     "presence.json": messages.Presence,
 }
 UPSTREAM_ENVELOPE_FILE = "upstream-envelope.json"
+ROLLBACK_ENVELOPE_FILE = "rollback-envelope.json"
+#: Messages a channel carries besides its main one: (message name, schema file).
+_MORE_MESSAGES: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "downstream": (("rollbackEnvelope", ROLLBACK_ENVELOPE_FILE),),
+}
 
 _PARAMETERS: Mapping[str, dict[str, Any]] = {
     "prefix": {
@@ -59,7 +64,9 @@ class _Topic(NamedTuple):
 _CHANNELS: Mapping[str, _Topic] = {
     "downstream": _Topic(
         "{prefix}/{node}/downstream",
-        "Datasets and jobs from the cloud: insert or delete, content inline or base64.",
+        "Datasets and jobs from the cloud: insert or delete, content inline or base64; "
+        "and a job's rollback (operation `rollback`, content `{\"version\": V}` or none for "
+        "the previously deployed version), refused on the errors topic with the reason.",
         "downstreamEnvelope",
         "envelope.json",
     ),
@@ -104,6 +111,7 @@ def generate() -> dict[str, bytes]:
     """Every file of `schemas/`, by file name, as it should be on disk."""
     files = {name: _json_bytes(_json_schema(type_)) for name, type_ in _SCHEMA_TYPES.items()}
     files[UPSTREAM_ENVELOPE_FILE] = _json_bytes(_upstream_envelope_schema())
+    files[ROLLBACK_ENVELOPE_FILE] = _json_bytes(_rollback_envelope_schema())
     files[ASYNCAPI_FILE] = _json_bytes(_asyncapi())
     return files
 
@@ -140,6 +148,43 @@ def _upstream_envelope_schema() -> dict[str, Any]:
     }
 
 
+def _rollback_envelope_schema() -> dict[str, Any]:
+    """A job's rollback on the downstream topic: the header (operation `rollback`, kind
+    `lifelonglearningjob`, any case) and the `RollbackContent`, inline or absent."""
+    (header, content), defs = msgspec.json.schema_components(
+        [messages.Header, messages.RollbackContent]
+    )
+    defs["RollbackEnvelope"] = {
+        "title": "RollbackEnvelope",
+        "description": "Put an earlier round's model back in a job's deploy file: round "
+        "`content.version`'s, or without it the version deployed before the current one. "
+        "Done: a deploy `ready` status upstream with `rollback`; refused: a record on the "
+        "errors topic whose reason starts with `rollback of job <namespace>/<name>`.",
+        "type": "object",
+        "properties": {
+            "header": {
+                "allOf": [
+                    header,
+                    {
+                        "properties": {
+                            "operation": {"pattern": "^[rR][oO][lL][lL][bB][aA][cC][kK]$"},
+                            "resourceKind": {"pattern": messages.OWNER_KIND_PATTERN},
+                        }
+                    },
+                ]
+            },
+            "content": {"anyOf": [content, {"type": "null"}]},
+        },
+        "required": ["header"],
+    }
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$comment": _GENERATED_NOTE,
+        "$ref": "#/$defs/RollbackEnvelope",
+        "$defs": defs,
+    }
+
+
 def _asyncapi() -> dict[str, Any]:
     """An AsyncAPI 3.0.0 document: the five topics, who sends what, QoS 1."""
     return {
@@ -161,38 +206,49 @@ def _asyncapi() -> dict[str, Any]:
                 "is used when the broker does not speak 5.",
             }
         },
-        "channels": {name: _channel(topic) for name, topic in _CHANNELS.items()},
+        "channels": {name: _channel(name, topic) for name, topic in _CHANNELS.items()},
         "operations": {name: _operation(*spec) for name, spec in _OPERATIONS.items()},
         "components": {
             "parameters": dict(_PARAMETERS),
             "messages": {
-                topic.message: {
-                    "name": topic.message,
+                message: {
+                    "name": message,
                     "contentType": "application/json",
-                    "payload": {"$ref": f"./{topic.schema_file}"},
+                    "payload": {"$ref": f"./{schema_file}"},
                 }
-                for topic in _CHANNELS.values()
+                for name in _CHANNELS
+                for message, schema_file in _messages_of(name)
             },
         },
     }
 
 
-def _channel(topic: _Topic) -> dict[str, Any]:
-    parameters = [name for name in _PARAMETERS if f"{{{name}}}" in topic.address]
+def _messages_of(channel: str) -> tuple[tuple[str, str], ...]:
+    topic = _CHANNELS[channel]
+    return ((topic.message, topic.schema_file), *_MORE_MESSAGES.get(channel, ()))
+
+
+def _channel(name: str, topic: _Topic) -> dict[str, Any]:
+    parameters = [p for p in _PARAMETERS if f"{{{p}}}" in topic.address]
     return {
         "address": topic.address,
         "description": topic.description,
-        "parameters": {name: {"$ref": f"#/components/parameters/{name}"} for name in parameters},
-        "messages": {topic.message: {"$ref": f"#/components/messages/{topic.message}"}},
+        "parameters": {p: {"$ref": f"#/components/parameters/{p}"} for p in parameters},
+        "messages": {
+            message: {"$ref": f"#/components/messages/{message}"}
+            for message, _file in _messages_of(name)
+        },
     }
 
 
 def _operation(action: str, channel: str, retain: bool) -> dict[str, Any]:
-    message = _CHANNELS[channel].message
     return {
         "action": action,
         "channel": {"$ref": f"#/channels/{channel}"},
-        "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
+        "messages": [
+            {"$ref": f"#/channels/{channel}/messages/{message}"}
+            for message, _file in _messages_of(channel)
+        ],
         "bindings": {"mqtt": {"qos": 1, "retain": retain, "bindingVersion": "0.2.0"}},
     }
 
@@ -235,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"schemas up to date in {args.out}")
         return 0
     written = write(args.out)
-    print(f"wrote {len(written)} of {len(_SCHEMA_TYPES) + 2} schema files to {args.out}")
+    print(f"wrote {len(written)} of {len(_SCHEMA_TYPES) + 3} schema files to {args.out}")
     return 0
 
 

@@ -10,6 +10,7 @@
 -- KEYS[8] outbox    {P}:{s<N>}:outbox           stream, fields id/topic/payload
 -- KEYS[9] ingress   {P}:{s<N>}:ingress          stream with consumer group ARGV[8]
 -- KEYS[10] gm       {P}:{s<N>}:gm-outbox        stream, fields id/payload (for the GM link)
+-- KEYS[11] rounds   {P}:{s<N>}:rounds:<rkey>    list, capped: a job's round records
 --
 -- ARGV[1]  token           the lease token the commit was computed under
 -- ARGV[2]  rkey            member of timers and index
@@ -21,9 +22,10 @@
 -- ARGV[8]  ingress consumer group
 -- ARGV[9]  history length kept
 -- ARGV[10] n_ack   ARGV[11] n_outbox   ARGV[12] n_effects   ARGV[13] n_history   ARGV[14] n_gm
--- ARGV[15...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
+-- ARGV[15] n_rounds   ARGV[16] round records kept
+-- ARGV[17...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
 --             n_effects (effect id, bytes) pairs, then n_history entries, then n_gm
---             (id, payload) pairs
+--             (id, payload) pairs, then n_rounds round records
 --
 -- Every check happens before the first write, so a refused commit writes nothing.
 -- Returns the outbox stream ids of the entries added, in order (so the caller can publish
@@ -40,7 +42,7 @@ if mode == 'set' then
   redis.call('SET', KEYS[2], ARGV[4])
   redis.call('SADD', KEYS[7], rkey)
 elseif mode == 'delete' then
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[11])
   redis.call('ZREM', KEYS[5], rkey)
   redis.call('SREM', KEYS[7], rkey)
 end
@@ -61,7 +63,8 @@ local n_outbox = tonumber(ARGV[11])
 local n_effects = tonumber(ARGV[12])
 local n_history = tonumber(ARGV[13])
 local n_gm = tonumber(ARGV[14])
-local i = 15
+local n_rounds = tonumber(ARGV[15])
+local i = 17
 
 if n_ack > 0 then
   local ids = {}
@@ -101,6 +104,14 @@ end
 for _ = 1, n_gm do
   redis.call('XADD', KEYS[10], '*', 'id', ARGV[i], 'payload', ARGV[i + 1])
   i = i + 2
+end
+
+if n_rounds > 0 and mode ~= 'delete' then
+  for _ = 1, n_rounds do
+    redis.call('RPUSH', KEYS[11], ARGV[i])
+    i = i + 1
+  end
+  redis.call('LTRIM', KEYS[11], -tonumber(ARGV[16]), -1)
 end
 
 return outbox_ids

@@ -60,6 +60,7 @@ from service.keys import INGRESS_CONSUMER, INGRESS_GROUP, NUM_SHARDS, Keys, shar
 from service.urls import RedisTarget, parse_redis_url
 
 HISTORY_MAXLEN = 100
+ROUNDS_MAXLEN = 50
 DLQ_MAXLEN = 10_000
 HEALTH_CHECK_INTERVAL_S = 30
 #: How long a write waits for its replicas before it counts as not done.
@@ -114,7 +115,7 @@ class IngressEntry:
 class Commit:
     """Everything one transition of one resource writes, applied all-or-nothing.
 
-    ``delete`` removes state, resource, timer, history and index membership (``state`` must
+    ``delete`` removes state, resource, timer, histories and index membership (``state`` must
     then be None); ``keep_state`` leaves the state untouched (a rejected or ignored event);
     otherwise ``state`` is the new state. ``timer_due_ms``: None unchanged, -1 cancel.
     """
@@ -131,6 +132,8 @@ class Commit:
     history: tuple[bytes, ...] = ()
     #: upstream messages for the GM link, (id, envelope JSON), when a GM is configured
     gm: tuple[tuple[str, bytes], ...] = ()
+    #: records of the job's rounds that ended, for its capped round history
+    rounds: tuple[bytes, ...] = ()
     clear_mark: bool = False  # the resource's quarantine ended
 
     def __post_init__(self) -> None:
@@ -526,6 +529,12 @@ class RedisStore:
         [records] = self._run([Routed(key, ("LRANGE", key, -count, -1))], what="history")
         return list(records)
 
+    def rounds(self, rkey: str, count: int = ROUNDS_MAXLEN) -> list[bytes]:
+        """The newest ``count`` round records of a job, oldest first."""
+        key = self.keys.rounds(rkey)
+        [records] = self._run([Routed(key, ("LRANGE", key, -count, -1))], what="rounds")
+        return list(records)
+
     def commit(
         self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
     ) -> list[list[list[str]] | LeaseLost]:
@@ -639,6 +648,7 @@ class RedisStore:
             k.outbox(shard),
             k.ingress(shard),
             k.gm_outbox(shard),
+            k.rounds(c.rkey),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
@@ -657,6 +667,8 @@ class RedisStore:
             len(c.effects),
             len(c.history),
             len(c.gm),
+            len(c.rounds),
+            ROUNDS_MAXLEN,
             *c.ack_ids,
         ]
         for entry in c.outbox:
@@ -666,6 +678,7 @@ class RedisStore:
         args += c.history
         for gm_id, payload in c.gm:
             args += [gm_id, payload]
+        args += c.rounds
         return _Call(self._scripts["commit"], keys, tuple(args))
 
     # -- outbox ------------------------------------------------------------------------

@@ -1,15 +1,16 @@
 """Effects a transition asks for, as data: messages to publish, refusals, notes, timers, and
 work that does I/O in the background and reports back as an event.
 
-Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`,
-`DatasetUnreadable`, `Note` and `ScheduleCheck` are folded into the transition's commit and
-never stored on their own.
+Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`, `Refused`,
+`DatasetUnreadable`, `RecordRound`, `Note` and `ScheduleCheck` are folded into the
+transition's commit and never stored on their own.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from service.core.rounds import RoundRecord
 from service.core.samples import Ranges
 from service.core.state import DatasetInfo, RoundPhase
 from service.errors import RejectCode
@@ -45,6 +46,23 @@ class DatasetUnreadable(
     reason: str
 
 
+class Refused(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="refused"):
+    """A request the job took in turned out impossible later (a rollback whose model file is
+    gone): said on the errors topic like a refusal, `subject` standing for its payload."""
+
+    code: RejectCode
+    reason: str
+    subject: str
+
+
+class RecordRound(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="record-round"
+):
+    """A round (or a rollback) ended: its record joins the job's round history."""
+
+    record: RoundRecord
+
+
 class Note(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="note"):
     """The event changed nothing, or something worth a log line happened; `reason` says what."""
 
@@ -73,7 +91,8 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
 
 
 class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
-    """Replace the deploy target whole with the model's file."""
+    """Replace the deploy target whole with the model's file (round `version`'s model; for a
+    rollback, `rollback` is set)."""
 
     id: str
     namespace: str
@@ -81,6 +100,7 @@ class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     version: int
     src_url: str
     dst_url: str
+    rollback: bool = False
 
 
 class PollDataset(
@@ -145,7 +165,9 @@ Work = (
     | DetachDataset
     | ReleaseOutputDir
 )
-Effect = Publish | Reject | DatasetUnreadable | Note | ScheduleCheck | Work
+Effect = (
+    Publish | Reject | Refused | DatasetUnreadable | RecordRound | Note | ScheduleCheck | Work
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _work_decoder = msgspec.msgpack.Decoder(Work)

@@ -115,10 +115,24 @@ class RoundWritten(
 class ModelCopied(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="model-copied"
 ):
+    """The deploy copy of round `version` is done (or failed: `error`); `rollback` when it
+    was a rollback's copy of that round's model."""
+
     namespace: str
     name: str
     version: int
     error: str | None = None
+    rollback: bool = False
+
+
+class RollbackRequested(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="rollback-requested"
+):
+    """Put round `version`'s model back in the deploy file (None: the previously deployed)."""
+
+    namespace: str
+    name: str
+    version: int | None = None
 
 
 Event = (
@@ -132,6 +146,7 @@ Event = (
     | Tick
     | RoundWritten
     | ModelCopied
+    | RollbackRequested
 )
 
 _encoder = msgspec.msgpack.Encoder()

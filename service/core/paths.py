@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 S3_SCHEME = "s3://"
 DEPLOY_MODEL = "deploy/index.pkl"
+DATA_INDEX = "dataIndex.txt"
 
 
 def is_remote(url: str) -> bool:
@@ -57,6 +58,16 @@ def data_file(fmt: str) -> str:
 def round_data_dir(output_dir: str, phase: str, version: int) -> str:
     """`<out>/data/{train|eval}/{v}`: where a round's sample files go."""
     return join(output_dir, "data", phase, str(version))
+
+
+def round_data_file(output_dir: str, phase: str, version: int, fmt: str) -> str:
+    """`<out>/data/{train|eval}/{v}/data.txt|csv`: a round's samples."""
+    return join(round_data_dir(output_dir, phase, version), data_file(fmt))
+
+
+def round_index_file(output_dir: str, phase: str, version: int) -> str:
+    """`<out>/data/{train|eval}/{v}/dataIndex.txt`: a round's index (see `needs_index`)."""
+    return join(round_data_dir(output_dir, phase, version), DATA_INDEX)
 
 
 def round_output_dir(output_dir: str, phase: str, version: int) -> str:

@@ -17,9 +17,10 @@ A report is bound to its job and its round:
   round's `ready` message pointed the worker, for the job's current version v: a train
   report's under `{outputDir}/train/{v}/`; an eval report's under `{outputDir}/eval/{v}/`,
   or under `{outputDir}/train/{v}/` (the models it was given to evaluate, which a worker may
-  report back with their scores), or the deployed model `{outputDir}/deploy/index.pkl` (which
-  a deploy gate compares against). A replayed report of an earlier round, or one naming
-  files elsewhere, is refused and changes nothing.
+  report back with their scores); after its first model (the one to deploy), also the
+  deployed model, which a deploy gate's eval scores too (its own round's file, as the
+  ready message names it, or `{outputDir}/deploy/index.pkl`). A replayed report of an
+  earlier round, or one naming files elsewhere, is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -108,13 +109,19 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
     out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
     round_dir = paths.round_output_dir(out, report.kind, job.version)
     trained = paths.round_output_dir(out, "train", job.version)
-    deployed = paths.deploy_model(out)
-    for model in usable_models(report.results):
+    given = {paths.deploy_model(out)} | {
+        paths.trim_prefix(volume_prefix, deployment.model.url)
+        for deployment in (job.deployed, job.rollback)
+        if deployment is not None
+    }
+    for i, model in enumerate(usable_models(report.results)):
         url = paths.trim_prefix(volume_prefix, model.url)
         if paths.is_beneath(url, round_dir):
             continue
-        if report.kind == "eval" and (paths.is_beneath(url, trained) or url == deployed):
+        if report.kind == "eval" and paths.is_beneath(url, trained):
             continue
+        if report.kind == "eval" and i > 0 and url in given:
+            continue  # the deployed model a gate compares with, never the one deployed now
         return Reject(
             code="outside_round",
             reason=(

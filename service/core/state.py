@@ -6,13 +6,16 @@ from typing import Literal
 
 import msgspec
 
+from service.core.gate import GateSpec
+from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
 from service.core.triggers import TriggerSpec
 from service.messages import ModelRef
 
 Phase = Literal["train", "eval", "deploy"]
-#: waiting: trigger armed, no worker; preparing: round data being written; running: a worker
-#: was told "ready" and is outstanding; copying: the deploy copy is in flight.
+#: waiting: trigger armed, no worker (in deploy: the deploy copy waits for a rollback's copy
+#: to finish); preparing: round data being written; running: a worker was told "ready" and
+#: is outstanding; copying: the deploy copy is in flight.
 Step = Literal["waiting", "preparing", "running", "copying"]
 #: The phases that write round data and wait for a worker.
 RoundPhase = Literal["train", "eval"]
@@ -39,6 +42,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     train_prob: float
     trigger: TriggerSpec = TriggerSpec()
     output_dir: str
+    #: `deploySpec.trigger.condition`; None: every evaluated model is deployed
+    gate: GateSpec | None = None
 
 
 class DatasetInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -73,6 +78,22 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     consecutive_failures: int = 0
     #: no round starts before this time after a failure (None: no failure waiting)
     retry_at_ms: int | None = None
+    #: the round under way, as its history record will say (None between rounds)
+    current: RoundRecord | None = None
+    #: the round's train samples once trained, until its deploy decision: a model the
+    #: deploy gate holds back gives them back to the pending set
+    trained: Ranges = ()
+    #: how many pending samples (at the front) came back from a held-back round: the next
+    #: round trains on them too, but only samples that arrived since count for its trigger
+    returned: int = 0
+    #: the model the deploy file holds, as this controller last copied it there
+    deployed: Deployment | None = None
+    #: the models it held before, newest last: what a rollback can restore
+    deployments: tuple[Deployment, ...] = ()
+    #: the rollback whose copy is in flight: the deployment it restores
+    rollback: Deployment | None = None
+    #: the latest eval's metrics, for the new model and the deployed one
+    scores: Scores | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):

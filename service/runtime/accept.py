@@ -22,9 +22,11 @@ from service.core.events import (
     Event,
     JobApplied,
     JobDeleted,
+    RollbackRequested,
     Tick,
     WorkerReported,
 )
+from service.core.gate import GateSpec
 from service.core.paths import DataRoots
 from service.core.state import JobSpec
 from service.core.triggers import TriggerSpec, parse_hhmm
@@ -66,7 +68,8 @@ def target_of(event: Event) -> str:
 def accept_downstream(
     topic: str, payload: bytes, received_ms: int, *, data_roots: DataRoots | None = None
 ) -> Accepted:
-    """A downstream envelope (insert or delete of a dataset or job) as an event.
+    """A downstream envelope (insert or delete of a dataset or job, a job's rollback) as an
+    event.
 
     With ``data_roots``, a dataset url or job outputDir outside them (or in a system
     directory) is refused too.
@@ -156,6 +159,8 @@ def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]
             return DatasetDeleted(namespace=namespace, name=name), None
         case messages.JobDelete(namespace=namespace, name=name):
             return JobDeleted(namespace=namespace, name=name), None
+        case messages.JobRollback(namespace=namespace, name=name, version=version):
+            return RollbackRequested(namespace=namespace, name=name, version=version), None
     raise InvalidMessage("unsupported downstream message")  # pragma: no cover - exhaustive
 
 
@@ -182,6 +187,20 @@ def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
             metric=metric,
         ),
         output_dir=spec.output_dir,
+        gate=gate_spec(spec.deploy_spec),
+    )
+
+
+def gate_spec(deploy: messages.DeploySpec) -> GateSpec | None:
+    """The deploy gate a job's `deploySpec.trigger.condition` sets (None: no condition, or
+    an empty operator, as Sedna sends an unset one)."""
+    condition = deploy.trigger.condition if deploy.trigger is not None else None
+    if condition is None or not condition.operator:
+        return None
+    return GateSpec(
+        operator=condition.operator,
+        threshold=condition.threshold_value or 0.0,
+        metric=condition.metric,
     )
 
 

@@ -131,8 +131,9 @@ class Executor:
         except (PermanentError, TransientError) as e:
             error = redact(f"copying model {work.src_url} to {work.dst_url} failed: {e}")
         return ModelCopied(
-            namespace=work.namespace, name=work.name, version=work.version, error=error
-        )
+            namespace=work.namespace, name=work.name, version=work.version, error=error,
+            rollback=work.rollback,
+        )  # fmt: skip
 
     def _poll(self, work: PollDataset) -> DatasetPolled:
         cursor = _cursor_decoder.decode(work.cursor) if work.cursor else Cursor()

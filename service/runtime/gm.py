@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 #: The topic GM frames are taken in under (rejections show it as their topic).
 GM_TOPIC = "gm"
 POLL_S = 0.2
+#: the link's record in Redis is refreshed this often, and whenever its status changes
 REPORT_EVERY_S = 2.0
 STORE_RETRY_S = 0.5
 BATCH = 100
@@ -123,12 +124,13 @@ class GmBridge:
     def _forward(self) -> None:
         """Send what waits in the GM outbox streams while the link is up; no exception ever
         leaves this thread."""
-        reported_at = 0.0
+        reported_at, reported = 0.0, ""
         while not self._stop.is_set():
             try:
-                if self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
+                status = self._link.state.status
+                if status != reported or self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
                     self._report()
-                    reported_at = self._clock.monotonic_s()
+                    reported_at, reported = self._clock.monotonic_s(), status
                 if self._link.state.status != "up" or not self._send_pending():
                     self._stop.wait(POLL_S)
             except StoreUnavailable as e:

@@ -29,6 +29,7 @@ from service.runtime.gm import GM_TOPIC, GmBridge
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
+from service.runtime.unknown_fields import UnknownFields
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Intake:
         self._gm_factory = gm_factory
         self._client: MqttClient | None = None
         self._gm: GmBridge | None = None
+        self._unknown_fields = UnknownFields()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ the subscription
@@ -154,6 +156,7 @@ class Intake:
                 self._rejections.refuse(msg.topic, e.code, e.detail, msg.payload, now_ms)
                 self._ack(msg)
                 continue
+            self._unknown_fields.check(event)
             # MQTT may redeliver a message: its digest lets the store drop the copy. The GM
             # never redelivers, and re-sends a resource on purpose: no marker is needed.
             digest = None if msg.topic == GM_TOPIC else _digest(msg)

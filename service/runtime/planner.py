@@ -4,7 +4,8 @@ without Redis.
 The processor runs `transition` for each event of a resource in stream order (timing each),
 then hands the steps here. Everything the transitions produced lands in one `Commit` (state,
 resource JSON, timer, acknowledged entries, upstream and errors messages, effect intents,
-history), which Redis applies all-or-nothing, fenced by the shard's lease.
+history, the records of rounds that ended), which Redis applies all-or-nothing, fenced by
+the shard's lease.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from service.core.effects import (
     DatasetUnreadable,
     Note,
     Publish,
+    RecordRound,
+    Refused,
     Reject,
     ScheduleCheck,
     Work,
     encode_work,
 )
 from service.core.outcome import Outcome
+from service.core.rounds import encode_round
 from service.core.state import State, encode_state
 from service.errors import RejectCode
 from service.keys import parse_rkey
@@ -100,6 +104,7 @@ class _Fold:
     records: list[history.HistoryRecord] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     unreadable: list[DatasetUnreadable] = field(default_factory=list)
+    rounds: list[bytes] = field(default_factory=list)
     timer_ms: int | None = None
     resource: bytes | None = None
 
@@ -125,11 +130,18 @@ class _Fold:
                 self.rejected.append(refusal)
                 rejection_id = f"{entry_id}/rejection"
                 self.outbox.append(OutboxEntry(rejection_id, config.errors_topic(), refusal.record))
+            elif isinstance(effect, Refused):
+                refusal = _refused(effect, at_ms, config)
+                self.rejected.append(refusal)
+                entry = OutboxEntry(f"{entry_id}/refused", config.errors_topic(), refusal.record)
+                self.outbox.append(entry)
             elif isinstance(effect, DatasetUnreadable):
                 self.unreadable.append(effect)
                 record = _unreadable_record(effect, at_ms, config)
                 entry = OutboxEntry(f"{entry_id}/unreadable", config.errors_topic(), record)
                 self.outbox.append(entry)
+            elif isinstance(effect, RecordRound):
+                self.rounds.append(encode_round(effect.record))
             elif not isinstance(effect, Note):
                 self.work.append((effect.id, effect))
 
@@ -156,6 +168,7 @@ class _Fold:
             effects=intents,
             history=kept,
             gm=tuple(self.gm),
+            rounds=tuple(self.rounds),
         )
 
 
@@ -211,6 +224,15 @@ def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) ->
     its resource came on, the reason, and its URL as the payload."""
     reason = f"dataset {effect.namespace}/{effect.name} cannot be read: {effect.reason}"
     return rejection_record(config.downstream_topic(), reason, effect.url.encode(), at_ms)
+
+
+def _refused(effect: Refused, at_ms: int, config: Config) -> Rejected:
+    """The errors-topic record of a request refused after it was taken in (a rollback whose
+    copy failed), shaped like a rejection: the downstream topic it came on, the reason, and
+    its subject as the payload."""
+    topic = config.downstream_topic()
+    record = rejection_record(topic, effect.reason, effect.subject.encode(), at_ms)
+    return Rejected(topic, effect.code, effect.reason, record)
 
 
 def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:

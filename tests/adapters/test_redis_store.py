@@ -78,6 +78,7 @@ def full_commit(ack_ids: tuple[str, ...] = ()) -> Commit:
         outbox=(OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}'),),
         effects=(("e-1", b"write samples"),),
         history=(b"h-1", b"h-2"),
+        rounds=(b"r-1",),
     )
 
 
@@ -92,7 +93,7 @@ def hash_tag(key: str) -> str:
 def test_shard_of_is_crc32_and_every_key_of_a_resource_shares_its_shard_slot() -> None:
     keys = Keys("p")
     assert shard_of(JOB) == zlib.crc32(JOB.encode()) % NUM_SHARDS
-    per_resource = [keys.state(JOB), keys.resource(JOB), keys.history(JOB)]
+    per_resource = [keys.state(JOB), keys.resource(JOB), keys.history(JOB), keys.rounds(JOB)]
     per_shard = [
         keys.ingress(SHARD),
         keys.outbox(SHARD),
@@ -135,6 +136,7 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     assert store.next_timer_ms(SHARD) == 5_000
     assert store.pending_effects([SHARD])[SHARD] == {"e-1": b"write samples"}
     assert store.history(JOB) == [b"h-1", b"h-2"]
+    assert store.rounds(JOB) == [b"r-1"]
     [(stream_id, entry)] = store.outbox_read([SHARD])[SHARD]
     assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
     store.outbox_done(SHARD, [stream_id])
@@ -166,6 +168,7 @@ def test_delete_removes_everything_of_the_resource(store: RedisStore) -> None:
     assert store.list_rkeys() == []
     assert store.next_timer_ms(SHARD) is None
     assert store.history(JOB) == []
+    assert store.rounds(JOB) == []
 
 
 def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Redis[bytes]) -> None:
@@ -182,6 +185,7 @@ def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Re
     assert store.pending_effects([SHARD])[SHARD] == {}
     assert store.next_timer_ms(SHARD) is None
     assert store.history(JOB) == []
+    assert store.rounds(JOB) == []
     assert pending_ids(raw, store) == {entry_id}
 
 
@@ -512,6 +516,19 @@ def test_history_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
         commit(store, SHARD, token, [Commit(JOB, b"s", history=entries)])
     assert raw.llen(store.keys.history(JOB)) == 100
     assert store.history(JOB, count=3) == [b"h-4-97", b"h-4-98", b"h-4-99"]
+
+
+def test_round_records_are_capped_apart_from_the_event_history(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    token = take_shard(store)
+    for i in range(60):
+        history = tuple(f"h-{i}-{j}".encode() for j in range(10))
+        commit(store, SHARD, token, [Commit(JOB, b"s", history=history, rounds=(b"r-%d" % i,))])
+    assert raw.llen(store.keys.rounds(JOB)) == 50
+    assert store.rounds(JOB, count=2) == [b"r-58", b"r-59"]
+    assert store.rounds(JOB)[0] == b"r-10"
+    assert raw.llen(store.keys.history(JOB)) == 100
 
 
 def test_dlq_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:

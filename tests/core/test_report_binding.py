@@ -157,13 +157,16 @@ def test_the_round_dir_itself_and_files_deep_inside_it_are_models_of_the_round()
         assert d.job.phase == "eval", url
 
 
-def test_eval_may_name_the_deployed_model_beside_its_own() -> None:
-    """Sedna's deploy gate: the new model, then the deployed one it was compared with."""
-    d = at_round(2)
-    d.apply(report("train", "completed", "/output/train/2/m.pkl"))
-    d.written("eval")
-    d.apply(report("eval", "completed", "/output/eval/2/m.pkl", "/output/deploy/index.pkl"))
-    assert (d.job.phase, d.job.step) == ("deploy", "copying")
+def test_eval_may_name_the_deployed_model_after_its_own() -> None:
+    """A deploy gate's eval: the new model, then the deployed one it was compared with (the
+    deploy file, or the deployed round's own file); never the deployed one first."""
+    for deployed in ("/output/deploy/index.pkl", "/output/eval/1/m.pkl"):
+        d = at_round(2)
+        d.apply(report("train", "completed", "/output/train/2/m.pkl"))
+        d.written("eval")
+        refused(d, report("eval", "completed", deployed, "/output/eval/2/m.pkl"), "outside_round")
+        d.apply(report("eval", "completed", "/output/eval/2/m.pkl", deployed))
+        assert (d.job.phase, d.job.step) == ("deploy", "copying")
 
 
 def test_eval_may_report_back_the_models_it_was_given() -> None:

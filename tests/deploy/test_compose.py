@@ -25,7 +25,6 @@ from service import config as config_mod
 from service import demo_model
 from service.adapters.s3 import S3Clients
 from service.cli import build_parser
-from service.worker import upstream_filter
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLLERS = ("controller-1", "controller-2")
@@ -121,7 +120,9 @@ def test_worker_speaks_the_controllers_topics(services: dict[str, Any]) -> None:
     controller = config_of(services[CONTROLLERS[0]])
     report_topic = f"{worker_cfg.topic_prefix}/{worker_cfg.node_name}/workers/w-train-1/info"
     assert paho.topic_matches_sub(controller.worker_topic_filter(), report_topic)
-    assert paho.topic_matches_sub(upstream_filter(worker_cfg), controller.upstream_topic_for("ns"))
+    assert paho.topic_matches_sub(
+        worker_cfg.upstream_topic_filter(), controller.upstream_topic_for("ns")
+    )
     # LC_SERVER handed to commands reaches a controller's HTTP port
     lc_host, lc_port = worker_cfg.http_host_port()
     assert lc_host in CONTROLLERS and lc_port == controller.http_host_port()[1]

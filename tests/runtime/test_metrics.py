@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.core.state import JobSpec, JobState
+from service.core.rounds import Deployment, Scores
+from service.core.state import JobSpec, JobState, ModelRef
 from service.metrics import Metrics
 
 PHASE = "lifelong_job_phase_entered_timestamp_seconds"
@@ -116,3 +117,66 @@ def test_health_gauges_carry_the_node() -> None:
     assert samples(m, "lifelong_ingress_held") == {node: 0.0}
     assert samples(m, "lifelong_redis_up") == {node: 1.0}
     assert samples(m, "lifelong_mqtt_up") == {node: 0.0}
+
+
+MODEL = "lifelong_job_model_metric"
+VERSION = "lifelong_job_deployed_version"
+
+
+MetricValues = dict[str, tuple[float, ...]]
+
+
+def scored(
+    name: str, deployed: int | None, candidate: MetricValues, measured: MetricValues | None = None,
+    own: MetricValues | None = None,
+) -> JobState:  # fmt: skip
+    """A job whose latest eval scored `candidate` (and `measured` for the deployed model, in
+    that eval), with version `deployed` deployed (its own round's metrics `own`)."""
+    deployment = None
+    if deployed is not None:
+        deployment = Deployment(
+            version=deployed, model=ModelRef(format="f", url="/m"), metrics=own or {}
+        )
+    scores = Scores(
+        version=9, candidate=candidate, deployed=measured or {},
+        deployed_version=deployed if measured else None,
+    )  # fmt: skip
+    return msgspec.structs.replace(job(name), deployed=deployment, scores=scores)
+
+
+def model_series(m: Metrics) -> dict[tuple[str, str, str], float]:
+    return {
+        (dict(labels)["name"], dict(labels)["model"], dict(labels)["metric"]): value
+        for labels, value in samples(m, MODEL).items()
+    }
+
+
+def test_deployed_version_and_latest_model_metrics_per_job() -> None:
+    m = Metrics()
+    m.job_changed(1, None, scored("a", 3, {"acc": (0.9,), "f1": (0.5, 0.7)}, {"acc": (0.8,)}))
+    assert samples(m, VERSION) == {(("name", "a"), ("namespace", "default")): 3.0}
+    assert model_series(m) == {
+        ("a", "candidate", "acc"): 0.9,
+        ("a", "candidate", "f1[0]"): 0.5,
+        ("a", "candidate", "f1[1]"): 0.7,
+        ("a", "deployed", "acc"): 0.8,
+    }
+    # a rollback to version 2: the deployed model's own metrics; stale series are dropped
+    m.job_changed(1, None, scored("a", 2, {"acc": (0.9,)}, own={"acc": (0.75,)}))
+    assert samples(m, VERSION) == {(("name", "a"), ("namespace", "default")): 2.0}
+    assert model_series(m) == {("a", "candidate", "acc"): 0.9, ("a", "deployed", "acc"): 0.75}
+
+
+def test_model_series_are_capped_and_go_with_the_job_or_its_shard() -> None:
+    m = Metrics()
+    many = {f"m{i:02}": (float(i), float(i)) for i in range(8)}
+    m.job_changed(1, None, scored("a", 1, many, many))
+    assert len([k for k in model_series(m) if k[1] == "candidate"]) == 8
+    assert len([k for k in model_series(m) if k[1] == "deployed"]) == 8
+    m.job_changed(2, None, scored("b", None, {"acc": (0.5,)}))
+    assert samples(m, VERSION) == {(("name", "a"), ("namespace", "default")): 1.0}
+    m.job_changed(1, scored("a", 1, many), None)  # deleted
+    assert {k[0] for k in model_series(m)} == {"b"}
+    assert samples(m, VERSION) == {}
+    m.keep_jobs_of({1})  # b's shard moved to another replica
+    assert model_series(m) == {}

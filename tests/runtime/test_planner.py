@@ -18,10 +18,13 @@ from service.core.events import (
     Event,
     JobApplied,
     JobDeleted,
+    ModelCopied,
+    RollbackRequested,
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context
+from service.core.outcome import Context, Outcome
+from service.core.rounds import decode_rounds
 from service.core.state import DatasetState, State, decode_state
 from service.core.transition import transition
 from service.history import decode_records
@@ -29,6 +32,7 @@ from service.keys import dataset_key, job_key
 from service.runtime.accept import Accepted
 from service.runtime.planner import Plan, Step, plan
 from tests.core.driver import DATASET, JOB, NS, info, report, spec
+from tests.core.test_rollback import rollback_copied, three_deployed
 
 CONFIG = Config(node_name="edge-1", upstream_topic="{prefix}/{node}/{namespace}/up")
 RKEY = job_key(NS, JOB)
@@ -176,3 +180,23 @@ def test_a_forwarded_report_over_the_size_limit_goes_out_trimmed_with_a_reason()
     (entry,) = planned(state, small).commit.outbox
     output = json.loads(entry.payload)["content"]["output"]
     assert output == {"models": json.loads(json.dumps(big[:2])), "ownerInfo": {"note": "x"}}
+
+
+def test_an_ended_round_joins_the_commit_and_a_late_refusal_goes_to_the_errors_topic() -> None:
+    d = three_deployed()
+    d.apply(RollbackRequested(namespace=NS, name=JOB, version=1))
+    before = d.state
+    effects = rollback_copied(d, 1, "model /m does not exist")
+    outcome = Outcome(d.state, effects)
+    accepted = Accepted(event=ModelCopied(namespace=NS, name=JOB, version=1, rollback=True))
+    result = plan(RKEY, TOKEN, before, [Step("100-0", accepted, outcome, 2_000)], CONFIG)
+    (record,) = decode_rounds(list(result.commit.rounds))
+    assert (record.kind, record.version, record.outcome) == ("rollback", 1, "refused")
+    (entry,) = result.commit.outbox
+    assert entry.topic == "sedna/edge-1/errors" and entry.id == "100-0/refused"
+    refusal = json.loads(entry.payload)
+    assert refusal["topic"] == "sedna/edge-1/downstream"
+    assert refusal["reason"].startswith(f"rollback of job {NS}/{JOB} to version 1 refused: ")
+    assert json.loads(base64.b64decode(refusal["payload"])) == {"job": f"{NS}/{JOB}", "version": 1}
+    (rejected,) = result.rejected
+    assert rejected.code == "rollback_refused" and rejected.record == entry.payload

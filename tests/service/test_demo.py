@@ -1,4 +1,5 @@
-"""`lifelong demo` end to end, as `make demo` runs it: two rounds, the last line, exit 0."""
+"""`lifelong demo` end to end, as `make demo` runs it: two rounds deployed, at least one held
+back by the deploy gate, the last line, exit 0."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
+from service.demo.progress import Progress
+
 DEMO = [sys.executable, "-m", "service.cli", "demo", "--fast"]
 BUDGET_S = 60
 LAST_LINE = re.compile(
-    r"demo complete: (?P<rounds>\d+) rounds, last accuracy (?P<acc>0\.\d\d|1\.00), "
+    r"demo complete: (?P<rounds>\d+) rounds, (?P<deployed>\d+) deployed, (?P<held>\d+) held "
+    r"back by the deploy gate, last accuracy (?P<acc>0\.\d\d|1\.00), "
     r"(?P<samples>\d+) samples, \d+s"
 )
+DECIDED = re.compile(r"round (?P<version>\d+): (?P<what>deployed|held back by the deploy gate) ")
 
 
 def children_of(pid: int) -> list[int]:
@@ -46,16 +53,27 @@ def test_demo_completes_two_rounds_within_budget() -> None:
     lines = done.stdout.strip().splitlines()
     match = LAST_LINE.fullmatch(lines[-1])
     assert match is not None, lines[-5:]
-    assert int(match["rounds"]) == 2
+    assert int(match["deployed"]) == 2
     # a real model on generated data: far better than guessing
     assert float(match["acc"]) >= 0.7
     assert int(match["samples"]) >= 2 * 200
-    # not a TTY: plain progress lines, every round trained, evaluated and deployed in order
-    assert [line for line in lines if line.endswith("deployed")] == [
-        "round 1: deployed",
-        "round 2: deployed",
-    ]
-    assert any(line.startswith("round 2: eval accuracy") for line in lines)
+    # not a TTY: plain progress lines, every round's deploy decision in order; the gate
+    # (accuracy_delta > 0.05) deploys round 1 (nothing to beat) and holds back the rounds
+    # trained within the same season of the drifting data
+    decided = [m for m in map(DECIDED.match, lines) if m is not None]
+    assert [int(m["version"]) for m in decided] == list(range(1, len(decided) + 1))
+    assert decided[0]["what"] == "deployed" and decided[-1]["what"] == "deployed"
+    held = [m for m in decided if m["what"] != "deployed"]
+    assert len(held) >= 1, "the demo shows a round held back by the deploy gate"
+    assert (int(match["rounds"]), int(match["held"])) == (len(decided), len(held))
+    assert int(match["deployed"]) + int(match["held"]) == int(match["rounds"])
+    assert decided[0].string.endswith("(accuracy_delta: nothing deployed to beat)")
+    assert any(
+        line.startswith("round 2: eval accuracy") and "(deployed model 0." in line
+        for line in lines
+    )
+    held_line = held[0].string
+    assert re.search(r"\(accuracy_delta = [+-]0\.\d\d, needs > 0\.05\)$", held_line), held_line
     assert time.monotonic() - started < BUDGET_S
 
 
@@ -79,3 +97,38 @@ def test_demo_stops_everything_it_started_on_sigterm() -> None:
     while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in started if alive(pid)]
+
+
+def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
+    progress = Progress()
+
+    def status(content: dict[str, object]) -> str | None:
+        return progress.update({"header": {}, "content": content})
+
+    gate = {"metric": "accuracy_delta", "operator": ">", "threshold": 0.05, "version": 1}
+    status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/1"}})
+    status({"phase": "eval", "status": "ready", "input": {"outputDir": "/o/eval/1"}})
+    assert status({"phase": "deploy", "status": "ready", "input": {},
+                   "gate": {**gate, "holds": True}}) == (
+        "round 1: deployed (accuracy_delta: nothing deployed to beat)"
+    )  # fmt: skip
+    status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/2"}})
+    evaluating = status({"phase": "eval", "status": "ready",
+                         "input": {"outputDir": "/o/eval/2", "deployedModel": {"url": "/m"}}})
+    assert evaluating == "round 2: evaluating on 0 samples (and the deployed model)"
+    models = [{"metrics": {"accuracy": [0.91]}}, {"metrics": {"accuracy": [0.9]}}]
+    assert status({"phase": "eval", "status": "completed",
+                   "output": {"models": models, "ownerInfo": {}}}) == (
+        "round 2: eval accuracy 0.91 (deployed model 0.90)"
+    )  # fmt: skip
+    held = {**gate, "holds": False, "value": 0.01, "version": 2}
+    assert status({"phase": "deploy", "status": "completed", "output": {"models": models},
+                   "gate": held}) == (
+        "round 2: held back by the deploy gate (accuracy_delta = +0.01, needs > 0.05)"
+    )  # fmt: skip
+    assert (progress.finished, progress.deployed, progress.held_back) == (2, 1, 1)
+    console = Console(width=140, record=True)
+    console.print(progress.table(3, 5.0))
+    view = " ".join(console.export_text().split())  # the caption wraps
+    assert "│ 2 │ held back │" in view
+    assert "1/3 rounds deployed, 1 held back by the deploy gate (accuracy_delta > 0.05)" in view

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.runner import cli_env, run_cli
 from tests.gm_standin import GmStandIn
 from tests.harness import (
     NODE,
@@ -112,6 +113,14 @@ def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
     ids = [h["id"] for h, _ in statuses(gm)]
     assert len(ids) == len(set(ids)), "each status once"
     assert stack.cloud.upstream(JOB), "the MQTT upstream topic gets them too"
+
+    env = cli_env(stack.mqtt_url, stack.redis_url)
+    described = run_cli(env, "describe", "job", JOB)
+    assert described.returncode == 0, described.stderr
+    link = next(line for line in described.stdout.splitlines() if line.startswith("GM link:"))
+    assert "up for" in link and "held by r1" in link and gm.address in link
+    listed = run_cli(env, "get", "jobs")
+    assert "GM link:" in listed.stderr and JOB in listed.stdout
 
 
 def test_statuses_wait_for_a_restarted_gm_and_go_in_order(stack: Stack, gm: GmStandIn) -> None:

@@ -243,6 +243,17 @@ def test_topic_helpers() -> None:
     assert config.errors_topic() == "kubeedge/edge-1/errors"
     assert config.presence_topic("r-0") == "kubeedge/edge-1/controllers/r-0"
     assert config.upstream_topic_for("default") == "kubeedge/edge-1/upstream"
+    assert config.for_node("edge-2").downstream_topic() == "kubeedge/edge-2/downstream"
+
+
+def test_upstream_filter_matches_every_namespace() -> None:
+    def upstream_filter(template: str) -> str:
+        env = {"LIFELONG_NODE_NAME": "n", "LIFELONG_TOPIC_PREFIX": "p"}
+        return Config.from_env({**env, "LIFELONG_UPSTREAM_TOPIC": template}).upstream_topic_filter()
+
+    assert upstream_filter("{prefix}/{node}/upstream") == "p/n/upstream"
+    assert upstream_filter("{namespace}/{prefix}-up/{node}") == "+/p-up/n"
+    assert upstream_filter("x/ns-{namespace}/{node}") == "x/+/n"
 
 
 def test_upstream_template_with_namespace() -> None:

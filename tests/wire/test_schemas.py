@@ -24,7 +24,17 @@ EXPECTED_FILES = {
     "upstream-envelope.json",
     "rejection.json",
     "presence.json",
+    "rollback-envelope.json",
     "asyncapi.yaml",
+}
+ROLLBACK: dict[str, Any] = {
+    "header": {
+        "namespace": "default",
+        "resourceKind": "LifelongLearningJob",
+        "resourceName": "atcii-classifier-demo",
+        "operation": "rollback",
+    },
+    "content": {"version": 3},
 }
 EXPECTED_ADDRESSES = {
     "{prefix}/{node}/downstream",
@@ -178,6 +188,8 @@ def _valid_samples() -> list[tuple[str, Any]]:
         ("worker-message.json", WORKER),
         ("job-status.json", json.loads(messages.encode(forwarded))),
         ("dataset-status.json", {"numberOfSamples": 3}),
+        ("rollback-envelope.json", ROLLBACK),
+        ("rollback-envelope.json", {"header": {**ROLLBACK["header"], "operation": "Rollback"}}),
         ("upstream-envelope.json", json.loads(_upstream_status())),
         ("upstream-envelope.json", json.loads(_upstream_count())),
         (
@@ -203,6 +215,11 @@ def _invalid_samples() -> list[tuple[str, Any]]:
         ("worker-message.json", {**WORKER, "status": "done"}),
         ("worker-message.json", {**WORKER, "ownerKind": "dataset"}),
         ("dataset-status.json", {"numberOfSamples": -1}),
+        ("rollback-envelope.json", {**ROLLBACK, "content": {"version": 0}}),
+        ("rollback-envelope.json", {**ROLLBACK, "header": {**ROLLBACK["header"],
+                                                            "operation": "insert"}}),
+        ("rollback-envelope.json", {**ROLLBACK, "header": {**ROLLBACK["header"],
+                                                            "resourceKind": "dataset"}}),
         ("presence.json", {"replica": "r1", "state": "away", "since": "x"}),
         ("upstream-envelope.json", {"header": json.loads(_upstream_status())["header"]}),
     ]
@@ -246,6 +263,6 @@ def test_schema_requires_the_contract_fields() -> None:
         "status",
     }
     job_input = json.loads(files["job-status.json"])["$defs"]["JobInput"]["properties"]
-    assert {"models", "dataURL", "dataIndexURL", "outputDir"} == set(job_input)
+    assert {"models", "dataURL", "dataIndexURL", "outputDir", "deployedModel"} == set(job_input)
     rejection = json.loads(files["rejection.json"])["$defs"]["Rejection"]
     assert set(rejection["required"]) == {"topic", "reason", "payload", "receivedAt"}

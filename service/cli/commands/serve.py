@@ -1,10 +1,4 @@
-"""`lifelong`: the command line of the controller.
-
-Failures print one clear line and exit non-zero, never a traceback.
-
-Exit codes: 0 success; 1 the command ran and found a problem; 2 bad usage or configuration;
-3 a server the command needs is unreachable.
-"""
+"""`lifelong serve`: run one controller replica, optionally on its own broker and Redis."""
 
 from __future__ import annotations
 
@@ -13,53 +7,46 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shlex
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
 
 from service import config as config_mod
-from service import demo, embedded, ops, schemas, worker
-from service.errors import ConfigError, ServiceError, TransientError
-from service.logs import redact, setup_logging
+from service import embedded
+from service.cli.arguments import Subcommands
+from service.cli.connections import EXIT_OK
+from service.logs import setup_logging
 from service.runtime import Replica
 
 log = logging.getLogger("service.cli")
 
-
-class CommandModule(Protocol):
-    """A module adding subcommands: `register` adds parsers and sets `func=handler`
-    (handler(args) -> exit code)."""
-
-    def register(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
-
-
-#: Modules contributing further subcommands (apply, get, worker, demo, ...).
-COMMAND_MODULES: list[CommandModule] = [ops, worker, demo]
-
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
 SWITCH_INTERVAL_S = 0.0005
+#: The node `serve --embedded` serves unless told otherwise: the one examples/*.yaml name.
+EMBEDDED_NODE = "edge-node"
+READY_WAIT_S = 15.0
+#: Settings a client must share with the controller, beyond the URLs and the node name.
+_SHARED_SETTINGS = ("topic_prefix", "upstream_topic", "key_prefix")
+_DEFAULTS = config_mod.Config(node_name=EMBEDDED_NODE)
 
 SERVE_EXAMPLES = """examples:
   lifelong serve                                  # env vars as in the README
   lifelong serve --mqtt-url mqtt://broker:1883 --redis-url redis://redis:6379/0
   lifelong serve --embedded                       # own mosquitto + redis-server on free ports
+
+With --embedded, the node is edge-node (the one examples/*.yaml name) unless --node-name,
+LIFELONG_NODE_NAME or NODENAME says otherwise, and once the replica is ready it prints the
+`export` line a second shell needs for `lifelong apply`, `get`, ... to reach it.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lifelong",
-        description="Edge controller of Sedna lifelong-learning jobs.",
-        epilog="exit codes: 0 ok, 1 problem found, 2 bad usage or configuration, "
-        "3 server unreachable",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def register(commands: Subcommands) -> None:
+    """Add serve."""
     serve = commands.add_parser(
         "serve",
         help="run the controller",
@@ -75,44 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedded",
         action="store_true",
         help="start mosquitto and redis-server (from PATH) on free ports in a temporary "
-        "directory and serve against them",
+        "directory, serve against them, and print the exports a second shell needs",
     )
-    schema = commands.add_parser(
-        "schemas",
-        help="generate schemas/ (JSON Schema + AsyncAPI) from the wire types",
-        description="Write the JSON Schemas and AsyncAPI document; --check only compares.",
-    )
-    schema.add_argument("--check", action="store_true", help="exit 1 if schemas/ is stale")
-    schema.add_argument("--out", default=None, help="output directory (default: schemas/)")
     serve.set_defaults(func=_serve)
-    schema.set_defaults(func=_schemas)
-    for module in COMMAND_MODULES:
-        module.register(commands)
-    return parser
-
-
-def _schemas(args: argparse.Namespace) -> int:
-    extra = ["--check"] if args.check else []
-    extra += ["--out", args.out] if args.out else []
-    return schemas.main(extra)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ConfigError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_USAGE
-    except TransientError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except ServiceError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
-        return EXIT_PROBLEM
-    except KeyboardInterrupt:
-        return 130
 
 
 @contextlib.contextmanager
@@ -133,6 +85,37 @@ def _embedded_servers(enabled: bool) -> Iterator[tuple[str, str] | None]:
             yield f"mqtt://127.0.0.1:{broker.port}", f"redis://127.0.0.1:{redis.port}/0"
 
 
+def _embedded_config(
+    cfg: config_mod.Config, urls: tuple[str, str], node_chosen: bool
+) -> config_mod.Config:
+    """The settings against the embedded servers; the node the examples name unless the
+    user chose one, so `apply -f examples/...` reaches this replica out of the box."""
+    node = cfg.node_name if node_chosen else EMBEDDED_NODE
+    if not node_chosen:
+        print(f"serving node {node} (the examples' node; --node-name to change)", flush=True)
+    return dataclasses.replace(cfg, mqtt_url=urls[0], redis_url=urls[1], node_name=node)
+
+
+def shell_exports(cfg: config_mod.Config) -> str:
+    """The `export` line a second shell needs for its `lifelong` commands to reach these
+    servers and this node: URLs and node name, and topic and key settings not at default."""
+    fields = ["mqtt_url", "redis_url", "node_name"]
+    fields += [f for f in _SHARED_SETTINGS if getattr(cfg, f) != getattr(_DEFAULTS, f)]
+    variables = config_mod.environment(cfg, fields)
+    return "export " + " ".join(f"{name}={shlex.quote(v)}" for name, v in variables.items())
+
+
+def _announce_when_ready(
+    replica: Replica, cfg: config_mod.Config, stopping: threading.Event
+) -> None:
+    """Print the exports once the replica can take messages (or after a while regardless)."""
+    deadline = time.monotonic() + READY_WAIT_S
+    while not replica.ready()[0] and time.monotonic() < deadline:
+        if stopping.wait(0.1):
+            return
+    print(f"in another shell:\n{shell_exports(cfg)}", flush=True)
+
+
 def _serve(args: argparse.Namespace) -> int:
     cfg = config_mod.from_args(args, os.environ)
     setup_logging(cfg.log_format)
@@ -141,20 +124,20 @@ def _serve(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     with _embedded_servers(args.embedded) as urls:
         if urls is not None:
-            cfg = dataclasses.replace(cfg, mqtt_url=urls[0], redis_url=urls[1])
+            cfg = _embedded_config(cfg, urls, config_mod.node_name_chosen(args, os.environ))
         replica = Replica(cfg, replica_id=args.replica_id)
+        stopping = threading.Event()
 
         def _on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("signal %s: shutting down", signal.Signals(signum).name)
+            stopping.set()
             replica.stop()
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         replica.start()
+        if urls is not None:
+            _announce_when_ready(replica, cfg, stopping)
         replica.wait()
         replica.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return EXIT_OK

@@ -1,7 +1,7 @@
 """What the operator commands print: tables, ages, job and dataset views, watch lines.
 
-Pure functions of stored state and messages, kept apart from the commands (service/ops.py)
-so they are tested without servers; plain text (no colours, no box drawing) so output pipes
+Pure functions of stored state and messages, kept apart from the commands so they are
+tested without servers; plain text (no colours, no box drawing) so output pipes
 cleanly into grep, awk and CI logs. Free text passes through `redact` before it is shown.
 """
 
@@ -16,8 +16,10 @@ from service import messages
 from service.core import paths, samples
 from service.core.state import DatasetState, JobState, ModelRef
 from service.history import HistoryRecord, last_change_ms
+from service.keys import parse_rkey
 from service.logs import redact
 from service.messages import LifelongLearningJob, rfc3339_utc
+from service.runtime.gm import GmLinkRecord
 
 COLUMN_GAP = "   "
 _SECOND_MS = 1000
@@ -26,12 +28,17 @@ _HOUR_S = 60 * _MINUTE_S
 _DAY_S = 24 * _HOUR_S
 
 
-def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+#: A cell of `get`: text, a number, or None for "not known" (`-` in a table, null in JSON).
+Cell = str | int | None
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
     """Rows under upper-case headers, columns left-aligned, like `kubectl get`.
 
-    Trailing spaces are stripped so the last column never pads the line.
+    None shows as `-`; trailing spaces are stripped so the last column never pads the line.
     """
-    table = [[h.upper() for h in headers], *[list(map(str, row)) for row in rows]]
+    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    table = [[h.upper() for h in headers], *cells]
     for row in table:
         if len(row) != len(headers):
             raise ValueError(f"row {row!r} has {len(row)} cells, expected {len(headers)}")
@@ -69,38 +76,51 @@ def format_time_ms(at_ms: int) -> str:
 
 
 def job_state_word(state: JobState) -> str:
-    """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset."""
+    """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset
+    or waits out the backoff after failed rounds."""
     if state.dataset is None:
         return "no-dataset"
     if not state.dataset.present:
         return "paused"
+    if state.step == "waiting" and state.retry_at_ms is not None:
+        return "backoff"
     return state.step
 
 
-def job_row(state: JobState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
-    """One `get jobs` row; keys are the column headers."""
+def job_row(state: JobState, changed_ms: int | None, now_ms: int) -> dict[str, Cell]:
+    """One `get jobs` row; keys are the column headers, counts are numbers."""
     return {
         "namespace": state.namespace,
         "name": state.name,
         "phase": state.phase,
         "state": job_state_word(state),
-        "version": str(state.version),
-        "pending": str(samples.count(state.pending)),
-        "eval-batches": str(len(state.eval_batches)),
-        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+        "version": state.version,
+        "pending": samples.count(state.pending),
+        "eval-batches": len(state.eval_batches),
+        "age": None if changed_ms is None else format_age(now_ms - changed_ms),
     }
 
 
-def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dict[str, str]:
-    """One `get datasets` row; keys are the column headers."""
+def dataset_row(state: DatasetState, changed_ms: int | None, now_ms: int) -> dict[str, Cell]:
+    """One `get datasets` row; keys are the column headers, the sample count a number
+    (None until the dataset was first read)."""
     return {
         "namespace": state.namespace,
         "name": state.name,
         "format": state.format,
-        "samples": "-" if state.num_samples < 0 else str(state.num_samples),
+        "samples": None if state.num_samples < 0 else state.num_samples,
+        "status": dataset_status(state),
         "url": redact(state.url),
-        "age": "-" if changed_ms is None else format_age(now_ms - changed_ms),
+        "age": None if changed_ms is None else format_age(now_ms - changed_ms),
     }
+
+
+def dataset_status(state: DatasetState) -> str | None:
+    """STATUS of `get datasets`: `unreadable` while its source cannot be read, `ok` once it
+    was read, None before the first read."""
+    if state.unreadable is not None:
+        return "unreadable"
+    return None if state.num_samples < 0 else "ok"
 
 
 def _field(label: str, value: object) -> str:
@@ -175,10 +195,9 @@ def round_files(state: JobState, records: Sequence[HistoryRecord]) -> list[tuple
     for phase in ("train", "eval"):
         if phase not in reached:
             continue
-        data_dir = paths.round_data_dir(out, phase, version)
-        files.append((f"{phase} data", paths.join(data_dir, paths.data_file(fmt))))
+        files.append((f"{phase} data", paths.round_data_file(out, phase, version, fmt)))
         if paths.needs_index(state.dataset.url, fmt):
-            files.append((f"{phase} index", paths.join(data_dir, "dataIndex.txt")))
+            files.append((f"{phase} index", paths.round_index_file(out, phase, version)))
         files.append((f"{phase} output", paths.round_output_dir(out, phase, version)))
     if "deploy" in reached:
         files.append(("deployed model", paths.deploy_model(out)))
@@ -210,6 +229,7 @@ def describe_job(
         _field("Workers", _workers(job)),
         _field("Credential", _credential(job)),
         _field("Last error", state.last_error or "-"),
+        _field("Failures", _failures(state, now_ms)),
     ]  # fmt: skip
     files = round_files(state, records)
     if files:
@@ -219,22 +239,43 @@ def describe_job(
     return lines
 
 
+def _failures(state: JobState, now_ms: int) -> str:
+    """Failed rounds in a row and when the next round may start (the backoff)."""
+    if not state.consecutive_failures:
+        return "none in a row"
+    text = f"{state.consecutive_failures} in a row"
+    if state.retry_at_ms is not None:
+        wait = state.retry_at_ms - now_ms
+        when = f"in {format_age(wait)}" if wait > 0 else "now"
+        text += f"; next try {format_time_ms(state.retry_at_ms)} ({when})"
+    return text
+
+
 def describe_dataset(
     state: DatasetState, users: Sequence[str], records: Sequence[HistoryRecord], now_ms: int
 ) -> list[str]:
-    """`describe dataset`: source, sample count and the jobs using it."""
+    """`describe dataset`: source, whether it can be read, sample count, the jobs using it."""
     changed = last_change_ms(records)
     since = "-" if changed is None else f"{format_age(now_ms - changed)} ago"
-    jobs = ", ".join(u.partition(":")[2] or u for u in users) or "-"
+    jobs = ", ".join(_key_path(u) for u in users) or "-"
     return [
         _field("Name", state.name),
         _field("Namespace", state.namespace),
         _field("URL", state.url),
         _field("Format", state.format),
+        _field("Unreadable", state.unreadable or "-"),
         _field("Samples", "not read yet" if state.num_samples < 0 else state.num_samples),
         _field("Last change", since),
         _field("Used by", jobs),
     ]
+
+
+def _key_path(resource_key: str) -> str:
+    """`namespace/name` of a resource key (the key as it is, should it not parse)."""
+    try:
+        return parse_rkey(resource_key).path
+    except ValueError:
+        return resource_key
 
 
 def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:
@@ -255,6 +296,19 @@ def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:
         )
         lines += [f"      {note}" for note in record.notes]
     return lines
+
+
+def gm_link_line(record: GmLinkRecord | None, now_ms: int) -> str:
+    """`GM link: ...` as its holder last recorded it (the record lapses with a dead holder)."""
+    if record is None:
+        return _field("GM link", "none (no GM configured, or no replica holds the link now)")
+    link = record.link
+    since = format_age(now_ms - int(link.since * 1000))
+    parts = [f"{link.status} for {since}, held by {record.replica}, {record.address}"]
+    parts.append(f"frames in {link.frames_in} out {link.frames_out}, reconnects {link.reconnects}")
+    if link.last_error:
+        parts.append(f"last error: {link.last_error}")
+    return _field("GM link", "; ".join(parts))
 
 
 def watch_line(topic: str, payload: bytes, received_at_s: float, output: str = "text") -> str:

@@ -1,0 +1,1 @@
+"""One module per group of `lifelong` subcommands; each has `register(commands)`."""

@@ -1,0 +1,209 @@
+"""`lifelong get` and `lifelong describe`: what the controllers wrote to Redis, as tables and
+detailed views (read only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import msgspec
+
+from service import messages
+from service.adapters.redis_store import RedisStore
+from service.cli.arguments import (
+    COMMON_NOTE,
+    Subcommands,
+    add_connection_flags,
+    add_namespace_flag,
+    count_arg,
+    kind_arg,
+    name_arg,
+    namespace_arg,
+    subcommand,
+)
+from service.cli.connections import EXIT_OK, EXIT_PROBLEM, command_config, store_session
+from service.cli.kinds import DATASET
+from service.cli.rendering import (
+    dataset_row,
+    describe_dataset,
+    describe_job,
+    gm_link_line,
+    history_lines,
+    job_row,
+    render,
+)
+from service.cli.rounds import describe_json, describe_lines, get_columns
+from service.core.rounds import decode_rounds
+from service.core.state import DatasetState, JobState, State, decode_state
+from service.errors import InvalidMessage, PermanentError
+from service.history import decode_records, last_change_ms
+from service.keys import parse_rkey, rkey
+from service.logs import redact
+from service.messages import LifelongLearningJob
+from service.runtime.gm import GmLinkRecord
+from service.urls import redact_url
+
+HISTORY_FOR_AGE = 100
+DEFAULT_HISTORY = 20
+
+GET_EXAMPLES = (
+    """examples:
+  lifelong get jobs
+  lifelong get datasets -n default
+  lifelong get jobs -o json | jq '.[].phase'
+
+STATE is the job's step (waiting, preparing, running, copying), or no-dataset when its
+dataset is unknown, paused when its dataset was deleted, backoff while it waits to retry after
+failed rounds (describe says until when). A dataset's STATUS is ok once read, unreadable while
+its source cannot be read (describe says why). DEPLOYED is the round whose model a job's
+deploy file holds, METRIC its main metric (the deploy condition's, else the first reported)
+as measured in that round."""
+    + COMMON_NOTE
+)
+
+DESCRIBE_EXAMPLES = (
+    """examples:
+  lifelong describe job atcii-classifier-demo
+  lifelong describe job atcii-classifier-demo -o json | jq '.rounds[-1]'
+  lifelong describe dataset lifelong-dataset --history 50
+
+A job shows its deploy gate, the deployed model (and the versions a rollback can restore)
+and its last 50 rounds (times, sample counts, the metrics of the new and of the deployed
+model, why a round was not deployed) under a sparkline of the main metric.
+"""
+    + COMMON_NOTE
+)
+
+
+def register(commands: Subcommands) -> None:
+    """Add get and describe."""
+    get = subcommand(commands, "get", "list jobs or datasets with their progress", GET_EXAMPLES)
+    get.add_argument("kind", type=kind_arg, metavar="jobs|datasets")
+    get.add_argument(
+        "-n", "--namespace", type=namespace_arg, default=None,
+        help="only this namespace (default: all)",
+    )  # fmt: skip
+    get.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_connection_flags(get)
+    get.set_defaults(func=_get)
+
+    describe = subcommand(
+        commands, "describe", "show one job or dataset in detail, with its history",
+        DESCRIBE_EXAMPLES,
+    )  # fmt: skip
+    describe.add_argument("kind", type=kind_arg, metavar="job|dataset")
+    describe.add_argument("name", type=name_arg, metavar="NAME")
+    add_namespace_flag(describe, "the resource's namespace (default: default)")
+    describe.add_argument(
+        "--history", type=count_arg, default=DEFAULT_HISTORY, metavar="N",
+        help=f"history events to show (default: {DEFAULT_HISTORY}, at most 100)",
+    )  # fmt: skip
+    describe.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text",
+        help="json: a job's deploys and rounds as data (datasets: text only)",
+    )  # fmt: skip
+    add_connection_flags(describe)
+    describe.set_defaults(func=_describe)
+
+
+def _get(args: argparse.Namespace) -> int:
+    cfg = command_config(args)
+    with store_session(cfg) as store:
+        keys = [k for k in store.list_rkeys(args.kind.store) if _in_namespace(k, args.namespace)]
+        raw_states = store.load(keys)
+        changed = {
+            k: last_change_ms(decode_records(store.history(k, HISTORY_FOR_AGE))) for k in keys
+        }
+        link = _gm_link(store)
+    now_ms = time.time_ns() // 1_000_000
+    rows = []
+    for key, raw in raw_states.items():
+        state = None if raw is None else _state_or_none(key, raw)
+        if isinstance(state, JobState):
+            rows.append({**job_row(state, changed[key], now_ms), **get_columns(state)})
+        elif isinstance(state, DatasetState):
+            rows.append(dataset_row(state, changed[key], now_ms))
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        # name the Redis read: the defaults may point at another one than the controller's
+        where = f" in namespace {args.namespace}" if args.namespace else ""
+        shown = redact_url(cfg.redis_url)
+        print(f"No {args.kind.wire} resources found{where} in {shown}.", file=sys.stderr)
+    else:
+        print(render(list(rows[0]), [list(row.values()) for row in rows]))
+    if args.output != "json" and link is not None:
+        # on stderr, so the table stays the only thing a pipe reads
+        print(gm_link_line(link, now_ms), file=sys.stderr)
+    return EXIT_OK
+
+
+def _gm_link(store: RedisStore) -> GmLinkRecord | None:
+    """The GM link as its holder last recorded it; None when none is recorded or readable."""
+    raw = store.gm_link()
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=GmLinkRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _state_or_none(resource_key: str, raw: bytes) -> State | None:
+    """A stored state, or None (said on stderr) when it cannot be read: one bad record must
+    not hide the others."""
+    try:
+        return decode_state(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        print(f"lifelong: skipped {resource_key}: its stored state is unreadable", file=sys.stderr)
+        return None
+
+
+def _in_namespace(resource_key: str, namespace: str | None) -> bool:
+    if namespace is None:
+        return True
+    try:
+        return parse_rkey(resource_key).namespace == namespace
+    except ValueError:
+        return False
+
+
+def _describe(args: argparse.Namespace) -> int:
+    cfg = command_config(args)
+    key = rkey(args.kind.store, args.namespace, args.name)
+    with store_session(cfg) as store:
+        raw = store.load([key]).get(key)
+        if raw is None:
+            raise PermanentError(f"{args.kind.wire} {args.namespace}/{args.name} not found")
+        resource = store.load_resource(key)
+        records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
+        users = store.dataset_jobs(key) if args.kind is DATASET else []
+        rounds = decode_rounds(store.rounds(key)) if args.kind is not DATASET else []
+        link = _gm_link(store)
+    state = _state_or_none(key, raw)
+    if state is None:
+        return EXIT_PROBLEM
+    if args.output == "json" and isinstance(state, JobState):
+        print(redact(json.dumps(describe_json(state, rounds), indent=2)))
+        return EXIT_OK
+    now_ms = time.time_ns() // 1_000_000
+    if isinstance(state, JobState):
+        lines = describe_job(state, _decoded_job(resource), records, now_ms)
+        lines += describe_lines(state, rounds)
+    else:
+        lines = describe_dataset(state, users, records, now_ms)
+    lines.append(gm_link_line(link, now_ms))
+    lines += history_lines(records[-args.history :], now_ms)
+    print(redact("\n".join(lines)))
+    return EXIT_OK
+
+
+def _decoded_job(raw: bytes | None) -> LifelongLearningJob | None:
+    if raw is None:
+        return None
+    try:
+        return messages.decode_job(raw)
+    except InvalidMessage:
+        return None

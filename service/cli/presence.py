@@ -1,0 +1,78 @@
+"""Which edge nodes a live controller serves, from the replicas' retained presence messages.
+
+Every replica keeps a retained `{"replica", "state": "online"|"offline", "since"}` on
+`{prefix}/{node}/controllers/{replica}` (its last will says offline), so subscribing to
+`{prefix}/+/controllers/+` makes the broker hand over the current presence of every replica
+of every node at once. A node is served when one of its replicas says online. `apply` and
+`delete` check it before sending: a resource sent to a node nobody serves waits unread, and
+the user would otherwise be told "sent".
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterable
+
+import msgspec
+
+from service.adapters.mqtt import Inbound
+from service.config import Config
+from service.errors import PermanentError
+from service.messages import Presence
+
+#: How long to wait for the presence of every node: retained messages follow the SUBACK at
+#: once, so this only bounds the wait when a node has none (the answer is then "not served").
+PRESENCE_WAIT_S = 1.0
+
+_decoder = msgspec.json.Decoder(Presence)
+
+
+def online_replicas(
+    cfg: Config, inbound: queue.SimpleQueue[Inbound], wanted: Iterable[str], wait_s: float
+) -> dict[str, set[str]]:
+    """Node -> its replicas that say online, from the presence messages arriving on `inbound`
+    (subscribed to `cfg.presence_filter_all_nodes()`), until every wanted node has one or
+    `wait_s` passed. Unreadable presence messages count as no presence."""
+    states: dict[tuple[str, str], bool] = {}
+    missing = set(wanted)
+    deadline = time.monotonic() + wait_s
+    while missing and (remaining := deadline - time.monotonic()) > 0:
+        try:
+            msg = inbound.get(timeout=remaining)
+        except queue.Empty:
+            break
+        node = cfg.node_of_presence_topic(msg.topic)
+        if node is None:
+            continue
+        replica = msg.topic.rpartition("/")[2]
+        states[node, replica] = _says_online(msg.payload)
+        if states[node, replica]:
+            missing.discard(node)
+    online: dict[str, set[str]] = {}
+    for (node, replica), is_online in states.items():
+        if is_online:
+            online.setdefault(node, set()).add(replica)
+    return online
+
+
+def _says_online(payload: bytes) -> bool:
+    try:
+        return _decoder.decode(payload).state == "online"
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False  # an empty payload clears a retained presence
+
+
+def require_served(cfg: Config, nodes: Iterable[str], online: dict[str, set[str]]) -> None:
+    """Raise, naming the nodes nobody serves and the nodes that are served, unless every
+    node in `nodes` has a replica online."""
+    unserved = sorted(set(nodes) - set(online))
+    if not unserved:
+        return
+    served = ", ".join(sorted(online)) or f"none on {cfg.presence_filter_all_nodes()}"
+    which = "node " if len(unserved) == 1 else "nodes "
+    raise PermanentError(
+        f"no live controller serves {which}{', '.join(unserved)} (nodes served: {served}); "
+        "nothing sent. Start one (lifelong serve --node-name NODE), check "
+        "LIFELONG_MQTT_URL and LIFELONG_NODE_NAME, or send anyway with --force"
+    )

@@ -1,0 +1,22 @@
+"""`lifelong demo`: the whole system on one machine, end to end, in about a minute.
+
+It starts its own mosquitto and redis-server on free ports in a temporary directory, two
+controller replicas (`lifelong serve` subprocesses sharing them), and the reference worker
+running `python -m service.demo_model` for train and eval. It applies a Dataset and a
+LifelongLearningJob, streams labelled thermal-comfort samples into the dataset while the
+comfort boundary drifts, and shows each round's phases, sample counts and eval accuracy until
+the requested number of rounds is deployed. Its last line is `demo complete: N rounds, ...`.
+
+Everything it starts is stopped on the way out, whether it finished, failed or was
+interrupted (Ctrl-C or SIGTERM): each resource is a context manager, entered in order and left
+in reverse.
+
+The package: `servers` (mosquitto, redis-server, the controller replicas), `scenario` (the
+resources and the drifting sample feed), `progress` (what the live view and the last line
+show), `run` (one run, start to finish), `cli` (`lifelong demo`).
+"""
+
+from service.demo.cli import register
+from service.demo.run import DemoOptions, run
+
+__all__ = ["DemoOptions", "register", "run"]

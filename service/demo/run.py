@@ -1,0 +1,190 @@
+"""One demo run: servers, controllers, worker and feed up, then follow upstream until done."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from service import config as config_mod
+from service import embedded
+from service.adapters.mqtt import MqttClient, MqttSettings
+from service.demo.progress import Progress, pct
+from service.demo.scenario import (
+    NODE,
+    Feeder,
+    Pace,
+    dataset_resource,
+    envelope,
+    job_resource,
+)
+from service.demo.servers import READY_TIMEOUT_S, Controller, controllers, ensure_servers
+from service.errors import BrokerUnavailable
+from service.worker import Worker, WorkerSettings
+
+PUBACK_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    rounds: int
+    fast: bool
+    timeout_s: float
+    seed: int
+
+
+def run(options: DemoOptions, console: Console) -> int:
+    """Run the demo; 0 when `options.rounds` rounds were deployed in time."""
+    ensure_servers()
+    started_s = time.monotonic()
+    pace = Pace.of(options.fast)
+    progress = Progress()
+    with tempfile.TemporaryDirectory(prefix="lifelong-demo-") as tmp:
+        workdir = Path(tmp)
+        outcome = _run_in(workdir, options=options, pace=pace, progress=progress,
+                          console=console, started_s=started_s)
+    if not outcome:
+        print(f"demo failed: {progress.deployed} of {options.rounds} rounds deployed in "
+              f"{options.timeout_s:g}s", file=sys.stderr)
+        return 1
+    accuracy = pct(progress.last_accuracy)
+    print(f"demo complete: {progress.finished} rounds, {progress.deployed} deployed, "
+          f"{progress.held_back} held back by the deploy gate, last accuracy {accuracy}, "
+          f"{progress.samples} samples, {time.monotonic() - started_s:.0f}s", flush=True)
+    return 0
+
+
+def _run_in(
+    workdir: Path,
+    *,
+    options: DemoOptions,
+    pace: Pace,
+    progress: Progress,
+    console: Console,
+    started_s: float,
+) -> bool:
+    broker = embedded.mosquitto_server(workdir / "mosquitto")
+    redis = embedded.redis_server(workdir / "redis", "--appendonly", "yes")
+    with embedded.running(broker, redis):
+        mqtt_url = f"mqtt://127.0.0.1:{broker.port}"
+        env = {
+            "LIFELONG_MQTT_URL": mqtt_url,
+            "LIFELONG_REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
+            "LIFELONG_NODE_NAME": NODE,
+            "LIFELONG_LEASE_SECONDS": "2",
+            "LIFELONG_DATASET_POLL_SECONDS": str(pace.dataset_poll_s),
+        }
+        cfg = config_mod.Config.from_env(env)
+        with controllers(workdir, env) as replicas, _client(cfg) as client, _worker(
+            cfg, replicas[0], workdir
+        ):
+            data = workdir / "data" / "comfort.csv"
+            data.parent.mkdir()
+            with Feeder(data, pace, options.seed):
+                _publish(client, cfg, envelope("dataset", dataset_resource(str(data))))
+                _publish(client, cfg, envelope("lifelonglearningjob",
+                                               job_resource(str(workdir / "out"))))
+                return _watch(client, options, progress, console, started_s)
+
+
+@contextlib.contextmanager
+def _client(cfg: config_mod.Config) -> Iterator[MqttClient]:
+    client = MqttClient(
+        MqttSettings(url=cfg.mqtt_url, client_id=f"lifelong-demo-{os.getpid()}"),
+        subscriptions=[cfg.upstream_topic_filter()],
+    )
+    client.start()
+    try:
+        if not client.wait_connected(READY_TIMEOUT_S):
+            raise BrokerUnavailable("demo: no connection to its own broker")
+        yield client
+    finally:
+        client.stop()
+
+
+@contextlib.contextmanager
+def _worker(cfg: config_mod.Config, replica: Controller, workdir: Path) -> Iterator[Worker]:
+    model = (sys.executable, "-m", "service.demo_model")
+    worker = Worker(
+        cfg,
+        WorkerSettings(
+            commands={"train": (*model, "train"), "eval": (*model, "eval")},
+            lc_server=f"http://127.0.0.1:{replica.http_port}",
+            work_dir=workdir / "worker",
+            timeout_s=60,
+        ),
+        client_id="lifelong-demo-worker",
+    )
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def _publish(client: MqttClient, cfg: config_mod.Config, payload: bytes) -> None:
+    if not client.publish(cfg.downstream_topic(), payload).wait(PUBACK_TIMEOUT_S):
+        raise BrokerUnavailable("demo: the broker did not acknowledge a resource")
+
+
+def _watch(
+    client: MqttClient, options: DemoOptions, progress: Progress, console: Console,
+    started_s: float,
+) -> bool:
+    """Follow upstream until enough rounds are deployed (True) or time runs out (False)."""
+    deadline_s = started_s + options.timeout_s
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+    with live if live is not None else contextlib.nullcontext():
+        while progress.deployed < options.rounds:
+            if time.monotonic() > deadline_s:
+                return False
+            for message in _drain(client):
+                line = progress.update(message)
+                if line is not None and live is None:
+                    print(line, flush=True)
+            if live is not None:
+                live.update(progress.table(options.rounds, time.monotonic() - started_s),
+                            refresh=True)
+        return True
+
+
+def _drain(client: MqttClient) -> list[dict[str, Any]]:
+    """Upstream messages received so far (waiting briefly for the first)."""
+    messages: list[dict[str, Any]] = []
+    timeout_s = 0.1
+    while True:
+        try:
+            item = client.inbound.get(timeout=timeout_s)
+        except queue.Empty:
+            return messages
+        timeout_s = 0
+        with contextlib.suppress(ValueError):
+            body = json.loads(item.payload)
+            if isinstance(body, dict):
+                messages.append(body)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so every `finally` stops what it started."""
+
+    def _raise(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

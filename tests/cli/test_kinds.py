@@ -1,0 +1,39 @@
+"""One kind vocabulary: every spelling a user types maps to one wire kind and one store kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from service import keys, messages
+from service.cli import kinds
+from service.cli.envelopes import delete_envelope
+
+
+@pytest.mark.parametrize(
+    ("typed", "wire", "store"),
+    [("dataset", "dataset", keys.DATASET_KIND), ("DS", "dataset", keys.DATASET_KIND),
+     ("datasets", "dataset", keys.DATASET_KIND),
+     ("LifelongLearningJob", "lifelonglearningjob", keys.JOB_KIND),
+     ("lifelonglearningjobs", "lifelonglearningjob", keys.JOB_KIND),
+     ("job", "lifelonglearningjob", keys.JOB_KIND), ("jobs", "lifelonglearningjob", keys.JOB_KIND),
+     ("llj", "lifelonglearningjob", keys.JOB_KIND)],
+)  # fmt: skip
+def test_every_alias_names_one_kind(typed: str, wire: str, store: str) -> None:
+    kind = kinds.kind_named(typed)
+    assert kind is not None
+    assert (kind.wire, kind.store) == (wire, store)
+    assert kinds.kind_of_wire(wire) is kind
+
+
+def test_unknown_names_are_no_kind() -> None:
+    assert kinds.kind_named("pods") is None
+    with pytest.raises(ValueError, match="not a wire kind"):
+        kinds.kind_of_wire("job")  # a store kind, not a wire kind
+
+
+def test_wire_kinds_are_what_the_controller_decodes() -> None:
+    decoded = {
+        type(messages.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in kinds.KINDS
+    }
+    assert decoded == {messages.DatasetDelete, messages.JobDelete}
+    assert {k.title for k in kinds.KINDS} == {"Dataset", "LifelongLearningJob"}
