@@ -1,4 +1,4 @@
-"""The results as a terminal table and as the Markdown table the README carries."""
+"""The results as a terminal table and as the Markdown table docs/performance.md carries."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ thread announces ``failpoint <name>: stalling`` on stderr, sleeps, says ``resumi
 carries on. A test watching for the announcement can then break something outside (kill
 the Redis master) while the controller sits exactly at that step.
 
-Points (see the README, Reliability): ``intake-before-durable``, ``intake-before-ack``,
+Points (docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
 ``process-before-commit``, ``process-before-effects``, ``outbox-before-publish``,
 ``blob-mid-write``, ``blob-mid-copy``.
 """

@@ -147,8 +147,9 @@ class Executor:
             return msgspec.structs.replace(polled, error=redact(str(e)))
         if poll.missing:
             return msgspec.structs.replace(polled, unreadable=f"{work.url} does not exist")
-        # The byte count shows a poll reads only what was appended (the seed's bug 13); a
-        # poll that found nothing new is not worth an info line every period.
+        # The byte count shows a poll reads only what was appended (Sedna's bug 13,
+        # docs/lifecycle.md); a poll that found nothing new is not worth an info line every
+        # period.
         progressed = poll.rewritten or poll.cursor != cursor
         log.log(
             logging.INFO if progressed else logging.DEBUG,

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,8 @@ from typing import Any
 import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
-from service.adapters.mqtt import (
-    Inbound,
-    MqttClient,
-    MqttEndpoint,
-    MqttSettings,
-    TlsOptions,
-    fallback_protocol,
-    parse_mqtt_url,
-)
+from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.errors import ConfigError
-from service.urls import redact_url
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -184,74 +174,7 @@ def holder_factory() -> Iterator[Callable[..., Holder]]:
             holder.kill()
 
 
-# -- URL parsing ----------------------------------------------------------------------------
-
-
-def test_parse_plain_url_defaults_port() -> None:
-    assert parse_mqtt_url("mqtt://broker.local") == MqttEndpoint(
-        "broker.local", 1883, None, None, False, TlsOptions()
-    )
-
-
-def test_parse_url_with_credentials_and_port() -> None:
-    host, port, user, password, tls, _, _ = parse_mqtt_url("mqtt://edge%40x:p%2Fss@10.0.0.5:1999")
-    assert (host, port, user, password, tls) == ("10.0.0.5", 1999, "edge@x", "p/ss", False)
-
-
-def test_parse_mqtts_with_tls_options() -> None:
-    endpoint = parse_mqtt_url(
-        "mqtts://u:pw@broker?ca=/etc/ca.pem&cert=/c.pem&key=/k.pem&insecure=1"
-    )
-    assert endpoint.port == 8883
-    assert endpoint.tls
-    assert endpoint.tls_options == TlsOptions("/etc/ca.pem", "/c.pem", "/k.pem", insecure=True)
-
-
-@pytest.mark.parametrize(
-    ("query", "protocol"),
-    [
-        ("", None),
-        ("?protocol=5", MQTTProtocolVersion.MQTTv5),
-        ("?protocol=5.0", MQTTProtocolVersion.MQTTv5),
-        ("?protocol=3.1.1", MQTTProtocolVersion.MQTTv311),
-        ("?protocol=311", MQTTProtocolVersion.MQTTv311),
-    ],
-)
-def test_parse_protocol_pin(query: str, protocol: MQTTProtocolVersion | None) -> None:
-    assert parse_mqtt_url(f"mqtt://broker{query}").protocol == protocol
-    tls = parse_mqtt_url(f"mqtts://broker{query}{'&' if query else '?'}insecure=1")
-    assert (tls.protocol, tls.tls_options.insecure) == (protocol, True)
-
-
-@pytest.mark.parametrize(
-    ("url", "problem"),
-    [
-        ("mqtt://user:s3cret@broker?protocol=4", "protocol= must be one of 5, 5.0, 3.1.1, 311"),
-        ("mqtt://user:s3cret@broker?protocol=5&protocol=5", "given twice"),
-        ("http://user:s3cret@broker:1883", "unsupported scheme 'http'"),
-        ("mqtt://user:s3cret@:1883", "no host"),
-        ("mqtt://user:s3cret@broker:99999", "port"),
-        ("mqtt://user:s3cr/et@broker", "port"),
-        ("mqtt://user:s3cret@broker/topic", "no path"),
-        ("mqtt://user:s3cret@broker?ca=/ca.pem", "need the mqtts:// scheme"),
-        ("mqtts://user:s3cret@broker?color=red", "unknown query parameter 'color'"),
-        ("mqtts://user:s3cret@broker?cert=/c.pem", "together"),
-        ("mqtts://user:s3cret@broker?insecure=maybe", "insecure="),
-    ],
-)
-def test_bad_urls_raise_config_error_without_the_password(url: str, problem: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_mqtt_url(url)
-    message = str(caught.value)
-    assert problem in message
-    assert "s3cr" not in message
-    # Nor anywhere in the printed traceback (no chained urllib error quoting it).
-    assert "s3cr" not in "".join(traceback.format_exception(caught.value))
-
-
-def test_redact_url_masks_only_the_password() -> None:
-    assert redact_url("mqtts://edge:hunter2@b:8883?ca=/x") == "mqtts://edge:***@b:8883?ca=/x"
-    assert redact_url("mqtt://b:1883") == "mqtt://b:1883"
+# -- settings ------------------------------------------------------------------------------
 
 
 def test_client_rejects_unreadable_tls_files_as_config_error(tmp_path: Path) -> None:
@@ -272,15 +195,6 @@ def test_bad_settings_raise_config_error(overrides: dict[str, object]) -> None:
 
 
 # -- protocol fallback ----------------------------------------------------------------------
-
-
-def test_fallback_decision() -> None:
-    v5, v311 = MQTTProtocolVersion.MQTTv5, MQTTProtocolVersion.MQTTv311
-    assert fallback_protocol(v5, 0x84) == v311
-    assert fallback_protocol(v5, 1) == v311
-    assert fallback_protocol(v5, 0x86) is None  # bad user name or password: not a version issue
-    assert fallback_protocol(v5, 0x87) is None
-    assert fallback_protocol(v311, 1) is None  # never below 3.1.1
 
 
 # The broker's side of a few exchanges, as raw MQTT packets.

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.adapters import blobs
-from service.adapters.blobs import PIPELINED_MIN_BYTES, _Pipelined
+from service.adapters.blobs import pipelined as pipelining
+from service.adapters.blobs.pipelined import PIPELINED_MIN_BYTES, PipelinedWriter
 
 BIG = PIPELINED_MIN_BYTES
 
@@ -29,7 +29,7 @@ def test_writes_land_in_order_even_when_the_caller_reuses_its_buffer(
     scratch = bytearray(3 * BIG + 7)
     expected = b""
     out = tmp_path / "out.bin"
-    with open(out, "wb") as file, _Pipelined(file) as pipelined:
+    with open(out, "wb") as file, PipelinedWriter(file) as pipelined:
         for i, size in enumerate(sizes):
             scratch[:size] = bytes([i % 251]) * size
             assert pipelined.write(memoryview(scratch)[:size]) == size
@@ -55,7 +55,7 @@ class FailingWrites(io.BufferedWriter):
 
 def test_an_error_on_the_helper_thread_comes_out_of_the_next_call(tmp_path: Path) -> None:
     file = FailingWrites(io.FileIO(tmp_path / "out.bin", "wb"))
-    pipelined = _Pipelined(file)
+    pipelined = PipelinedWriter(file)
     with file, pytest.raises(OSError, match="No space"), pipelined:
         pipelined.write(b"a" * BIG)
         pipelined.write(b"b" * BIG)  # fails on the helper
@@ -66,7 +66,7 @@ def test_an_error_on_the_helper_thread_comes_out_of_the_next_call(tmp_path: Path
 
 def test_an_error_in_the_last_write_comes_out_of_the_with_block(tmp_path: Path) -> None:
     file = FailingWrites(io.FileIO(tmp_path / "out.bin", "wb"))
-    with file, pytest.raises(OSError, match="No space"), _Pipelined(file) as pipelined:
+    with file, pytest.raises(OSError, match="No space"), PipelinedWriter(file) as pipelined:
         pipelined.write(b"a")
         pipelined.write(b"b" * BIG)
 
@@ -74,7 +74,7 @@ def test_an_error_in_the_last_write_comes_out_of_the_with_block(tmp_path: Path) 
 def test_a_failing_body_still_waits_for_the_write_in_flight(tmp_path: Path) -> None:
     out = tmp_path / "out.bin"
     with open(out, "wb") as file:
-        with pytest.raises(RuntimeError, match="scan failed"), _Pipelined(file) as pipelined:
+        with pytest.raises(RuntimeError, match="scan failed"), PipelinedWriter(file) as pipelined:
             pipelined.write(b"x" * (3 * BIG))
             raise RuntimeError("scan failed")
         file.flush()
@@ -85,17 +85,17 @@ def test_writeback_is_started_once_per_stretch_written(tmp_path: Path) -> None:
     """Each byte is advised once, in order: advising pages again once they are clean would
     drop them from the page cache the worker is about to read the file from."""
     calls: list[tuple[int, int]] = []
-    real = blobs.os.posix_fadvise
+    real = pipelining.os.posix_fadvise
 
     def record(fd: int, offset: int, length: int, advice: int) -> None:
         calls.append((offset, length))
         real(fd, offset, length, advice)
 
-    block = blobs.BLOCK_BYTES
+    block = pipelining.BLOCK_BYTES
     with (
-        mock.patch.object(blobs.os, "posix_fadvise", side_effect=record),
+        mock.patch.object(pipelining.os, "posix_fadvise", side_effect=record),
         open(tmp_path / "out.bin", "wb") as file,
-        _Pipelined(file) as pipelined,
+        PipelinedWriter(file) as pipelined,
     ):
         for _ in range(5):
             pipelined.write(b"x" * (block // 2 + 1))

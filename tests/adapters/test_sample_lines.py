@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.adapters import datasets
 from service.adapters.datasets import (
     TAIL_BYTES,
     ReadInto,
@@ -17,6 +16,7 @@ from service.adapters.datasets import (
     read_exact,
     sample_lines,
 )
+from service.adapters.datasets import scanner as scanning
 
 
 def reference(data: bytes, fmt: str) -> tuple[bytes | None, list[bytes]]:
@@ -145,8 +145,8 @@ def test_line_census_matches_a_byte_by_byte_count(data: bytes, chunk: int) -> No
     data = data + b"\n"
     ends = [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
     empty = sum(1 for end in ends if end == 1 or data[end - 2] == 0x0A)
-    with mock.patch.object(datasets, "CENSUS_CHUNK", chunk):
-        census = datasets.LineCensus()
+    with mock.patch.object(scanning, "CENSUS_CHUNK", chunk):
+        census = scanning.LineCensus()
         assert census.count(data) == (len(ends), empty)
         assert census.count(memoryview(bytearray(data))) == (len(ends), empty)
         assert [census.end_of_line(data, k) for k in range(len(ends) + 1)] == [0, *ends]
@@ -167,8 +167,8 @@ def test_batches_say_whether_they_are_clean(
     """A clean batch's body is exactly its samples; others hold an empty line."""
     data = b"\n".join(lines) + b"\n"
     with (
-        mock.patch.object(datasets, "BLOCK_BYTES", block),
-        mock.patch.object(datasets, "CENSUS_CHUNK", chunk),
+        mock.patch.object(scanning, "BLOCK_BYTES", block),
+        mock.patch.object(scanning, "CENSUS_CHUNK", chunk),
     ):
         for batch in iter_batches(chunked(data, [block]), SampleScanner(fmt)):
             body = bytes(batch.body)

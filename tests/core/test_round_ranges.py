@@ -10,8 +10,8 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.adapters import datasets
 from service.adapters.blobs import BlobStore
+from service.adapters.datasets import scanner as scanning
 from service.adapters.s3 import S3Clients
 
 line_st = st.sampled_from([b"", b"\r", b"a", b"bb", b"c d", b"e\r"])
@@ -37,8 +37,8 @@ def test_round_holds_exactly_the_ranges_samples(
     expected = [s for start, end in ranges for s in samples_of(data)[start:end]]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        mock.patch.object(datasets, "BLOCK_BYTES", block),
-        mock.patch.object(datasets, "CENSUS_CHUNK", chunk),
+        mock.patch.object(scanning, "BLOCK_BYTES", block),
+        mock.patch.object(scanning, "CENSUS_CHUNK", chunk),
     ):
         source, out = Path(tmp) / "source.txt", Path(tmp) / "round" / "data.txt"
         source.write_bytes(data)

@@ -1,7 +1,8 @@
-"""One test per bug of Sedna's controller (README.md, "Sedna's bugs this fixes") that lives
+"""One test per bug of Sedna's controller (docs/lifecycle.md, "Sedna's bugs this fixes") that lives
 in the pure core.
 
-Each would fail on the seed's behaviour; the comment says what the seed did.
+Each would fail on the behaviour of Sedna's controller ("seed" below); the comment says what
+it did.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The controller waits (never crashes, never acknowledges an MQTT message it could not make
 durable), says not-ready on /readyz meanwhile, and carries on from what Redis kept once it
-is back. What each appendfsync policy may lose is in the README (Reliability, Limits):
+is back. What each appendfsync policy may lose is in docs/reliability.md (Limits):
 `always` loses nothing Redis acknowledged; `everysec` may lose about the last second of
 writes on a crash of the Redis host (this test kills redis-server only, waits out the second
 first and then expects nothing lost).

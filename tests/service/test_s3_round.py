@@ -2,7 +2,7 @@
 
 Credentials reach the controller only through the `sedna.io/credential` annotation, as Sedna
 sends them. The controller runs with its own TMPDIR, so the test also sees that uploads leave
-no temporary file behind (the seed's bug 11, S3 side).
+no temporary file behind (Sedna's bug 11, S3 side; docs/lifecycle.md).
 """
 
 from __future__ import annotations

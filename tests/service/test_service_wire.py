@@ -1,5 +1,6 @@
 """The service's wire behaviour, from outside: the HTTP worker endpoint, rejections of every
-class on both inbound topics, and the seed's bugs 11-13 (temporary files, restarts, re-reads).
+class on both inbound topics, and Sedna's bugs 11-13 (temporary files, restarts, re-reads;
+docs/lifecycle.md).
 
 Every test drives a real `lifelong serve` subprocess over a real broker and Redis.
 """
@@ -432,7 +433,7 @@ def test_hostile_http_requests_change_nothing_and_forge_no_log_line(stack: Stack
     assert forwarded(cloud, JOB) == [("train", "running")]
 
 
-# ================================================================ the seed's bugs 11-13
+# ================================================================ Sedna's bugs 11-13
 
 
 def test_bug11_no_temporary_file_survives_a_round(stack: Stack) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import Config, add_arguments, from_args
+from service.config import _SETTINGS, Config, add_arguments, from_args
 from service.core.paths import DataRoots
 from service.errors import ConfigError
 
@@ -323,3 +323,14 @@ def test_a_bad_token_file_names_the_file_not_the_token(tmp_path: Path, content: 
         Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN_FILE": str(secret)})
     assert str(secret) in str(caught.value)
     assert "weak" not in str(caught.value) and TOKEN not in str(caught.value)
+
+
+def test_every_setting_is_in_the_readmes_configuration_table() -> None:
+    """The table users read is the contract: each variable and its Sedna fallbacks are in it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| LIFELONG_")]
+    for setting in _SETTINGS:
+        row = next((r for r in rows if r.startswith(f"| {setting.env} ")), None)
+        assert row is not None, f"{setting.env} is missing from README.md's configuration table"
+        for fallback in setting.fallbacks:
+            assert fallback in row, f"{setting.env}'s fallback {fallback} is not in its row"

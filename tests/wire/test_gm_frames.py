@@ -15,11 +15,11 @@ import pytest
 from service.adapters.gm import (
     HELLO_FRAME,
     GmEndpoint,
-    GmTls,
     encode_frame,
     go_json_string,
     parse_gm_address,
 )
+from service.adapters.tls_query import TlsFiles
 from service.config import Config
 from service.errors import ConfigError
 
@@ -95,12 +95,12 @@ def test_hello_frame_is_an_empty_message_header() -> None:
         ("gm", GmEndpoint("ws://gm/")),
         ("ws://gm:9000", GmEndpoint("ws://gm:9000/")),
         ("WS://gm:9000/sedna", GmEndpoint("ws://gm:9000/sedna")),
-        ("wss://gm:443", GmEndpoint("wss://gm:443/", GmTls())),
+        ("wss://gm:443", GmEndpoint("wss://gm:443/", TlsFiles())),
         (
             "wss://gm/?ca=/etc/ca.pem&cert=/etc/tls.crt&key=/etc/tls.key&insecure=1",
-            GmEndpoint("wss://gm/", GmTls("/etc/ca.pem", "/etc/tls.crt", "/etc/tls.key", True)),
+            GmEndpoint("wss://gm/", TlsFiles("/etc/ca.pem", "/etc/tls.crt", "/etc/tls.key", True)),
         ),
-        ("wss://gm/?ca=/ca.pem&insecure=0", GmEndpoint("wss://gm/", GmTls(ca_path="/ca.pem"))),
+        ("wss://gm/?ca=/ca.pem&insecure=0", GmEndpoint("wss://gm/", TlsFiles(ca_path="/ca.pem"))),
     ],
 )
 def test_addresses_parse(address: str, expected: GmEndpoint) -> None:

@@ -35,7 +35,7 @@ _SHARED_SETTINGS = ("topic_prefix", "upstream_topic", "key_prefix")
 _DEFAULTS = config_mod.Config(node_name=EMBEDDED_NODE)
 
 SERVE_EXAMPLES = """examples:
-  lifelong serve                                  # env vars as in the README
+  lifelong serve                                  # settings: docs/configuration.md
   lifelong serve --mqtt-url mqtt://broker:1883 --redis-url redis://redis:6379/0
   lifelong serve --embedded                       # own mosquitto + redis-server on free ports
 

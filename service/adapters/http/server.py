@@ -1,37 +1,26 @@
-"""The HTTP face of the service: health, readiness, metrics and Sedna's worker report endpoint.
+"""The HTTP server plumbing: waitress, with a deadline per request and a cap on connections.
 
-Served by waitress: one event-loop thread accepts connections and reads every request in full
+waitress runs one event-loop thread that accepts connections and reads every request in full
 (headers, then the body, held in memory) before one of a few worker threads runs it, so a
 client that sends slowly costs a socket and a buffer, never a thread. On top of waitress's own
 limits this module adds a deadline per request: a request whose headers and body have not all
 arrived within `request_timeout_s` of its first byte is answered 408 and its connection closed
 (waitress alone only closes connections that stay silent, which a client trickling a byte at a
 time never does). At most `max_connections` connections are open at once; more wait in the
-kernel's accept queue.
-
-What each route means lives in the callbacks the runtime passes in; this module only speaks
-HTTP: it refuses what is not a well-formed request for a route (wrong method, a worker name
-that is not a DNS-1123 subdomain, a body that is not `application/json`, a missing or wrong
-bearer token when one is configured) before any callback sees it. Whatever a callback does,
-the client gets a short JSON reason (never a traceback) and the server keeps serving.
+kernel's accept queue. waitress's own refusals (400, 413, 431, ...) get the JSON replies every
+route gives, and the body of a request refused as too large is read and dropped, so the client
+sees the 413. The routes themselves are `service.adapters.http.routes`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import json
 import logging
-import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import unquote, urlsplit
+from typing import Any, cast
 
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
@@ -42,27 +31,22 @@ from waitress.task import ErrorTask
 from waitress.trigger import trigger as Trigger  # noqa: N812 (waitress names the class so)
 from waitress.utilities import RequestEntityTooLarge
 
+from service.adapters.http.routes import (
+    JSON,
+    App,
+    MetricsFn,
+    ReadyFn,
+    Routes,
+    WorkerInfoFn,
+    json_body,
+)
 from service.errors import ConfigError
-from service.messages import DNS_SUBDOMAIN_PATTERN
 
-if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+log = logging.getLogger("service.adapters.http")
 
-log = logging.getLogger(__name__)
-
-WORKER_PREFIX = "/sedna/workers/"
-WORKER_SUFFIX = "/info"
 DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_THREADS = 4
-_GET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
-_MAX_WORKER_NAME_CHARS = 253
-_WORKER_NAME_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
-_BAD_WORKER_NAME = (
-    "the worker name in the path must be a DNS-1123 subdomain (lowercase letters, digits, '-' "
-    f"and '.', each part starting and ending with a letter or digit, at most "
-    f"{_MAX_WORKER_NAME_CHARS} characters)"
-)
 # Request line and headers together; Sedna's worker library sends a few hundred bytes.
 _MAX_HEADER_BYTES = 16 << 10
 # An oversized body is read and dropped up to this size so the client, still sending, sees the
@@ -71,187 +55,6 @@ _DISCARD_MAX_BYTES = 16 << 20
 # How often (s) the event loop wakes to enforce deadlines; waitress takes whole seconds.
 _CHECK_INTERVAL_S = 1
 _STOP_WAIT_S = 5
-_JSON = "application/json"
-_TEXT = "text/plain; charset=utf-8"
-
-ReadyFn = Callable[[], tuple[bool, str]]
-MetricsFn = Callable[[], tuple[bytes, str]]
-WorkerInfoFn = Callable[[str, bytes], tuple[int, str]]
-
-
-@dataclass(frozen=True)
-class _Routes:
-    """The callbacks and the token a request needs."""
-
-    ready: ReadyFn
-    metrics: MetricsFn
-    worker_info: WorkerInfoFn
-    token_digest: bytes | None  # SHA-256 of the bearer token, None when none is required
-
-
-@dataclass(frozen=True)
-class _Reply:
-    status: int
-    body: bytes
-    content_type: str
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-def _json_body(status: int, message: str) -> bytes:
-    """Sedna's worker library expects `{"status": code, "message": text}`."""
-    return json.dumps({"status": status, "message": message}).encode()
-
-
-def _json_reply(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> _Reply:
-    return _Reply(status, _json_body(status, message), _JSON, headers)
-
-
-def _refuse(
-    environ: WSGIEnvironment, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
-) -> _Reply:
-    """A request refused before any callback saw it: said to the client and logged."""
-    log.info(
-        "HTTP %s refused from %s: %d %s",
-        environ.get("REQUEST_METHOD"), environ.get("REMOTE_ADDR"), status, message,
-    )  # fmt: skip
-    return _json_reply(status, message, headers)
-
-
-def _worker_segment(path: str) -> str | None:
-    """The raw `{worker}` of `/sedna/workers/{worker}/info`, or None when the path is another."""
-    if not (path.startswith(WORKER_PREFIX) and path.endswith(WORKER_SUFFIX)):
-        return None
-    segment = path[len(WORKER_PREFIX) : -len(WORKER_SUFFIX)]
-    if not segment or "/" in segment:
-        return None
-    return segment
-
-
-def _worker_name(segment: str) -> str | None:
-    """The percent-decoded worker name when it is a DNS-1123 subdomain, else None."""
-    name = unquote(segment, errors="strict") if "%" in segment else segment
-    if len(name) > _MAX_WORKER_NAME_CHARS or not _WORKER_NAME_RE.match(name):
-        return None
-    return name
-
-
-def _not_allowed(path: str) -> _Reply:
-    """405 for a known path with the wrong method, 404 for anything else."""
-    if path in _GET_ROUTES:
-        return _json_reply(
-            HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", (("Allow", "GET, HEAD"),)
-        )
-    if _worker_segment(path) is not None:
-        return _json_reply(
-            HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", (("Allow", "POST"),)
-        )
-    return _json_reply(HTTPStatus.NOT_FOUND, "not found")
-
-
-def _unauthorized(routes: _Routes, environ: WSGIEnvironment) -> _Reply | None:
-    """401 unless the request carries the configured bearer token (or none is configured)."""
-    if routes.token_digest is None:
-        return None
-    scheme, _, credentials = str(environ.get("HTTP_AUTHORIZATION", "")).strip().partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        return _refuse(
-            environ,
-            HTTPStatus.UNAUTHORIZED,
-            "bearer token required (Authorization: Bearer <token>)",
-            (("WWW-Authenticate", 'Bearer realm="lifelong"'),),
-        )
-    # Digests have one length whatever was sent, so the comparison time says nothing of it.
-    given = hashlib.sha256(credentials.strip().encode("latin-1")).digest()
-    if not hmac.compare_digest(given, routes.token_digest):
-        return _refuse(
-            environ,
-            HTTPStatus.UNAUTHORIZED,
-            "bearer token invalid",
-            (("WWW-Authenticate", 'Bearer realm="lifelong", error="invalid_token"'),),
-        )
-    return None
-
-
-def _get(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
-    if path == "/healthz":
-        return _Reply(HTTPStatus.OK, b"ok", _TEXT)
-    if path == "/readyz":
-        ready, detail = routes.ready()
-        status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
-        return _Reply(status, detail.encode(), _TEXT)
-    if path == "/metrics":
-        refusal = _unauthorized(routes, environ)
-        if refusal is not None:
-            return refusal
-        body, content_type = routes.metrics()
-        return _Reply(HTTPStatus.OK, body, content_type)
-    return _not_allowed(path)
-
-
-def _post(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
-    """The worker endpoint: token, name, then body, each checked before the next is looked at."""
-    segment = _worker_segment(path)
-    if segment is None:
-        return _not_allowed(path)
-    refusal = _unauthorized(routes, environ)
-    if refusal is not None:
-        return refusal
-    worker = _worker_name(segment)
-    if worker is None:
-        return _refuse(environ, HTTPStatus.BAD_REQUEST, _BAD_WORKER_NAME)
-    length_text = environ.get("CONTENT_LENGTH")
-    if length_text is None:
-        return _refuse(environ, HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
-    media_type = str(environ.get("CONTENT_TYPE", "")).partition(";")[0].strip().lower()
-    if media_type != _JSON:
-        reason = (
-            "Content-Type must be application/json"
-            if media_type
-            else "Content-Type application/json required"
-        )
-        return _refuse(environ, HTTPStatus.UNSUPPORTED_MEDIA_TYPE, reason)
-    body = environ["wsgi.input"].read(int(length_text))  # waitress has checked the number
-    code, message = routes.worker_info(worker, body)
-    if not 200 <= code <= 599:
-        log.error("worker_info returned HTTP code %r; answering 500", code)
-        return _json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
-    return _json_reply(code, message)
-
-
-def _refuse_other(routes: _Routes, path: str, environ: WSGIEnvironment) -> _Reply:
-    return _not_allowed(path)
-
-
-_METHODS: dict[str, Callable[[_Routes, str, WSGIEnvironment], _Reply]] = {
-    "GET": _get,
-    "HEAD": _get,
-    "POST": _post,
-}
-
-
-class _App:
-    """The WSGI application: route, answer, and never let an exception reach waitress."""
-
-    def __init__(self, routes: _Routes) -> None:
-        self._routes = routes
-
-    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        method = str(environ["REQUEST_METHOD"])
-        # The raw request target, so a percent-encoded '/' stays inside its path segment.
-        path = urlsplit(str(environ.get("REQUEST_URI", ""))).path
-        try:
-            reply = _METHODS.get(method, _refuse_other)(self._routes, path, environ)
-        except Exception:
-            log.exception("HTTP %s %s failed", method, path)
-            reply = _json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
-        log.debug("%s %s %s %d", environ.get("REMOTE_ADDR"), method, path, reply.status)
-        headers = [
-            ("Content-Type", reply.content_type),
-            ("Content-Length", str(len(reply.body))),
-            *reply.headers,
-        ]
-        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
-        return [] if method == "HEAD" else [reply.body]
 
 
 class _Parser(HTTPRequestParser):
@@ -298,9 +101,9 @@ class _ErrorTask(ErrorTask):
                 if length > limit
                 else f"body exceeds {limit} bytes"
             )
-        body = _json_body(error.code, message)
+        body = json_body(error.code, message)
         self.status = f"{error.code} {error.reason}"
-        cast(list[tuple[str, str]], self.response_headers).append(("Content-Type", _JSON))
+        cast(list[tuple[str, str]], self.response_headers).append(("Content-Type", JSON))
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body)
@@ -328,9 +131,9 @@ class _Channel(HTTPChannel):
     def time_out(self, timeout_s: float) -> None:
         """Answer 408 and close; runs on the event loop while no task owns the connection."""
         status = HTTPStatus.REQUEST_TIMEOUT
-        body = _json_body(status, f"request not received in full within {timeout_s:g} s")
+        body = json_body(status, f"request not received in full within {timeout_s:g} s")
         head = (
-            f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {_JSON}\r\n"
+            f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         )
         reply = head.encode() + body
@@ -354,7 +157,7 @@ class _Server(TcpWSGIServer):
     channel_class = _Channel
 
     def __init__(
-        self, app: _App, sock: socket.socket, adj: Adjustments, request_timeout_s: float
+        self, app: App, sock: socket.socket, adj: Adjustments, request_timeout_s: float
     ) -> None:
         self.request_timeout_s = request_timeout_s
         self.socket_map: dict[int, Any] = {}  # waitress's dispatchers, keyed by descriptor
@@ -428,8 +231,7 @@ class HttpServer:
     ) -> None:
         self._host = host
         self._port = port
-        digest = hashlib.sha256(token.encode("latin-1")).digest() if token else None
-        self._routes = _Routes(ready, metrics, worker_info, digest)
+        self._routes = Routes.of(ready, metrics, worker_info, token)
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._request_timeout_s = request_timeout_s
@@ -464,7 +266,7 @@ class HttpServer:
             expose_tracebacks=False,
             clear_untrusted_proxy_headers=True,
         )
-        server = _Server(_App(self._routes), sock, adj, self._request_timeout_s)
+        server = _Server(App(self._routes), sock, adj, self._request_timeout_s)
         self._port = int(sock.getsockname()[1])
         self._server = server
         self._thread = threading.Thread(

@@ -1,32 +1,14 @@
-"""Sedna global manager (GM) link: one websocket to the GM, spoken as Sedna's local controller.
+"""The GM link: one websocket from a node to Sedna's GM, spoken as Sedna's local controller.
 
-The protocol, as Sedna's own code has it (kubeedge/sedna: the local controller's client in
+The connection, as Sedna's own code has it (kubeedge/sedna: the local controller's client in
 ``pkg/localcontroller/gmclient/websocket.go``, the GM's server in
 ``pkg/globalmanager/messagelayer/ws/``; both on gorilla/websocket 1.5):
 
-- The local controller dials ``ws://{GM_ADDRESS}/`` (``host:port``, no scheme) with the HTTP
-  header ``Node-Name: {node}``; the GM files the connection under that node (it does not
-  refuse a request without the header: it files it under the empty name). After a failed
-  dial the local controller waits 5 s and dials again; after a connection ends it dials at
-  once.
-- Right after the handshake the local controller writes one frame holding an empty message
-  header, ``{"namespace":"","resourceKind":"","resourceName":"","operation":""}``; the GM
-  reads it as a message with an empty operation and ignores it (with a log line).
-  `HELLO_FRAME` is that frame, sent the same way here.
-- Every frame is one text message written by gorilla's ``WriteJSON``: Go's ``encoding/json``
-  encoder, so compact JSON, ``<``, ``>``, ``&``, U+2028 and U+2029 escaped as ``\\u003c``
-  and so on, and a trailing newline. The message is
-  ``{"header":{"namespace","resourceKind","resourceName","operation"},"content":...}`` where
-  ``content`` is a Go ``[]byte``: standard base64 with padding of the resource's or status's
-  JSON, ``null`` when nil. Readers use ``ReadJSON`` and so accept text or binary messages,
-  ignore unknown fields (the ``id`` we add to the header) and decode base64 leniently.
-- The GM sends ``insert`` and ``delete`` of datasets and lifelong-learning jobs (an update is
-  sent as ``insert``; the informers' resyncs, every 30-60 s by default, re-send every
-  resource); ``content`` is the whole resource, also on delete. The local controller sends
-  ``status`` frames. Nothing is acknowledged in either direction. The GM replaces a
-  dataset's status with each dataset status it reads, but appends one condition to a
-  lifelong-learning job's status per job status it reads (so one read twice shows twice,
-  and one whose ``status`` is not ready/completed/failed/waiting is logged and dropped).
+- The local controller dials the GM (`service.adapters.gm.address`) with the HTTP header
+  ``Node-Name: {node}``; the GM files the connection under that node (it does not refuse a
+  request without the header: it files it under the empty name). After a failed dial the
+  local controller waits 5 s and dials again; after a connection ends it dials at once.
+  Right after the handshake it writes `HELLO_FRAME`, and so does this link.
 - The GM keeps one outgoing queue per node name, shared by every connection of that node: a
   second connection for the same node is accepted beside the first, and each queued message
   goes to whichever connection's writer takes it first. Hence only one replica of a node may
@@ -37,7 +19,7 @@ The protocol, as Sedna's own code has it (kubeedge/sedna: the local controller's
   So this link sends websocket pings (every ``ping_interval_s``) to find a GM that died
   without closing the connection, which Sedna's local controller never notices.
 
-How this module differs from Sedna's client, on purpose: a frame that is not a valid message
+How this link differs from Sedna's client, on purpose: a frame that is not a valid message
 does not end the connection (Sedna's ``ReadJSON`` error does): every received frame goes to
 ``on_frame`` as bytes, unparsed, and the caller's decoder rejects it with a reason. Only a
 frame larger than ``max_frame_bytes`` ends the connection (close code 1009, the bytes
@@ -52,242 +34,31 @@ frame to it and waits for the write. Library errors never leave this module: the
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
-import json
 import logging
-import re
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.frames import CloseCode
 
+from service.adapters.gm.address import GmEndpoint, ssl_context
+from service.adapters.gm.frames import HELLO_FRAME, GmFrame, GmRejected, encode_frame
+from service.adapters.gm.reporting import GmObserver, LinkState, LinkStatus, NoObserver
 from service.errors import ConfigError, PermanentError
-from service.urls import redact_url
 
 log = logging.getLogger("service.gm")
 
 NODE_NAME_HEADER = "Node-Name"
-# What Sedna's local controller writes first on every connection: an empty message header.
-HELLO_FRAME = '{"namespace":"","resourceKind":"","resourceName":"","operation":""}\n'
-# The header fields of Sedna's MessageHeader, in the order Go marshals them.
-HEADER_FIELDS = ("namespace", "resourceKind", "resourceName", "operation")
 DEFAULT_REDIAL_S = 5.0
 # Far above the largest envelope the intake accepts, so an oversized resource is rejected
 # with a reason by the decoder instead of costing the connection.
 DEFAULT_MAX_FRAME_BYTES = 4 << 20
-_TLS_QUERY_KEYS = ("ca", "cert", "key", "insecure")
-_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-_FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
-
-LinkStatus = Literal["disabled", "connecting", "up", "down"]
-Direction = Literal["in", "out"]
-
-
-# --- the address -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GmTls:
-    """TLS files from a ``wss://`` URL's query (``ca=``, ``cert=``, ``key=``, ``insecure=1``).
-
-    As for the MQTT URL, ``insecure`` skips only the host name check; the certificate chain
-    is still verified (against ``ca`` or the system's trust store).
-    """
-
-    ca_path: str | None = None
-    cert_path: str | None = None
-    key_path: str | None = None
-    insecure: bool = False
-
-
-@dataclass(frozen=True)
-class GmEndpoint:
-    """Where the link dials: the websocket URL (TLS query removed) and its TLS files."""
-
-    url: str
-    tls: GmTls | None = None
-
-    @property
-    def shown(self) -> str:
-        """The URL fit for logs: a password in it masked."""
-        return redact_url(self.url)
-
-
-def _address_error(address: str, problem: str) -> ConfigError:
-    shown = redact_url(address if "://" in address else f"ws://{address}")
-    if "://" not in address:
-        shown = shown.removeprefix("ws://")
-    return ConfigError(f"GM address {shown!r}: {problem}")
-
-
-def parse_gm_address(address: str) -> GmEndpoint:
-    """Parse ``host:port`` (Sedna's GM_ADDRESS, dialed as ``ws://host:port/``) or a
-    ``ws://`` / ``wss://`` URL, whose query may name TLS files
-    (``wss://gm:443/?ca=/ca.pem&cert=/tls.crt&key=/tls.key``).
-
-    Raises `ConfigError` saying what is wrong; a password in the URL is never shown.
-    """
-    text = address.strip()
-    if not text:
-        raise _address_error(address, "empty")
-    bare = "://" not in text
-    if bare and any(c in text for c in "/?#@"):
-        raise _address_error(address, "expected host:port or a ws:// or wss:// URL")
-    try:
-        parts = urlsplit(f"ws://{text}/" if bare else text)
-        port = parts.port
-    except ValueError:
-        raise _address_error(address, "port must be a number in 1..65535") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("ws", "wss"):
-        raise _address_error(address, f"scheme {scheme!r} is not ws:// or wss://")
-    if not parts.hostname:
-        raise _address_error(address, "no host")
-    if port == 0:
-        raise _address_error(address, "port must be in 1..65535")
-    if parts.fragment:
-        raise _address_error(address, "a GM URL takes no #fragment")
-    tls = _parse_tls_query(address, parts.query, scheme == "wss")
-    url = urlunsplit((scheme, parts.netloc, parts.path or "/", "", ""))
-    return GmEndpoint(url=url, tls=tls)
-
-
-def _parse_tls_query(address: str, query: str, secure: bool) -> GmTls | None:
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError:
-        raise _address_error(address, "the query string is malformed") from None
-    options: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in _TLS_QUERY_KEYS:
-            allowed = ", ".join(_TLS_QUERY_KEYS)
-            raise _address_error(address, f"unknown query parameter {name!r} (allowed: {allowed})")
-        if name in options:
-            raise _address_error(address, f"query parameter {name!r} given twice")
-        options[name] = value
-    if not secure:
-        if options:
-            raise _address_error(address, "ca=, cert=, key= and insecure= need wss://")
-        return None
-    if ("cert" in options) != ("key" in options):
-        raise _address_error(address, "cert= and key= must be given together")
-    insecure = options.get("insecure", "").strip().lower()
-    if insecure not in _TRUE_WORDS | _FALSE_WORDS:
-        raise _address_error(address, f"insecure= must be 1 or 0, not {insecure!r}")
-    return GmTls(
-        ca_path=options.get("ca") or None,
-        cert_path=options.get("cert") or None,
-        key_path=options.get("key") or None,
-        insecure=insecure in _TRUE_WORDS,
-    )
-
-
-def _ssl_context(tls: GmTls) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_path)
-        if tls.cert_path is not None:
-            context.load_cert_chain(tls.cert_path, tls.key_path)
-    except (OSError, ssl.SSLError, ValueError) as e:
-        raise ConfigError(f"GM TLS files (ca/cert/key) could not be loaded: {e}") from e
-    if tls.insecure:
-        context.check_hostname = False
-    return context
-
-
-# --- frames ----------------------------------------------------------------------------------
-
-# Go's encoding/json escapes these in strings (HTML safety, JavaScript line terminators);
-# Python's json module leaves them alone.
-_GO_ESCAPES = str.maketrans(
-    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-)
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def go_json_string(value: str) -> str:
-    """``value`` as Go's ``encoding/json`` writes a string (Go 1.22 and later).
-
-    Both escape ``"``, ``\\``, ``\\b``, ``\\f``, ``\\n``, ``\\r``, ``\\t`` by their short forms
-    and other control characters as ``\\u00xx`` (lower-case hex), and keep other non-ASCII as
-    UTF-8; Go also escapes ``< > &`` and U+2028/U+2029, and writes ``\\ufffd`` for what is not
-    valid Unicode (a lone surrogate here).
-    """
-    text = json.dumps(value, ensure_ascii=False).translate(_GO_ESCAPES)
-    return _LONE_SURROGATE.sub(r"\\ufffd", text)
-
-
-def encode_frame(header: Mapping[str, str], content_json: bytes | None) -> str:
-    """One frame as Sedna's local controller writes it with gorilla's ``WriteJSON``.
-
-    The header's four Sedna fields come first in Go's order (a missing one as ``""``, Go's
-    zero value), then any other keys of ``header`` (``id``) in their given order, which Go
-    readers ignore. ``content_json`` goes as standard base64 with padding (Go's ``[]byte``);
-    None is Go's nil slice, ``null``. The frame ends with the newline Go's encoder adds.
-    """
-    fields = [(name, header.get(name, "")) for name in HEADER_FIELDS]
-    fields += [(name, value) for name, value in header.items() if name not in HEADER_FIELDS]
-    head = ",".join(f"{go_json_string(name)}:{go_json_string(value)}" for name, value in fields)
-    if content_json is None:
-        content = "null"
-    else:
-        content = '"' + base64.b64encode(content_json).decode("ascii") + '"'
-    return f'{{"header":{{{head}}},"content":{content}}}\n'
-
-
-@dataclass(frozen=True)
-class GmFrame:
-    """One frame received from the GM: its bytes as they came (text frames as UTF-8, never
-    decoded or checked here) and when it arrived (``time.time()``)."""
-
-    data: bytes
-    received_at: float
-
-
-@dataclass(frozen=True)
-class GmRejected:
-    """A frame the link could not take (too large: the connection was closed to drop it)."""
-
-    reason: str
-    received_at: float
-
-
-# --- the link --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """What `/readyz` and ``describe`` show of the link.
-
-    ``since`` is when ``status`` last changed (``time.time()``); ``last_error`` why the latest
-    dial failed or connection ended (kept after the link is up again, None if none has);
-    ``reconnects`` counts the times the link came back up after having been up.
-    """
-
-    status: LinkStatus
-    since: float
-    last_error: str | None = None
-    reconnects: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
-
-
-class GmObserver(Protocol):
-    """Metrics hooks; called on the link's thread (``frame("out")`` on the sender's)."""
-
-    def frame(self, direction: Direction) -> None: ...
-
-    def reconnected(self) -> None: ...
-
-    def link_up(self, up: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -315,17 +86,6 @@ class GmLinkSettings:
             raise ConfigError("GM link close_timeout_s must be >= 0 and max_frame_bytes >= 1")
 
 
-class _NoObserver:
-    def frame(self, direction: Direction) -> None:
-        pass
-
-    def reconnected(self) -> None:
-        pass
-
-    def link_up(self, up: bool) -> None:
-        pass
-
-
 class GmLink:
     """The websocket link of one node to Sedna's GM, redialled until `stop`.
 
@@ -350,9 +110,9 @@ class GmLink:
         self._node = node
         self._on_frame = on_frame
         self._on_reject = on_reject
-        self._observer: GmObserver = observer if observer is not None else _NoObserver()
+        self._observer: GmObserver = observer if observer is not None else NoObserver()
         self._settings = settings if settings is not None else GmLinkSettings()
-        self._ssl = _ssl_context(endpoint.tls) if endpoint.tls is not None else None
+        self._ssl = ssl_context(endpoint.tls) if endpoint.tls is not None else None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._state = LinkState(status="disabled", since=time.time())

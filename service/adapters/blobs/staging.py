@@ -1,0 +1,133 @@
+"""Replacing a target whole or not at all: a temporary file that becomes the target.
+
+Local targets are written to a temporary file in the target's own directory, fsynced and
+renamed onto the target, so a smaller new file never leaves old bytes behind and a symlink
+planted as the target is replaced, not written through. The directory is created and opened
+by the file access policy (``LocalFiles``), and the temporary file is created, renamed and
+removed through that directory's descriptor, never through the path again. S3 targets are
+uploaded from a temporary file. Temporary files are removed on every path; the ones a writer
+on this host left when it died mid-write (a crash: no ``finally`` ran) are swept by the next
+writer in the same directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import secrets
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+from service.adapters import s3
+from service.adapters.datasets.sources import io_errors
+from service.adapters.files import LocalFiles
+from service.adapters.s3 import S3Clients, S3CredentialLike
+
+
+class Staging:
+    """Staged writes to local paths (through ``files``) and S3 URLs (temporary files in
+    ``tmp_dir``, or the system's temporary directory)."""
+
+    def __init__(self, s3_clients: S3Clients, files: LocalFiles, tmp_dir: str | None) -> None:
+        self._s3 = s3_clients
+        self._files = files
+        self._tmp_dir = tmp_dir
+
+    @contextmanager
+    def staged(self, url: str, cred: S3CredentialLike | None) -> Iterator[BinaryIO]:
+        """A temporary file that becomes ``url`` if the block succeeds; always cleaned up."""
+        if not s3.is_s3_url(url):
+            with self._staged_local(url) as out:
+                yield out
+            return
+        context = f"writing {url}"
+        with io_errors(context):
+            directory, prefix = self._tmp_dir or tempfile.gettempdir(), "lifelong-"
+            _sweep_dead_writers(directory, prefix)
+            fd, tmp_path = tempfile.mkstemp(
+                prefix=f"{prefix}{_WRITER}~", suffix=".tmp", dir=directory
+            )
+        try:
+            with os.fdopen(fd, "wb") as out, io_errors(context):
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+            with io_errors(context):
+                self._upload(tmp_path, url, cred)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_path)
+
+    @contextmanager
+    def _staged_local(self, path: str) -> Iterator[BinaryIO]:
+        """`staged` for a local target: its directory is created and opened by the file
+        access policy, and the temporary file is created, renamed onto the target and
+        removed through that directory's descriptor, never through the path again."""
+        context = f"writing {path}"
+        directory, name = posixpath.split(path)
+        prefix = f".{name}."
+        with io_errors(context), self._files.directory(directory, create=True) as dir_fd:
+            _sweep_dead_writers(dir_fd, prefix)
+            tmp_name, fd = _create_temporary(dir_fd, prefix)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    yield out
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                os.fsync(dir_fd)  # the rename itself is durable
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_name, dir_fd=dir_fd)
+
+    def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
+        location = s3.parse_s3_url(url)
+        self._s3.client(cred).upload_file(path, location.bucket, location.key)
+
+
+#: Temporary files are named `<prefix><pid>@<host>~<random>.tmp`, so the next writer can
+#: tell a file whose writer died mid-write (a crash: no `finally` ran) from a live one.
+_WRITER = f"{os.getpid()}@{socket.gethostname()}"
+
+
+def _create_temporary(dir_fd: int, prefix: str) -> tuple[str, int]:
+    """A new file `<prefix><writer>~<random>.tmp` (mode 0600) in the directory; its name and
+    a descriptor open for writing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        name = f"{prefix}{_WRITER}~{secrets.token_hex(4)}.tmp"
+        with contextlib.suppress(FileExistsError):
+            return name, os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+def _sweep_dead_writers(directory: str | int, prefix: str) -> None:
+    """Remove temporary files left in `directory` (a path or a descriptor) by writers on
+    this host that died."""
+    host = socket.gethostname()
+    dir_fd = directory if isinstance(directory, int) else None
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            tag, sep, _ = name[len(prefix) :].partition("~")
+            pid, _, writer_host = tag.partition("@")
+            if sep and writer_host == host and pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name if dir_fd is not None else entry.path, dir_fd=dir_fd)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

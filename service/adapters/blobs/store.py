@@ -1,0 +1,127 @@
+"""The blob store: round sample files and the deploy copy, local or S3, retried.
+
+Every write lands whole or not at all (`staging`), so each call is idempotent, and the whole
+call is what is retried on transient errors, with jittered exponential backoff. Local paths
+go through ``LocalFiles``, the file access policy: sources are regular files beneath a data
+root reached without following a symlink. A model is copied only from inside the job's
+output dir (local or S3) and only up to ``max_model_bytes``. Refusals are ``Refused``:
+permanent, not retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from service.adapters.blobs.models import ModelCopier
+from service.adapters.blobs.rounds import SampleRange, ascending_runs, copy_run, round_writer
+from service.adapters.blobs.staging import Staging
+from service.adapters.datasets.scanner import DEFAULT_MAX_LINE_BYTES
+from service.adapters.datasets.sources import SourceMissing, open_source
+from service.adapters.files import LocalFiles
+from service.adapters.s3 import S3Clients, S3CredentialLike
+from service.core import paths
+from service.errors import PermanentError, Refused, TransientError
+
+T = TypeVar("T")
+#: The default cap on a model's size (``LIFELONG_MAX_MODEL_BYTES``): 4 GiB.
+DEFAULT_MAX_MODEL_BYTES = 4 << 30
+
+
+class BlobStore:
+    """Writes round files and copies models, local or S3, retrying transient failures.
+
+    ``files`` is the file access policy for local paths (default: any path outside the
+    system directories); ``max_model_bytes`` and ``max_line_bytes`` the size caps.
+    """
+
+    def __init__(
+        self,
+        s3: S3Clients,
+        *,
+        files: LocalFiles | None = None,
+        max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        attempts: int = 5,
+        max_backoff_s: float = 8.0,
+        tmp_dir: str | None = None,
+    ) -> None:
+        self._s3 = s3
+        self._files = files or LocalFiles()
+        self._max_line = max_line_bytes
+        self._staging = Staging(s3, self._files, tmp_dir)
+        self._models = ModelCopier(s3, self._files, self._staging, max_model_bytes)
+        self._retrying = Retrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_random_exponential(multiplier=min(0.25, max_backoff_s), max=max_backoff_s),
+            retry=retry_if_exception_type(TransientError),
+            reraise=True,
+        )
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        return self._retrying.copy()(fn)
+
+    def write_round(
+        self,
+        *,
+        source_url: str,
+        fmt: str,
+        ranges: Sequence[SampleRange],
+        data_url: str,
+        index_url: str | None,
+        index_prefix: str | None,
+        source_cred: S3CredentialLike | None,
+        dest_cred: S3CredentialLike | None,
+    ) -> int:
+        """Write the samples of ``ranges`` (in that order) to ``data_url``; return their count.
+
+        csv: the header line first. ``index_url`` (remote txt datasets): ``index_prefix`` then
+        the first space-separated field of each sample. Samples the source no longer has are
+        not written, so the count can fall short of the ranges; a missing source raises
+        PermanentError.
+        """
+
+        def once() -> int:
+            with round_writer(
+                self._staging,
+                fmt=fmt,
+                data_url=data_url,
+                index_url=index_url,
+                index_prefix=index_prefix,
+                cred=dest_cred,
+            ) as writer:
+                for run in ascending_runs(ranges) or [[]]:
+                    with open_source(self._s3, self._files, source_url, source_cred) as source:
+                        copy_run(
+                            source, run, writer, url=source_url, fmt=fmt, max_line=self._max_line
+                        )
+                return writer.written
+
+        return self._retry(once)
+
+    def copy_model(
+        self,
+        *,
+        src_url: str,
+        dst_url: str,
+        output_dir: str | None,
+        src_cred: S3CredentialLike | None,
+        dst_cred: S3CredentialLike | None,
+    ) -> None:
+        """Replace ``dst_url`` whole with the bytes of ``src_url``.
+
+        The source must lie in ``output_dir`` (the job's output dir, local or S3; None: a
+        caller with no job, nothing to check), be a regular file reached without a symlink
+        (local) and hold at most ``max_model_bytes``: else ``Refused``. A missing source
+        raises PermanentError naming it.
+        """
+        if src_url == dst_url:
+            return
+        if output_dir is not None and not paths.is_beneath(src_url, output_dir):
+            raise Refused(f"model {src_url} is not in the job's output dir {output_dir}")
+        try:
+            self._retry(lambda: self._models.copy(src_url, dst_url, src_cred, dst_cred))
+        except SourceMissing as e:
+            raise PermanentError(f"model {src_url} does not exist") from e

@@ -1,0 +1,217 @@
+"""Dataset and model sources: local files and S3 objects, opened for reading, errors translated.
+
+Local files are opened through ``LocalFiles`` (the file access policy): beneath a data root,
+no symlink followed, regular files only. An S3 object is read pinned to the ETag its HEAD
+returned, so a rewrite while reading fails instead of mixing two versions. A source's byte
+range is read by a `ReadInto`, which fills the caller's reused buffer. OS and boto errors
+become `BlobUnavailable` (worth retrying) or `PermanentError` (`translate_io`); a source
+that does not exist is `SourceMissing`.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import boto3.exceptions
+import botocore.exceptions
+
+from service.adapters import s3
+from service.adapters.files import LocalFiles
+from service.adapters.s3 import S3Clients, S3CredentialLike
+from service.errors import BlobUnavailable, PermanentError, ServiceError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+_PERMANENT_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EISDIR,
+        errno.ENOTDIR,
+        errno.EROFS,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+        errno.EINVAL,
+        errno.EEXIST,
+    }
+)
+BOTO_ERRORS = (
+    botocore.exceptions.BotoCoreError,
+    botocore.exceptions.ClientError,
+    boto3.exceptions.Boto3Error,
+)
+
+ReadInto = Callable[[memoryview], int]
+"""Fills a prefix of the view with the next bytes of a range; returns how many (0 at the
+end). Reading into the caller's buffer, not into new bytes objects, is what keeps big scans
+free of allocations."""
+
+
+class SourceMissing(PermanentError):
+    """The dataset or model source does not exist (yet)."""
+
+
+def translate_io(e: Exception, context: str) -> ServiceError:
+    """Map an OS or boto error to BlobUnavailable (worth retrying) or PermanentError."""
+    if isinstance(e, ServiceError):
+        return e
+    if isinstance(e, BOTO_ERRORS):
+        return s3.translate(e, context)
+    if isinstance(e, OSError):
+        reason = e.strerror or type(e).__name__
+        if e.errno in _PERMANENT_ERRNOS:
+            return PermanentError(f"{context}: {reason}")
+        return BlobUnavailable(f"{context}: {reason}")
+    return PermanentError(f"{context}: {type(e).__name__}")
+
+
+@contextmanager
+def io_errors(context: str) -> Iterator[None]:
+    """Translate OS and boto errors raised inside the block (see ``translate_io``)."""
+    try:
+        yield
+    except (OSError, *BOTO_ERRORS) as e:
+        raise translate_io(e, context) from e
+
+
+class LocalSource:
+    """An open local file, its size and identity taken from the same descriptor."""
+
+    def __init__(self, file: io.BufferedReader, context: str) -> None:
+        st = os.fstat(file.fileno())
+        self.size = st.st_size
+        self.identity = f"{st.st_dev}:{st.st_ino}"
+        self._file = file
+        self._context = context
+
+    def extents(self) -> Iterator[tuple[int, int]]:
+        """The stretches ``[start, end)`` below the size seen at open that hold data, holes
+        skipped (``SEEK_DATA``/``SEEK_HOLE``); the whole file where the file system cannot
+        tell. Read them with ``read_at``, which does not use the file's position."""
+        fd, pos = self._file.fileno(), 0
+        while pos < self.size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+                end = min(os.lseek(fd, start, os.SEEK_HOLE), self.size)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # nothing but a hole from pos on
+                    return
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise translate_io(e, self._context) from e
+                start, end = pos, self.size
+            if start >= self.size:
+                return
+            yield start, end
+            pos = end
+
+    def read_at(self, view: memoryview, offset: int) -> int:
+        """Fill a prefix of ``view`` with the bytes at ``offset``; how many (0 at the end)."""
+        with io_errors(self._context):
+            return os.preadv(self._file.fileno(), [view], offset)
+
+    @contextmanager
+    def range(self, start: int) -> Iterator[ReadInto]:
+        """Read from ``start`` up to the size seen at open (later appends wait a poll)."""
+        remaining = max(self.size - start, 0)
+        with io_errors(self._context):
+            self._file.seek(start)
+
+        def read_into(view: memoryview) -> int:
+            nonlocal remaining
+            with io_errors(self._context):
+                got = self._file.readinto(view[:remaining])
+            remaining -= got
+            return got
+
+        yield read_into
+
+
+class S3Source:
+    """An S3 object's size and ETag (from HEAD); ranges are read pinned to that ETag."""
+
+    def __init__(self, client: S3Client, url: str, context: str) -> None:
+        self._client = client
+        self._location = s3.parse_s3_url(url)
+        self._context = context
+        try:
+            head = client.head_object(Bucket=self._location.bucket, Key=self._location.key)
+        except BOTO_ERRORS as e:
+            if s3.is_not_found(e):
+                raise SourceMissing(f"{url} does not exist") from e
+            raise translate_io(e, context) from e
+        self.size = int(head["ContentLength"])
+        self.identity = ""
+        self._etag = head.get("ETag", "")
+
+    @contextmanager
+    def range(self, start: int) -> Iterator[ReadInto]:
+        """Stream ``[start, size)`` with one ranged GET (nothing at all for an empty range)."""
+        if start >= self.size:
+            yield lambda _view: 0
+            return
+        loc = self._location
+        with io_errors(self._context):
+            response = self._client.get_object(
+                Bucket=loc.bucket, Key=loc.key, Range=f"bytes={start}-{self.size - 1}",
+                IfMatch=self._etag or "*",
+            )
+        body = response["Body"]
+
+        def read_into(view: memoryview) -> int:
+            with io_errors(self._context):
+                data = body.read(len(view))
+            view[: len(data)] = data
+            return len(data)
+
+        try:
+            yield read_into
+        finally:
+            body.close()
+
+
+@contextmanager
+def open_source(
+    clients: S3Clients, files: LocalFiles, url: str, cred: S3CredentialLike | None
+) -> Iterator[LocalSource | S3Source]:
+    """Open a dataset or model source; a missing one raises ``SourceMissing``, one the file
+    access policy (``files``) forbids raises ``Refused``."""
+    context = f"reading {url}"
+    if s3.is_s3_url(url):
+        with io_errors(context):
+            client = clients.client(cred)
+        yield S3Source(client, url, context)
+        return
+    file = open_local(files, url)
+    try:
+        with io_errors(context):
+            source = LocalSource(file, context)
+        yield source
+    finally:
+        file.close()
+
+
+def open_local(files: LocalFiles, path: str) -> io.BufferedReader:
+    """The regular file ``path`` opened for reading by the file access policy."""
+    try:
+        fd = files.open_regular(path)
+    except FileNotFoundError as e:
+        raise SourceMissing(f"{path} does not exist") from e
+    except OSError as e:
+        raise translate_io(e, f"reading {path}") from e
+    return os.fdopen(fd, "rb")
+
+
+def read_exact(read_into: ReadInto, n: int) -> bytes:
+    """Up to ``n`` bytes, fewer only when the range ends first."""
+    view = memoryview(bytearray(n))
+    got = 0
+    while got < n and (part := read_into(view[got:])):
+        got += part
+    return bytes(view[:got])

@@ -1,0 +1,164 @@
+"""One paho-mqtt 2.x client object: made for our settings, started, and stopped for good.
+
+paho fixes the protocol per client object, so `MqttClient` makes a new one when it falls
+back to 3.1.1; everything here is what such an object needs whatever the protocol:
+
+- ``suppress_exceptions``: a raising callback would otherwise end paho's network thread.
+- An unbounded queue: publishing while disconnected keeps QoS 1 messages until the next
+  CONNACK.
+- Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
+  3.1.1 the clean session flag is fixed when the object is made.
+- `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
+  id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
+  DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
+  code 0x04 under MQTT 5; under 3.1.1 (which has no such code) the socket is closed without
+  DISCONNECT.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from typing import Any, cast
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from service.adapters.mqtt.settings import MqttSettings
+from service.adapters.mqtt.url import MqttEndpoint
+from service.errors import ConfigError
+
+log = logging.getLogger("service.mqtt")
+
+_QOS_WILL = 1
+# MQTT 5 reason code of a DISCONNECT asking the broker to publish the will (spec, 2.4).
+DISCONNECT_WITH_WILL = 0x04
+
+
+def new_client(
+    settings: MqttSettings, endpoint: MqttEndpoint, protocol: MQTTProtocolVersion
+) -> paho.Client:
+    """A paho client speaking ``protocol``, with credentials, TLS and will set; no callbacks."""
+    clean_session = None if protocol == MQTTProtocolVersion.MQTTv5 else settings.clean_start
+    client = paho.Client(
+        callback_api_version=CallbackAPIVersion.VERSION2,
+        client_id=settings.client_id,
+        clean_session=clean_session,
+        protocol=protocol,
+        manual_ack=settings.manual_ack,
+    )
+    client.suppress_exceptions = True
+    client.max_queued_messages_set(0)
+    client.connect_timeout = settings.connect_timeout_s
+    set_reconnect_delay(client, settings.reconnect_min_s, settings.reconnect_max_s)
+    _configure_auth(client, endpoint)
+    if settings.will is not None:
+        will_topic, will_payload, will_retain = settings.will
+        try:
+            client.will_set(will_topic, will_payload, qos=_QOS_WILL, retain=will_retain)
+        except ValueError as e:
+            raise ConfigError(f"MQTT will on {will_topic!r} is invalid: {e}") from e
+    return client
+
+
+def set_reconnect_delay(client: paho.Client, first_s: float, max_s: float) -> None:
+    """paho waits ``first_s`` before the next reconnect, doubling on each failed one up to
+    ``max_s`` (or ``first_s`` if that is longer)."""
+    longest_s = max(first_s, max_s)
+    # paho annotates the delays as int but computes with them as floats.
+    client.reconnect_delay_set(cast(int, first_s), cast(int, longest_s))
+
+
+def _configure_auth(client: paho.Client, endpoint: MqttEndpoint) -> None:
+    if endpoint.username is not None:
+        client.username_pw_set(endpoint.username, endpoint.password)
+    if not endpoint.tls:
+        return
+    tls = endpoint.tls_options
+    try:
+        client.tls_set(ca_certs=tls.ca_path, certfile=tls.cert_path, keyfile=tls.key_path)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        raise ConfigError(f"MQTT TLS files (ca/cert/key) could not be loaded: {e}") from e
+    if tls.insecure:
+        client.tls_insecure_set(True)
+
+
+def _connect_properties(settings: MqttSettings, protocol: MQTTProtocolVersion) -> Properties | None:
+    if protocol != MQTTProtocolVersion.MQTTv5 or settings.session_expiry_s <= 0:
+        return None
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.SessionExpiryInterval = settings.session_expiry_s
+    return properties
+
+
+def connect_in_background(
+    client: paho.Client,
+    settings: MqttSettings,
+    endpoint: MqttEndpoint,
+    protocol: MQTTProtocolVersion,
+) -> None:
+    """connect_async + loop_start: paho's thread connects and retries on its own."""
+    clean_start: paho.CleanStartOption = (
+        settings.clean_start
+        if protocol == MQTTProtocolVersion.MQTTv5
+        else paho.MQTT_CLEAN_START_FIRST_ONLY
+    )
+    client.connect_async(
+        endpoint.host,
+        endpoint.port,
+        keepalive=settings.keepalive_s,
+        clean_start=clean_start,
+        properties=_connect_properties(settings, protocol),
+    )
+    client.loop_start()
+
+
+def move_queued_publishes(old: paho.Client, new: paho.Client) -> list[tuple[int, int]]:
+    """Publish on ``new`` what ``old`` still holds queued; return each message's packet id on
+    ``old`` with its new one (``new`` numbers its messages afresh). QoS 0 messages, which
+    paho drops while disconnected, are not queued and do not move."""
+    return [
+        (
+            message.mid,
+            new.publish(message.topic, message.payload, qos=message.qos, retain=message.retain).mid,
+        )
+        for message in old.drop_out_messages()
+    ]
+
+
+def shut_down(
+    client: paho.Client, protocol: MQTTProtocolVersion, timeout_s: float, send_will: bool
+) -> None:
+    """Disconnect (see the module docstring for ``send_will``) and end paho's thread, so
+    the client never reconnects; waits up to ``timeout_s`` for the thread."""
+    if not send_will:
+        client.disconnect()
+    elif protocol == MQTTProtocolVersion.MQTTv5:
+        client.disconnect(
+            reasoncode=ReasonCode(PacketTypes.DISCONNECT, identifier=DISCONNECT_WITH_WILL)
+        )
+    # loop_stop sets paho's terminate flag first: no reconnect after this point.
+    stopper = threading.Thread(target=client.loop_stop, name="mqtt-stop", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if stopper.is_alive():
+        log.warning("MQTT network thread did not end within %.1fs", timeout_s)
+    sock = client.socket()
+    if sock is not None:
+        # The loop ended while a (re)connect was in flight, or 3.1.1 with send_will:
+        # closing without DISCONNECT is what makes the broker publish the will.
+        if not send_will and client.is_connected():
+            client.disconnect()
+            client.loop_write()
+        _close_quietly(sock)
+
+
+def _close_quietly(sock: Any) -> None:
+    try:
+        sock.close()
+    except OSError as e:
+        log.debug("closing MQTT socket: %s", e)
