@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import baselines, files, idle, lifecycle, replicated
+from bench import baselines, decode, files, idle, lifecycle, replicated
 from bench.common import Controller, Result, Stack, scratch, sentinel_stack, stack
 from bench.report import markdown_table, text_table
 
@@ -58,7 +58,7 @@ FULL = Sizes(
     idle_window_s=60,
     failover_trials=20,
 )
-SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel")
+SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel", "decode")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -165,6 +165,9 @@ def run(args: argparse.Namespace) -> list[Result]:
                 lambda s: replicated.failover(s, trials=sizes.failover_trials),
                 sentinel_replicas=2,
             )
+        if "decode" in wanted:  # in this process: no servers
+            print("[bench] decode...", file=sys.stderr, flush=True)
+            results.extend(decode.decode_cost())
     return results
 
 

@@ -13,20 +13,28 @@ from __future__ import annotations
 from typing import Literal
 
 #: Why a message or an event was refused: the label of the rejections counter. Intake codes
-#: come from decoding; `unknown_job`, `immutable_field` and `rollback_refused` from the
-#: lifecycle.
+#: come from decoding (`too_many`: a count cap of a free-form field); `unknown_job`,
+#: `immutable_field`, `rollback_refused`, `foreign_worker` (a report from a worker not named
+#: for the job), `outside_round` (a report's model outside the current round's output dir)
+#: and `output_dir_taken` (another job already writes to that outputDir) from the lifecycle;
+#: `quarantined` when the job's stored state cannot be decoded.
 RejectCode = Literal[
     "invalid",
     "invalid_json",
     "invalid_utf8",
     "too_large",
     "too_deep",
+    "too_many",
     "name_mismatch",
     "unknown_topic",
     "unknown_job",
     "immutable_field",
     "rollback_refused",
     "path_refused",
+    "foreign_worker",
+    "outside_round",
+    "output_dir_taken",
+    "quarantined",
 ]
 
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from service.core.paths import canonical_dir
+
 NUM_SHARDS = 16
 DEFAULT_PREFIX = "lifelong"
 
@@ -131,6 +133,10 @@ class Keys:
     def fence(self, shard: int) -> str:
         return f"{self._shard(shard)}:fence"
 
+    def broken(self, shard: int) -> str:
+        """Quarantine marks of the shard's resources: a hash rkey -> mark."""
+        return f"{self._shard(shard)}:broken"
+
     def seen(self, shard: int, dedupe: str) -> str:
         """Dedupe marker; the caller's key is digested so any string is a safe key part."""
         return f"{self._shard(shard)}:seen:{_digest(dedupe)}"
@@ -167,6 +173,11 @@ class Keys:
     def gm_link(self) -> str:
         """What the GM link's holder last said of the link (a JSON value with a TTL)."""
         return f"{self.prefix}:gm-link"
+
+    def output_claim(self, output_dir: str) -> str:
+        """Which job writes to an outputDir (its canonical spelling, digested): one key per
+        outputDir, in a slot of its own."""
+        return f"{self.prefix}:claim:{_digest(canonical_dir(output_dir))}"
 
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"

@@ -14,22 +14,48 @@ Constraints live in the types (``Annotated[..., Meta(...)]``) so the JSON Schema
 import base64
 import binascii
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import accumulate
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+import numpy as np
 
+from service import masking
 from service.errors import InvalidMessage, RejectCode
-from service.logs import redact
 
+# --- limits -----------------------------------------------------------------------------------
+# Every inbound message, before it is parsed. What parsing costs is mostly one allocation per
+# array or object (and the garbage collector's walks over them), then a little per value: the
+# caps below keep the worst message under the size limit to milliseconds of CPU (bench
+# figure 9: ~17 ms, where a 1 MiB report of 62-deep lists cost 0.5-1.3 s, twice).
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NESTING_DEPTH = 64
+#: Arrays and objects in one message (a Sedna job has about a hundred, a report a few).
+MAX_CONTAINERS = 10_000
+#: Values in one message, counted as the commas between them (a report with two models and
+#: a few 1,000-number metric lists has a few thousand).
+MAX_VALUES = 100_000
+# Free-form fields, each within the message's caps and with caps of its own, because they are
+# kept, stored or passed on to others.
+#: A report's `ownerInfo`: forwarded upstream with every status of the job it reports.
+MAX_OWNER_INFO_BYTES = 64 * 1024
+MAX_OWNER_INFO_DEPTH = 8
+#: A report's `results`: each a free-form object (a model is `{format, url, metrics}`).
+MAX_RESULTS = 100
+MAX_RESULT_DEPTH = 8
+#: The numbers in one list of a result's `metrics` (name -> list of numbers).
+MAX_METRIC_VALUES = 1000
+#: A pod template (`trainSpec`, `evalSpec`, `deploySpec`): stored and passed on, never read.
+MAX_TEMPLATE_BYTES = 256 * 1024
+MAX_TEMPLATE_DEPTH = 32
+#: A resource's annotations together, keys and values: Kubernetes's own limit.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
 REJECTION_PAYLOAD_BYTES = 4096
+#: The longest path or URL (outputDir, dataset url, a model's url).
+MAX_URL_CHARS = 4096
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
 SEDNA_API_VERSION = "sedna.io/v1alpha1"
 
@@ -83,7 +109,7 @@ StorageUrl = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=4096,
+        max_length=MAX_URL_CHARS,
         pattern=STORAGE_URL_PATTERN,
         description="s3://bucket/key or an absolute local path without '..' segments",
     ),
@@ -269,17 +295,39 @@ class Model(_Wire, frozen=True, kw_only=True):
     metrics: dict[str, Any] | None = None
 
 
+#: A JSON object kept as its text: validated once, at intake, then passed on as it came.
+JsonObject = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]
+
+
 class WorkerMessage(_Wire, frozen=True, kw_only=True):
-    """Sedna's worker report; `results` stays raw so a malformed one cannot fail decoding."""
+    """Sedna's worker report; `results` stays raw so a malformed one cannot fail decoding,
+    and `ownerInfo` may be null (a Go nil map), which reads as empty."""
 
     name: DnsSubdomain
     namespace: DnsLabel
     owner_name: DnsSubdomain
     owner_kind: OwnerKind
-    owner_info: dict[str, Any] = {}
+    owner_info: JsonObject | None = None
     kind: WorkerKind
     status: WorkerStatus
     results: list[dict[str, Any]] = []
+
+
+_JSON_NULL = msgspec.Raw(b"null")
+
+
+class _WorkerWire(_Wire, frozen=True, kw_only=True):
+    """What `decode_worker_message` parses: the free-form fields kept as text until their
+    caps are checked (`ownerInfo` for good)."""
+
+    name: DnsSubdomain
+    namespace: DnsLabel
+    owner_name: DnsSubdomain
+    owner_kind: OwnerKind
+    owner_info: msgspec.Raw = _JSON_NULL
+    kind: WorkerKind
+    status: WorkerStatus
+    results: msgspec.Raw = _JSON_NULL
 
 
 # --- upstream ---------------------------------------------------------------------------------
@@ -312,7 +360,7 @@ class JobOutput(_Wire, frozen=True, kw_only=True):
     """A worker's results and owner info, forwarded upstream as reported."""
 
     models: list[dict[str, Any]]
-    owner_info: dict[str, Any]
+    owner_info: JsonObject
 
 
 class GateResult(_Wire, frozen=True, kw_only=True):
@@ -532,76 +580,101 @@ def rfc3339_utc(moment: datetime) -> str:
     return aware.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-_SECRET_HINT = re.compile(rb"(?i)secret|access_key|password")
-# A JSON string value that is all base64, possibly cut short by the 4 KiB head: how Sedna's
-# GM sends a resource (`content`), so a credential may hide inside it.
-_BASE64_STRING = re.compile(rb'"([A-Za-z0-9+/]{16,}={0,2})(?="|\Z)')
-
-
-def _redact_base64_strings(head: bytes) -> bytes:
-    """Re-encode, masked, every base64 string value whose decoded text names a secret."""
-
-    def masked(match: re.Match[bytes]) -> bytes:
-        encoded = match[1]
-        try:  # a cut-short tail (len % 4 != 0) is dropped: it could only show secret bytes
-            decoded = base64.b64decode(encoded[: len(encoded) // 4 * 4], validate=True)
-        except binascii.Error:
-            return match[0]
-        if not _SECRET_HINT.search(decoded):
-            return match[0]
-        return b'"' + base64.b64encode(redact(decoded.decode("utf-8", "replace")).encode())
-
-    return _BASE64_STRING.sub(masked, head)
-
-
 def make_rejection(topic: str, reason: str, payload: bytes, received_at: datetime) -> Rejection:
     """The errors-topic record of a refused message (first 4 KiB of it, base64).
 
-    Secret-named values (the `sedna.io/credential` annotation's keys) are masked first, in
-    plain JSON and inside base64 content alike: a refused resource must not carry its
-    credential onto the errors topic.
+    Credentials are masked by structure (`service.masking`) in the first 4 KiB, cut off or
+    not, and in the reason; the masked text is cut to 4 KiB again (masking may lengthen it),
+    which can only drop masked text: a refused resource never carries its credential onto
+    the errors topic, the dead-letter stream or a log line.
     """
-    head = _redact_base64_strings(bytes(payload[:REJECTION_PAYLOAD_BYTES]))
-    if _SECRET_HINT.search(head):
-        head = redact(head.decode("utf-8", "replace")).encode()
+    head = masking.mask_bytes(bytes(payload[:REJECTION_PAYLOAD_BYTES]))
     return Rejection(
         topic=topic,
-        reason=redact(reason),
-        payload=base64.b64encode(head).decode("ascii"),
+        reason=masking.mask(reason),
+        payload=base64.b64encode(head[:REJECTION_PAYLOAD_BYTES]).decode("ascii"),
         received_at=rfc3339_utc(received_at),
     )
 
 
 # --- decoding: bytes to a JSON object ---------------------------------------------------------
 
-# A string, or an unterminated one running to the end: every match succeeds once started, so
-# the scan stays linear even on adversarial input like `"\"\"\"...` with no closing quote.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_BRACKET_DELTA = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# +1 for an opening bracket, -1 for a closing one, 0 for any other byte
+_BRACKET_DELTA = np.zeros(256, dtype=np.int8)
+_BRACKET_DELTA[[ord("["), ord("{")]] = 1
+_BRACKET_DELTA[[ord("]"), ord("}")]] = -1
+_STRUCTURAL = np.zeros(256, dtype=bool)
+_STRUCTURAL[[ord(c) for c in '"[]{},']] = True
 
 
-def decode_json_object(data: bytes, path: str = "$") -> dict[str, Any]:
-    """Parse bytes into a JSON object, refusing oversize or too deeply nested input.
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a JSON text holds outside its strings: the deepest nesting, how many arrays and
+    objects, and how many commas (one fewer than the values, per array or object)."""
 
-    Deep nesting is refused before parsing: msgspec would raise RecursionError, and code
-    walking the result could too.
+    depth: int
+    containers: int
+    commas: int
+
+
+def shape(data: bytes, *, depth_bound: int = MAX_NESTING_DEPTH) -> Shape:
+    """The shape of a JSON text, found without parsing it, in a few vectorised passes.
+
+    Brackets and commas inside strings do not count (an escaped quote does not end a
+    string). On text that is not JSON the figures are those of its longest valid prefix,
+    which is as far as a parser gets before refusing it. A text
+    with at most `depth_bound` brackets and at most `MAX_VALUES` commas is answered from
+    two counts: upper bounds, and already within every cap that bound is compared with.
     """
-    data = bytes(data)
+    opened = data.count(b"[") + data.count(b"{")
+    commas = data.count(b",")
+    if opened <= depth_bound and commas <= MAX_VALUES:
+        return Shape(depth=opened, containers=opened, commas=commas)
+    if b"\\" in data:  # drop escaped backslashes, then escaped quotes: no quote is escaped
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    codes = np.frombuffer(data, dtype=np.uint8)
+    marks = codes[_STRUCTURAL[codes]]  # quotes, brackets and commas, in order
+    outside = (np.cumsum(marks == ord('"'), dtype=np.int32) & 1) == 0
+    delta = _BRACKET_DELTA[marks] * outside
+    depth = np.cumsum(delta, dtype=np.int32)
+    return Shape(
+        depth=int(depth.max(initial=0)),
+        containers=int(np.count_nonzero(delta == 1)),
+        commas=int(np.count_nonzero((marks == ord(",")) & outside)),
+    )
+
+
+def check_shape(data: bytes, path: str = "$") -> None:
+    """Refuse a message over the size limit, nested too deeply, or holding more arrays,
+    objects or values than `MAX_CONTAINERS` / `MAX_VALUES`, before it is parsed."""
     if len(data) > MAX_PAYLOAD_BYTES:
         raise InvalidMessage(
             f"payload too large: {len(data)} bytes > {MAX_PAYLOAD_BYTES}", path, code="too_large"
         )
-    if _nesting_depth(data) > MAX_NESTING_DEPTH:
+    found = shape(data)
+    if found.depth > MAX_NESTING_DEPTH:
         raise InvalidMessage(
             f"nesting deeper than {MAX_NESTING_DEPTH} levels", path, code="too_deep"
         )
+    if found.containers > MAX_CONTAINERS:
+        reason = f"more than {MAX_CONTAINERS} arrays and objects ({found.containers})"
+        raise InvalidMessage(reason, path, code="too_many")
+    if found.commas > MAX_VALUES:
+        raise InvalidMessage(f"more than {MAX_VALUES} values", path, code="too_many")
+
+
+def decode_json_object(data: bytes, path: str = "$") -> dict[str, Any]:
+    """Parse bytes into a JSON object, refusing oversize, too deeply nested or too crowded
+    input (`check_shape`) before parsing: msgspec would raise RecursionError on deep
+    nesting, and code walking the result could too."""
+    data = bytes(data)
+    check_shape(data, path)
     try:
         obj = msgspec.json.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
-        code: RejectCode = "invalid_utf8" if "utf-8" in str(e).lower() else "invalid_json"
-        raise InvalidMessage(f"not valid JSON: {e}", path, code=code) from None
+        raise _not_json(e, path) from None
     if not isinstance(obj, dict):
         raise InvalidMessage(
             f"expected a JSON object, got {_json_type(obj)}", path, code="invalid_json"
@@ -609,24 +682,21 @@ def decode_json_object(data: bytes, path: str = "$") -> dict[str, Any]:
     return obj
 
 
-def _nesting_depth(data: bytes) -> int:
-    """Bracket depth outside strings, found without parsing (an upper bound when small)."""
-    opened = data.count(b"[") + data.count(b"{")
-    if opened <= MAX_NESTING_DEPTH:
-        return opened  # brackets inside strings included: still an upper bound, and small
-    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    opened = brackets.count(b"[") + brackets.count(b"{")
-    if opened <= MAX_NESTING_DEPTH:
-        return opened  # an upper bound, and already small enough
-    return max(accumulate(_BRACKET_DELTA[b] for b in brackets), default=0)
+def _not_json(error: Exception, path: str) -> InvalidMessage:
+    code: RejectCode = "invalid_utf8" if "utf-8" in str(error).lower() else "invalid_json"
+    return InvalidMessage(f"not valid JSON: {error}", path, code=code)
 
 
 def _check_integers(obj: object, path: str = "$") -> None:
     """Refuse integers beyond 64 bits: msgpack, which the state store may use, cannot hold
     them, and a resource that cannot be stored must not get past the door.
 
-    A plain walk first; only a message that holds such an integer pays for the paths."""
-    if not _has_big_integer(obj):
+    A value without a run of 19 digits in its JSON text holds no such integer (2**63 has 19
+    digits); that search costs a millisecond per MiB where a walk costs a hundred. Only a
+    message that holds a long number pays for the walk, and only one holding a big integer
+    for the paths."""
+    digits = _ENCODER.encode(obj).translate(_DIGITS_AS_ZERO)
+    if digits.find(b"0" * 19) < 0 or not _has_big_integer(obj):
         return
     for value, where in _walk(obj, path):
         if isinstance(value, int) and not _INT64_MIN <= value <= _UINT64_MAX:
@@ -814,14 +884,31 @@ def _resource_object(obj: dict[str, Any], type_: type[R]) -> R:
     _check_integers(obj)
     if resource.kind.lower() != type_.__name__.lower():
         raise InvalidMessage(f"{_quoted(resource.kind)} is not {type_.__name__}", "$.kind")
+    _check_annotations(resource.metadata)
     if isinstance(resource, LifelongLearningJob):
         spec = resource.spec
+        for name, template in (
+            ("trainSpec", spec.train_spec.template),
+            ("evalSpec", spec.eval_spec.template),
+            ("deploySpec", spec.deploy_spec.template),
+        ):
+            text = _ENCODER.encode(template)
+            path = f"$.spec.{name}.template"
+            _check_free_form(text, path, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH)
         _check_condition(spec.train_spec.trigger.condition, "$.spec.trainSpec.trigger.condition")
         deploy = spec.deploy_spec.trigger
         if deploy is not None:
             _check_condition(deploy.condition, "$.spec.deploySpec.trigger.condition")
     credential_of(resource.metadata)
     return resource
+
+
+def _check_annotations(metadata: ObjectMeta) -> None:
+    annotations = metadata.annotations.items()
+    size = sum(len(f"{k}{v}".encode("utf-8", "surrogatepass")) for k, v in annotations)
+    if size > MAX_ANNOTATIONS_BYTES:
+        reason = f"larger than {MAX_ANNOTATIONS_BYTES} bytes together ({size})"
+        raise InvalidMessage(reason, "$.metadata.annotations", code="too_large")
 
 
 def _check_condition(condition: Condition | None, path: str) -> None:
@@ -863,15 +950,72 @@ def decode_worker_message(data: bytes) -> WorkerMessage:
 
     `results` and `ownerInfo` of null (a Go nil) read as empty, and results that are not
     objects are dropped: a malformed report must still move the job on ("no usable model"),
-    not be refused and leave the job waiting for a worker that has finished.
+    not be refused and leave the job waiting for a worker that has finished. The message is
+    parsed once, straight into its type: `ownerInfo` is checked (an object, within its caps)
+    and kept as its JSON text, never turned into Python values.
     """
-    obj = decode_json_object(data)
-    if obj.get("ownerInfo", {}) is None:
-        obj["ownerInfo"] = {}
-    results = obj.get("results")
-    obj["results"] = (
-        [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+    data = bytes(data)
+    check_shape(data)
+    try:
+        wire = msgspec.json.decode(data, type=_WorkerWire)
+    except msgspec.ValidationError as e:
+        raise _invalid(e) from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise _not_json(e, "$") from None
+    owner_info: msgspec.Raw | None = wire.owner_info
+    if bytes(wire.owner_info) == b"null":
+        owner_info = None
+    else:
+        _check_free_form(
+            wire.owner_info, "$.ownerInfo", MAX_OWNER_INFO_BYTES, MAX_OWNER_INFO_DEPTH, obj=True
+        )
+    results = []
+    if bytes(wire.results).startswith(b"["):  # anything else: no results, as a Go nil
+        results = _results(msgspec.json.decode(wire.results, type=list[msgspec.Raw]))
+    return WorkerMessage(
+        name=wire.name,
+        namespace=wire.namespace,
+        owner_name=wire.owner_name,
+        owner_kind=wire.owner_kind.lower(),
+        owner_info=owner_info,
+        kind=wire.kind,
+        status=wire.status,
+        results=results,
     )
-    message = _convert(obj, WorkerMessage)
-    _check_integers(obj)
-    return msgspec.structs.replace(message, owner_kind=message.owner_kind.lower())
+
+
+def _results(raw: list[msgspec.Raw]) -> list[dict[str, Any]]:
+    """The results that are objects, each within its caps."""
+    if len(raw) > MAX_RESULTS:
+        reason = f"more than {MAX_RESULTS} results ({len(raw)})"
+        raise InvalidMessage(reason, "$.results", code="too_many")
+    results = []
+    for i, text in enumerate(raw):
+        path = f"$.results[{i}]"
+        _check_free_form(text, path, MAX_PAYLOAD_BYTES, MAX_RESULT_DEPTH)
+        result = msgspec.json.decode(text)
+        if not isinstance(result, dict):
+            continue
+        _check_integers(result, path)
+        metrics = result.get("metrics")
+        if isinstance(metrics, dict):
+            for name, values in metrics.items():
+                if isinstance(values, list) and len(values) > MAX_METRIC_VALUES:
+                    reason = f"more than {MAX_METRIC_VALUES} numbers ({len(values)})"
+                    raise InvalidMessage(reason, f"{path}.metrics.{name}", code="too_many")
+        results.append(result)
+    return results
+
+
+def _check_free_form(
+    text: bytes | msgspec.Raw, path: str, max_bytes: int, max_depth: int, *, obj: bool = False
+) -> None:
+    """A free-form field's own caps: its encoded size and its nesting below the field."""
+    raw = bytes(text)
+    if obj and not raw.startswith(b"{"):
+        raise InvalidMessage("Expected `object`", path)
+    if len(raw) > max_bytes:
+        reason = f"larger than {max_bytes} bytes ({len(raw)})"
+        raise InvalidMessage(reason, path, code="too_large")
+    if shape(raw, depth_bound=max_depth).depth > max_depth:
+        raise InvalidMessage(f"nesting deeper than {max_depth} levels", path, code="too_deep")

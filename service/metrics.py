@@ -64,6 +64,19 @@ class Metrics:
             ["namespace", "name"],
             registry=self.registry,
         )
+        self.quarantined = Gauge(
+            "lifelong_quarantined_resources",
+            "Resources quarantined on the shards this replica holds: their stored state or "
+            "an ingress entry could not be decoded (see the dead-letter stream).",
+            registry=self.registry,
+        )
+        self.quarantined_entries = Counter(
+            "lifelong_quarantined_entries",
+            "Ingress entries set aside on the dead-letter stream by a quarantine, by cause "
+            "(state: the resource's state cannot be decoded; entry: the entry cannot).",
+            ["cause"],
+            registry=self.registry,
+        )
         self.dataset_unreadable = Gauge(
             "lifelong_dataset_unreadable",
             "1 for each dataset whose source cannot be read now (missing, permission, S3 "

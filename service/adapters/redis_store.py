@@ -86,6 +86,8 @@ _SCRIPT_NAMES = (
     "acquire",
     "renew",
     "release",
+    "quarantine",
+    "claim",
 )
 
 
@@ -132,12 +134,25 @@ class Commit:
     gm: tuple[tuple[str, bytes], ...] = ()
     #: records of the job's rounds that ended, for its capped round history
     rounds: tuple[bytes, ...] = ()
+    clear_mark: bool = False  # the resource's quarantine ended
 
     def __post_init__(self) -> None:
         if self.delete and (self.state is not None or self.keep_state):
             raise ValueError(f"{self.rkey}: delete takes neither state nor keep_state")
         if not self.delete and not self.keep_state and self.state is None:
             raise ValueError(f"{self.rkey}: state is None without delete or keep_state")
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Entries taken out of the ingress (their records dead-lettered by the caller) and,
+    unless ``rkey`` is None (entries of no known resource), the resource's quarantine mark
+    set (``mark``) and a retry timer (``retry_at_ms``) set; applied all-or-nothing."""
+
+    rkey: str | None
+    ack_ids: tuple[str, ...]
+    mark: bytes | None = None
+    retry_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -521,7 +536,7 @@ class RedisStore:
         return list(records)
 
     def commit(
-        self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
+        self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
     ) -> list[list[list[str]] | LeaseLost]:
         """Apply (shard, token, commits) batches, every shard's in one round trip.
 
@@ -539,30 +554,86 @@ class RedisStore:
         Per batch, in order: the outbox stream ids of each commit's entries (for
         ``outbox_done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
         by its token. With replicas required, returns only once they hold every commit,
-        else raises ``StoreUnavailable`` (the commits' fate then unknown to the caller).
+        else raises ``StoreUnavailable`` (the commits' fate then unknown to the caller). A
+        ``Quarantine`` has no outbox entries (its ids are empty); a commit that clears its
+        resource's mark runs the quarantine script after the commit script, in the same
+        transaction (same shard, same slot).
         """
         calls: list[_Call] = []
         spans: list[tuple[int, int]] = []
+        firsts: list[list[int]] = []  # per batch, the call index of each commit's reply
         for shard, token, commits in batches:
             for c in commits:
-                if shard_of(c.rkey) != shard:
+                if c.rkey is not None and shard_of(c.rkey) != shard:
                     raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
-            start = len(calls)
-            calls.extend(self._commit_call(shard, token, c) for c in commits)
+            start, first = len(calls), []
+            for c in commits:
+                first.append(len(calls))
+                calls.extend(self._commit_calls(shard, token, c))
             spans.append((start, len(calls)))
+            firsts.append([i - start for i in first])
         if not calls:
             return [[] for _ in batches]
         results = self._eval_raw(calls, what="commit", atomic=True, confirm=self._confirm)
         outcomes: list[list[list[str]] | LeaseLost] = []
         with _store_errors("commit"):
-            for start, end in spans:
+            for (start, end), first in zip(spans, firsts, strict=True):
                 try:
                     replies = [_checked(r) for r in results[start:end]]
                 except LeaseLost as e:
                     outcomes.append(e)
                     continue
-                outcomes.append([[_text(stream_id) for stream_id in ids] for ids in replies])
+                outcomes.append(
+                    [
+                        [_text(stream_id) for stream_id in replies[i]]
+                        if isinstance(replies[i], list)
+                        else []
+                        for i in first
+                    ]
+                )
         return outcomes
+
+    def _commit_calls(self, shard: int, token: str, c: Commit | Quarantine) -> list[_Call]:
+        if isinstance(c, Quarantine):
+            return [self._quarantine_call(shard, token, c)]
+        calls = [self._commit_call(shard, token, c)]
+        if c.clear_mark:
+            calls.append(self._quarantine_call(shard, token, Quarantine(c.rkey, ()), clear=True))
+        return calls
+
+    def _quarantine_call(
+        self, shard: int, token: str, q: Quarantine, *, clear: bool = False
+    ) -> _Call:
+        k = self.keys
+        keys = (k.lease(shard), k.broken(shard), k.ingress(shard), k.timers(shard))
+        mode = "clear" if clear else "set" if q.mark is not None else ""
+        retry = "" if q.retry_at_ms is None else str(q.retry_at_ms)
+        args: tuple[bytes | str, ...] = (
+            token, INGRESS_GROUP, q.rkey or "", mode, q.mark or b"", retry, *q.ack_ids,
+        )  # fmt: skip
+        return _Call(self._scripts["quarantine"], keys, args)
+
+    def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
+        """Per shard, the quarantine mark of each quarantined resource, in one round trip."""
+        if not shards:
+            return {}
+        keys = [self.keys.broken(shard) for shard in shards]
+        replies = self._run([Routed(k, ("HGETALL", k)) for k in keys], what="quarantine_marks")
+        return {
+            shard: {_text(rkey): mark for rkey, mark in _fields(flat).items()}
+            for shard, flat in zip(shards, replies, strict=True)
+        }
+
+    def quarantined(self) -> dict[str, bytes]:
+        """Every quarantined resource and its mark (for `describe` and listings)."""
+        marks = self.quarantine_marks(range(NUM_SHARDS))
+        return dict(sorted((rkey, m) for shard in marks.values() for rkey, m in shard.items()))
+
+    def quarantine_mark(self, rkey: str) -> bytes | None:
+        """The resource's quarantine mark, or None when it is not quarantined."""
+        key = self.keys.broken(shard_of(rkey))
+        [mark] = self._run([Routed(key, ("HGET", key, rkey))], what="quarantine_mark")
+        return None if mark is None else bytes(mark)
 
     def _commit_call(self, shard: int, token: str, c: Commit) -> _Call:
         k = self.keys
@@ -830,6 +901,29 @@ class RedisStore:
         command = ("XREVRANGE", key, "+", "-", "COUNT", count)
         [entries] = self._run([Routed(key, command)], what="dlq")
         return [_fields(pairs)[b"r"] for _, pairs in reversed(entries)]
+
+    def claim_output_dir(
+        self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
+    ) -> str | None:
+        """Claim an outputDir for a job: None when the job holds it now, else the rkey of the
+        job that does (`stale`: a holder found gone, taken over once its claim is older than
+        `grace_ms`)."""
+        call = _Call(
+            self._scripts["claim"],
+            (self.keys.output_claim(output_dir),),
+            ("claim", job_rkey, now_ms, stale, grace_ms),
+        )
+        holder = self._eval([call], what="claim_output_dir", confirm=self._confirm)[0]
+        return None if holder is None else _text(holder)
+
+    def release_output_dir(self, output_dir: str, job_rkey: str) -> bool:
+        """Give up a job's claim on an outputDir; False when the job did not hold it."""
+        call = _Call(
+            self._scripts["claim"],
+            (self.keys.output_claim(output_dir),),
+            ("release", job_rkey, 0, "", 0),
+        )
+        return bool(self._eval([call], what="release_output_dir", confirm=self._confirm)[0])
 
     def dataset_jobs_add(self, dataset: str, job_rkey: str) -> None:
         key = self.keys.dataset_jobs(dataset)

@@ -44,7 +44,7 @@ replace = msgspec.structs.replace
 # ================================================================= the deploy decision
 def eval_completed(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, WorkerReported)
-    models = reports.model_refs(event)
+    models = training.kept_models(event, out)
     gated = job.spec.gate is not None
     if not models or (gated and not reports.usable_models(event.results[:1])):
         return training.no_usable_model(job, event, out)  # gated: the first is the new one
@@ -141,7 +141,7 @@ def _hold_back(
     """No copy: the deploy file keeps its model; the samples wait for the next round. The
     cloud hears the values compared: `gate`, and the eval's `results` as `output.models`."""
     reason = f"held back by the deploy gate: {why}"
-    output = JobOutput(models=results, owner_info={})
+    output = JobOutput(models=results, owner_info=msgspec.Raw(b"{}"))
     gate = job.current.gate if job.current is not None else None
     status = JobStatus(phase="deploy", status="completed", reason=reason, output=output, gate=gate)
     training.publish(job, out, status)

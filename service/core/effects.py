@@ -144,8 +144,27 @@ class DetachDataset(
     dataset: str
 
 
+class ReleaseOutputDir(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="release-output-dir"
+):
+    """The job no longer writes to `output_dir`: give up its claim on it (if still its)."""
+
+    id: str
+    namespace: str
+    name: str
+    output_dir: str
+
+
 #: Effects that do I/O in the background and report back as events.
-Work = WriteRound | CopyModel | PollDataset | NotifyJobs | AttachDataset | DetachDataset
+Work = (
+    WriteRound
+    | CopyModel
+    | PollDataset
+    | NotifyJobs
+    | AttachDataset
+    | DetachDataset
+    | ReleaseOutputDir
+)
 Effect = (
     Publish | Reject | Refused | DatasetUnreadable | RecordRound | Note | ScheduleCheck | Work
 )

@@ -12,10 +12,14 @@ from service.messages import WorkerKind, WorkerStatus
 
 
 class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):
+    """A job was inserted. `output_dir_holder` is set by the shell, never the wire: the
+    other job that already writes to this outputDir (the insert is then refused)."""
+
     namespace: str
     name: str
     spec: JobSpec
     digest: str
+    output_dir_holder: str | None = None
 
 
 class JobDeleted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-deleted"):
@@ -71,7 +75,13 @@ class DatasetChanged(
 class WorkerReported(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="worker-reported"
 ):
-    """A worker's report as it came; what its results mean is the core's to decide."""
+    """A worker's report as it came; what its results mean is the core's to decide.
+
+    `owner_info` is the report's `ownerInfo` as JSON text, validated at intake and kept so:
+    it is forwarded as it came, and only a failure's exit code, reason and stderr are ever
+    read out of it again. `channel` says how it came: over the broker, where the ACL ties
+    the worker's name to its login, or over HTTP.
+    """
 
     namespace: str
     name: str  # the owning job
@@ -79,7 +89,8 @@ class WorkerReported(
     kind: WorkerKind
     status: WorkerStatus
     results: tuple[dict[str, Any], ...] = ()
-    owner_info: dict[str, Any] = {}
+    owner_info: bytes = b"{}"
+    channel: Literal["mqtt", "http"] = "mqtt"
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tick"):

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from service.core import deploys, reports, samples, training
-from service.core.effects import AttachDataset, DetachDataset, Reject
+from service.core import deploys, paths, reports, samples, training
+from service.core.effects import AttachDataset, DetachDataset, Reject, ReleaseOutputDir
 from service.core.events import (
     DatasetChanged,
     Event,
@@ -51,7 +51,7 @@ def apply(state: State | None, event: Event, out: Recorder) -> State | None:
     if isinstance(event, RollbackRequested):
         return deploys.rollback_requested(state, event, out)
     if isinstance(event, WorkerReported):
-        refusal = reports.refusal(state, event)
+        refusal = reports.refusal(state, event, out.ctx.volume_prefix)
         if refusal is not None:
             out.add(refusal)
             return state
@@ -65,6 +65,7 @@ def apply(state: State | None, event: Event, out: Recorder) -> State | None:
                 dataset=state.spec.dataset,
             )
         )  # fmt: skip
+        out.add(_release(state, out))
         out.note("job deleted")
         return None
     if isinstance(event, DatasetChanged):
@@ -106,7 +107,15 @@ def _does_not_fit(job: JobState, event: Event, out: Recorder) -> JobState:
 
 
 # ================================================================= spec and dataset
-def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> JobState:
+def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> JobState | None:
+    if event.output_dir_holder is not None:
+        reason = (
+            f"outputDir {event.spec.output_dir} is already used by job "
+            f"{event.output_dir_holder}: two jobs writing one outputDir overwrite each "
+            "other's files; give this one its own"
+        )
+        out.add(Reject(code="output_dir_taken", reason=reason))
+        return state
     if state is None:
         job = JobState(
             namespace=event.namespace, name=event.name, spec=event.spec, digest=event.digest
@@ -129,6 +138,8 @@ def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> Jo
         return state
     job = replace(state, spec=event.spec, digest=event.digest)
     out.note("spec updated; applies from the next evaluation")
+    if paths.canonical_dir(event.spec.output_dir) != paths.canonical_dir(state.spec.output_dir):
+        out.add(_release(state, out))
     if job.retry_at_ms is not None:
         # a changed spec (a fixed worker template, say) is worth trying without the wait
         job = replace(job, retry_at_ms=None)
@@ -137,6 +148,13 @@ def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> Jo
         job = replace(job, next_check_ms=due_ms)
         out.schedule(due_ms)
     return job
+
+
+def _release(job: JobState, out: Recorder) -> ReleaseOutputDir:
+    """Give up the job's claim on its outputDir (the shell claims one for each job)."""
+    return ReleaseOutputDir(
+        id=out.next_id(), namespace=job.namespace, name=job.name, output_dir=job.spec.output_dir
+    )
 
 
 def _dataset_changed(job: JobState, event: DatasetChanged, out: Recorder) -> JobState:
@@ -178,7 +196,7 @@ def _account(job: JobState, available: int, out: Recorder) -> tuple[JobState, bo
 
 def _forward(job: JobState, event: WorkerReported, out: Recorder) -> None:
     """Every worker message for a known job goes upstream as it came."""
-    output = JobOutput(models=list(event.results), owner_info=event.owner_info)
+    output = JobOutput(models=list(event.results), owner_info=msgspec.Raw(event.owner_info))
     training.publish(job, out, JobStatus(phase=event.kind, status=event.status, output=output))
 
 

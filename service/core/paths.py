@@ -92,6 +92,14 @@ def index_prefix(dataset_url: str) -> str:
     return posixpath.dirname(dataset_url).rstrip("/") + "/"
 
 
+def canonical_dir(url: str) -> str:
+    """One spelling of a directory: local paths without empty or "." components and without
+    a trailing "/"; S3 URLs without a trailing "/" (their keys are otherwise literal)."""
+    if is_remote(url):
+        return url.rstrip("/")
+    return "/" + "/".join(part for part in url.split("/") if part not in ("", "."))
+
+
 def output_dir_of(deploy_url: str) -> str:
     """The output dir whose deploy model ``deploy_url`` is (``deploy_model``'s inverse).
 
@@ -135,26 +143,40 @@ def segments(path: str) -> tuple[str, ...] | None:
     return None if ".." in parts else parts
 
 
-def _s3_segments(url: str) -> tuple[str, ...] | None:
-    """``s3://bucket/a/b`` as ("bucket", "a", "b") (empty keys dropped), None with a ".."."""
-    parts = tuple(part for part in url[len(S3_SCHEME) :].split("/") if part not in ("", "."))
-    return None if not parts or ".." in parts or "\0" in url else parts
-
-
 def is_beneath(path: str, directory: str) -> bool:
-    """True when ``path`` is ``directory`` or lies inside it, component by component.
+    """Whether ``path`` is ``directory`` or lies inside it, judged on the names alone.
 
-    Both local absolute paths or both ``s3://`` URLs (the bucket is the first component); a
-    relative path, a ".." component or a mix of local and S3 is never beneath. Names are
-    compared as written: nothing is resolved, so symlinks are the file adapter's business.
+    Local paths must both be absolute; they are compared component by component after
+    dropping empty and "." components (``/a//b/./c`` is ``/a/b/c``), so ``/a/bc`` is not
+    beneath ``/a/b``. A ".." component anywhere, a NUL, or a relative path makes the answer
+    False: without the file system, ".." cannot be resolved safely. S3 URLs compare by
+    bucket, then by key prefix ending at a "/" (S3 keys are literal: ``s3://b/a//x`` is not
+    beneath ``s3://b/a/x``); a "." or ".." key component makes the answer False, since some
+    clients normalise them. A local path is never beneath an S3 URL, nor the other way
+    round. Nothing is resolved: symlinks are the file adapter's business.
     """
     if is_remote(path) != is_remote(directory):
         return False
-    split = _s3_segments if is_remote(path) else segments
-    inner, outer = split(path), split(directory)
+    if is_remote(path):
+        return _s3_beneath(path[len(S3_SCHEME) :], directory[len(S3_SCHEME) :])
+    inner, outer = segments(path), segments(directory)
     if inner is None or outer is None:
         return False
     return inner[: len(outer)] == outer
+
+
+def _s3_beneath(path: str, directory: str) -> bool:
+    """Both without the scheme: ``bucket/key``."""
+    bucket, _, key = path.partition("/")
+    dir_bucket, _, dir_key = directory.partition("/")
+    if not bucket or bucket != dir_bucket or "\0" in path:
+        return False
+    if any(part in (".", "..") for part in key.split("/") + dir_key.split("/")):
+        return False
+    prefix = dir_key.rstrip("/")
+    if not prefix:
+        return True  # the whole bucket
+    return key.rstrip("/") == prefix or key.startswith(prefix + "/")
 
 
 _SYSTEM_PARTS = {tuple(d.strip("/").split("/")): d for d in SYSTEM_DIRS}

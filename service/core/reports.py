@@ -1,5 +1,27 @@
 """What a worker's report means to its job: whether the job will hear it, and which of its
-results are models the lifecycle can go on with."""
+results are models the lifecycle can go on with.
+
+A report is bound to its job and its round:
+
+- **By name.** A report for job `J` must come from a worker named `J-<kind>-<suffix>` (the
+  suffix one DNS label without '-': `J-train-1`, `J-eval-x7k2p`): how Sedna's GM names a
+  job's pods (`{job}-{train|eval}-` plus five random characters) and how `lifelong worker`
+  names its workers (`{job}-{kind}-{version}`). Deploy and inference reports come from the
+  inference worker, named `J-inference-<suffix>` or `J-deploy-<suffix>`. Under the broker's
+  ACL a worker can only publish under its own name, so this is what ties a report to a job.
+  Sedna's worker library reports over HTTP under its `WORKER_NAME`, which the GM sets to
+  `train-worker-<suffix>`, `eval-worker-<suffix>` or `inferworker-<suffix>`, names that say
+  nothing of the job; over HTTP (unauthenticated, so a name proves nothing anyway) those are
+  accepted for reports of their kind.
+- **By round.** The models of a `completed` train or eval report must lie where the
+  round's `ready` message pointed the worker, for the job's current version v: a train
+  report's under `{outputDir}/train/{v}/`; an eval report's under `{outputDir}/eval/{v}/`,
+  or under `{outputDir}/train/{v}/` (the models it was given to evaluate, which a worker may
+  report back with their scores); after its first model (the one to deploy), also the
+  deployed model, which a deploy gate's eval scores too (its own round's file, as the
+  ready message names it, or `{outputDir}/deploy/index.pkl`). A replayed report of an
+  earlier round, or one naming files elsewhere, is refused and changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +29,134 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
+from service.core import paths
 from service.core.effects import Reject
 from service.core.events import WorkerReported
-from service.core.state import ModelRef, State
+from service.core.state import JobState, ModelRef, State
 from service.logs import redact
-from service.messages import STORAGE_URL_PATTERN, Model
+from service.messages import MAX_URL_CHARS, STORAGE_URL_PATTERN, Model
 
 _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
+#: How many of a report's models a job keeps (TensorFlow workers report two, a deploy gate's
+#: eval two): the job's state is rewritten on every event, and the next ready carries them.
+MAX_MODELS_KEPT = 16
+#: The longest model format kept (formats are short names: pkl, pb, ckpt, onnx...).
+MAX_FORMAT_CHARS = 64
 #: How much of a failed worker's stderr (its tail) and stated reason a job keeps.
 STDERR_TAIL_CHARS = 400
 REASON_CHARS = 200
+#: The last part of a worker's name: Sedna's five random characters, our runner's version.
+_SUFFIX = re.compile(r"[a-z0-9]+")
+#: The kind levels a worker of each report kind may carry in its name.
+_NAME_KINDS = {
+    "train": ("train",),
+    "eval": ("eval",),
+    "deploy": ("inference", "deploy"),
+    "inference": ("inference", "deploy"),
+}
+#: Sedna's GM sets WORKER_NAME to these plus a random suffix; its library reports over HTTP.
+_SEDNA_LIBRARY_NAMES = {
+    "train": "train-worker-",
+    "eval": "eval-worker-",
+    "deploy": "inferworker-",
+    "inference": "inferworker-",
+}
 
 
-def refusal(state: State | None, report: WorkerReported) -> Reject | None:
+def refusal(state: State | None, report: WorkerReported, volume_prefix: str = "") -> Reject | None:
     """Why a job will not hear this report at all (None: it will).
 
-    The worker endpoint asks this before answering, the transition before applying.
+    The worker endpoint asks this before answering, the transition before applying. The
+    rules (the job exists, the worker is named for it, the models lie in the current round's
+    output dir) are the module's docstring.
     """
-    if state is None:
+    if not isinstance(state, JobState):
         return Reject(code="unknown_job", reason=f"unknown job {report.namespace}/{report.name}")
+    if not worker_named_for(report):
+        levels = " or ".join(f"'{report.name}-{k}-<suffix>'" for k in _NAME_KINDS[report.kind])
+        return Reject(
+            code="foreign_worker",
+            reason=(
+                f"worker {report.worker!r} may not report for job "
+                f"{report.namespace}/{report.name}: a {report.kind} worker of that job is "
+                f"named {levels}"
+            ),
+        )
+    return _outside_round(state, report, volume_prefix)
+
+
+def worker_named_for(report: WorkerReported) -> bool:
+    """Whether the worker's name ties it to the report's job and kind."""
+    worker = report.worker
+    for level in _NAME_KINDS[report.kind]:
+        prefix = f"{report.name}-{level}-"
+        if worker.startswith(prefix) and _SUFFIX.fullmatch(worker[len(prefix) :]):
+            return True
+    library = _SEDNA_LIBRARY_NAMES[report.kind]
+    return (
+        report.channel == "http"
+        and worker.startswith(library)
+        and _SUFFIX.fullmatch(worker[len(library) :]) is not None
+    )
+
+
+def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) -> Reject | None:
+    """Refuses a completed train/eval report naming a model outside the current round."""
+    if report.status != "completed" or report.kind not in ("train", "eval"):
+        return None
+    out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
+    round_dir = paths.round_output_dir(out, report.kind, job.version)
+    trained = paths.round_output_dir(out, "train", job.version)
+    given = {paths.deploy_model(out)} | {
+        paths.trim_prefix(volume_prefix, deployment.model.url)
+        for deployment in (job.deployed, job.rollback)
+        if deployment is not None
+    }
+    for i, model in enumerate(usable_models(report.results)):
+        url = paths.trim_prefix(volume_prefix, model.url)
+        if paths.is_beneath(url, round_dir):
+            continue
+        if report.kind == "eval" and paths.is_beneath(url, trained):
+            continue
+        if report.kind == "eval" and i > 0 and url in given:
+            continue  # the deployed model a gate compares with, never the one deployed now
+        return Reject(
+            code="outside_round",
+            reason=(
+                f"{report.kind} worker {report.worker} reported model {url!r}, which is not "
+                f"under {round_dir}/, the output dir of round {job.version} of job "
+                f"{job.namespace}/{job.name}: a replayed report of another round, or a file "
+                "the job does not own"
+            ),
+        )
     return None
 
 
 def usable_models(results: Iterable[dict[str, Any]]) -> tuple[Model, ...]:
     """The results that describe a model the lifecycle can use, in order.
 
-    A usable model has a string `format` (may be empty or absent) and a `url` that is an
-    s3:// URL or an absolute local path without `..`: a worker is not trusted to point the
-    deploy copy at arbitrary files.
+    A usable model has a string `format` (may be empty or absent; at most
+    `MAX_FORMAT_CHARS`) and a `url` that is an s3:// URL or an absolute local path without
+    `..`, of at most `MAX_URL_CHARS`: a worker is not trusted to point the deploy copy at
+    arbitrary files, nor to make its job's state large.
     """
     return tuple(model for model in map(_model_of, results) if model is not None)
 
 
 def model_refs(report: WorkerReported) -> tuple[ModelRef, ...]:
-    """The usable models of a report, as the job keeps them."""
-    return tuple(ModelRef(format=m.format, url=m.url) for m in usable_models(report.results))
+    """The usable models of a report, as the job keeps them: the first `MAX_MODELS_KEPT`."""
+    models = usable_models(report.results)[:MAX_MODELS_KEPT]
+    return tuple(ModelRef(format=m.format, url=m.url) for m in models)
+
+
+def models_left_out(report: WorkerReported) -> str | None:
+    """What a job says when it keeps only some of a report's usable models."""
+    count = len(usable_models(report.results))
+    if count <= MAX_MODELS_KEPT:
+        return None
+    return f"kept the first {MAX_MODELS_KEPT} of the {count} models {report.worker} reported"
 
 
 def no_usable_model(report: WorkerReported) -> str:
@@ -55,22 +170,34 @@ def no_usable_model(report: WorkerReported) -> str:
 def failure(report: WorkerReported) -> str:
     """Why a worker failed, as its job keeps it: the exit code, reason and stderr tail its
     report carried in `ownerInfo` (what `lifelong worker` sends: `exitCode`, `stderr`,
-    `reason`; Sedna's own worker library sends none), bounded and with secrets masked."""
-    info = report.owner_info
+    `reason`; Sedna's own worker library sends none), bounded and with secrets masked.
+    Only those three fields are read out of the ownerInfo text."""
+    try:
+        info = msgspec.json.decode(report.owner_info, type=_FailureInfo)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        info = _FailureInfo()
     details = []
-    code = info.get("exitCode")
+    code = info.exit_code
     if isinstance(code, int) and not isinstance(code, bool):
         details.append(f"exit code {code}")
-    reason = info.get("reason")
+    reason = info.reason
     if isinstance(reason, str) and reason.strip():
         details.append(_one_line(reason)[:REASON_CHARS])
-    stderr = info.get("stderr")
+    stderr = info.stderr
     if isinstance(stderr, str) and stderr.strip():
         details.append(f"stderr: {_one_line(stderr)[-STDERR_TAIL_CHARS:]}")
     text = f"{report.kind} worker {report.worker} failed"
     if details:
         text += f" ({'; '.join(details)})"
     return text
+
+
+class _FailureInfo(msgspec.Struct, frozen=True):
+    """What `failure` reads of a report's ownerInfo (other fields are skipped unparsed)."""
+
+    exit_code: object = msgspec.field(default=None, name="exitCode")
+    reason: object = None
+    stderr: object = None
 
 
 def _one_line(text: str) -> str:
@@ -84,6 +211,8 @@ def _model_of(result: object) -> Model | None:
         return None
     url, model_format, metrics = result.get("url"), result.get("format", ""), result.get("metrics")
     if not isinstance(url, str) or not isinstance(model_format, str):
+        return None
+    if len(url) > MAX_URL_CHARS or len(model_format) > MAX_FORMAT_CHARS:
         return None
     if not _STORAGE_URL.search(url):
         return None

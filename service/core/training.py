@@ -171,9 +171,18 @@ def no_usable_model(job: JobState, event: WorkerReported, out: Recorder) -> JobS
     return back_to_train(job, out, reason)
 
 
+def kept_models(event: WorkerReported, out: Recorder) -> tuple[ModelRef, ...]:
+    """The report's models the job keeps (the first `reports.MAX_MODELS_KEPT`), saying so
+    when it leaves some out."""
+    left_out = reports.models_left_out(event)
+    if left_out is not None:
+        out.note(left_out)
+    return reports.model_refs(event)
+
+
 def train_completed(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, WorkerReported)
-    models = reports.model_refs(event)
+    models = kept_models(event, out)
     if not models:
         return no_usable_model(job, event, out)
     current = job.current or RoundRecord(version=job.version)

@@ -10,6 +10,7 @@ an unknown job, say) can still show what was refused.
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 import msgspec
 
@@ -78,14 +79,18 @@ def accept_downstream(
         check_paths(downstream, data_roots)
     event, resource = downstream_event(downstream)
     head = payload[: messages.REJECTION_PAYLOAD_BYTES]
-    return Accepted(
-        event=event, topic=topic, head=head, received_ms=received_ms, resource=resource
-    )
+    return Accepted(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
 
 
-def accept_report(topic: str, worker: str, payload: bytes, received_ms: int) -> Accepted:
+def accept_report(
+    topic: str,
+    worker: str,
+    payload: bytes,
+    received_ms: int,
+    channel: Literal["mqtt", "http"] = "mqtt",
+) -> Accepted:
     """A worker report sent under `worker` (its topic level or HTTP path) as an event."""
-    report = worker_event(messages.decode_worker_message(payload))
+    report = worker_event(messages.decode_worker_message(payload), channel)
     if report.worker != worker:
         raise InvalidMessage(
             f"worker name {report.worker!r} does not match {worker!r} in the topic or path",
@@ -199,7 +204,10 @@ def gate_spec(deploy: messages.DeploySpec) -> GateSpec | None:
     )
 
 
-def worker_event(report: messages.WorkerMessage) -> WorkerReported:
+def worker_event(
+    report: messages.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
+) -> WorkerReported:
+    owner_info = b"{}" if report.owner_info is None else bytes(report.owner_info)
     return WorkerReported(
         namespace=report.namespace,
         name=report.owner_name,
@@ -207,5 +215,6 @@ def worker_event(report: messages.WorkerMessage) -> WorkerReported:
         kind=report.kind,
         status=report.status,
         results=tuple(report.results),
-        owner_info=report.owner_info,
+        owner_info=owner_info,
+        channel=channel,
     )

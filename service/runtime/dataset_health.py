@@ -58,9 +58,10 @@ class DatasetHealth:
             self._forget(rkey)
 
     def _forget(self, rkey: str) -> None:
-        shown = self._shown.pop(rkey, None)
-        if shown is None:
-            return
+        """Remove the dataset's series, whether or not this replica showed them (a shard's
+        first commit here may be the dataset's deletion)."""
+        self._shown.pop(rkey, None)
+        key = parse_rkey(rkey)
         for gauge in (self._metrics.dataset_samples, self._metrics.dataset_unreadable):
             with contextlib.suppress(KeyError):
-                gauge.remove(*shown)
+                gauge.remove(key.namespace, key.name)

@@ -22,6 +22,7 @@ from service.core.effects import (
     DetachDataset,
     NotifyJobs,
     PollDataset,
+    ReleaseOutputDir,
     Work,
     WriteRound,
 )
@@ -63,6 +64,8 @@ class Executor:
             case DetachDataset():
                 dataset = dataset_key(work.namespace, work.dataset)
                 self._store.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
+            case ReleaseOutputDir():
+                self._store.release_output_dir(work.output_dir, job_key(work.namespace, work.name))
         return None
 
     # ------------------------------------------------------------ credentials
@@ -173,7 +176,12 @@ class Executor:
         raw = self._store.load([dataset])[dataset]
         if raw is None:
             return  # the job waits; the dataset's first poll will notify it
-        state = decode_state(raw)
+        try:
+            state = decode_state(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # the dataset is quarantined; its next poll after the quarantine tells the job
+            log.warning("job %s waits: dataset %s cannot be decoded", job, dataset)
+            return
         if isinstance(state, DatasetState):
             self._send(job, datasets.notice_for_job(work.namespace, work.name, state), now_ms)
 

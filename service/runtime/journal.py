@@ -1,6 +1,6 @@
-"""Every transition leaves a trace: a counter by event type and verdict, a log line for those
-worth one (the same records the commit stored as the resource's history), and a dataset's
-sample count in its gauge."""
+"""Every transition leaves a trace: a counter by event type and verdict, and a log line for
+those worth one (the same records the commit stored as the resource's history). A dataset's
+sample gauge is `DatasetHealth`'s, which also removes it."""
 
 from __future__ import annotations
 
@@ -27,9 +27,6 @@ class Journal:
         applying them)."""
         for record, moved in zip(records, changed, strict=True):
             self._metrics.events.labels(type=record.event, outcome=record.outcome).inc()
-            if record.samples is not None:
-                key = parse_rkey(rkey)
-                self._metrics.dataset_samples.labels(key.namespace, key.name).set(record.samples)
             level = logging.INFO if moved or record.notes else logging.DEBUG
             if worth_keeping(record) and log.isEnabledFor(level):
                 key = parse_rkey(rkey)

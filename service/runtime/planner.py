@@ -10,8 +10,11 @@ the shard's lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
 
 from service import history, messages
 from service.adapters.redis_store import Commit, OutboxEntry
@@ -188,7 +191,41 @@ def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
         id=effect.id,
     )
     payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
+    status = effect.status
+    if len(payload) > messages.MAX_PAYLOAD_BYTES and isinstance(status, messages.JobStatus):
+        for trimmed in _trimmed(status, len(payload)):
+            envelope = messages.UpstreamEnvelope(header=header, content=trimmed)
+            payload = messages.encode(envelope)
+            if len(payload) <= messages.MAX_PAYLOAD_BYTES:
+                break
     return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
+
+
+def _trimmed(status: messages.JobStatus, size: int) -> Iterator[messages.JobStatus]:
+    """Smaller forms of a forwarded report too large to send (outbound messages keep the
+    inbound size limit): its results as {format, url} only and no ownerInfo, then no results
+    at all; the reason says so."""
+    output = status.output
+    if output is None:
+        return
+    note = (
+        f"the report is {size} bytes forwarded, over the {messages.MAX_PAYLOAD_BYTES}-byte "
+        f"limit: {{}} left out of its {len(output.models)} results; ownerInfo left out"
+    )
+    empty = msgspec.Raw(b"{}")
+    slim: list[dict[str, Any]] = [
+        {k: r[k] for k in ("format", "url") if k in r} for r in output.models
+    ]
+    yield msgspec.structs.replace(
+        status,
+        reason=note.format("everything but each result's format and url"),
+        output=messages.JobOutput(models=slim, owner_info=empty),
+    )
+    yield msgspec.structs.replace(
+        status,
+        reason=note.format("all"),
+        output=messages.JobOutput(models=[], owner_info=empty),
+    )
 
 
 def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:

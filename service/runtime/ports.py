@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from service.adapters.mqtt import PublishTicket
-from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry
+from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
 from service.errors import LeaseLost
 from service.keys import Keys
 
@@ -52,7 +52,7 @@ class StateStore(Protocol):
     def load(self, rkeys: Sequence[str]) -> dict[str, bytes | None]: ...
 
     def commit(
-        self, batches: Sequence[tuple[int, str, Sequence[Commit]]]
+        self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
     ) -> list[list[list[str]] | LeaseLost]: ...
 
 
@@ -67,7 +67,13 @@ class EffectStore(Protocol):
 
 
 class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
-    """What the processor reads and writes."""
+    """What the processor reads and writes (quarantine marks and outputDir claims too)."""
+
+    def quarantine_marks(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]: ...
+
+    def claim_output_dir(
+        self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
+    ) -> str | None: ...
 
     def list_rkeys(self, kind: str | None = None, shards: Sequence[int] = ...) -> list[str]: ...
 
@@ -130,6 +136,8 @@ class ExecutorStore(StateStore, IngressAppend, Protocol):
     def dataset_jobs_remove(self, dataset: str, job_rkey: str) -> None: ...
 
     def dataset_jobs(self, dataset: str) -> list[str]: ...
+
+    def release_output_dir(self, output_dir: str, job_rkey: str) -> bool: ...
 
 
 class GmOutboxStore(Protocol):

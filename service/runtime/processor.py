@@ -1,10 +1,12 @@
 """The processor: reads the owned shards' ingress, runs each resource's events through the
 pure core, and commits state + outbox + timers + effect intents + history + acks atomically,
 fenced by the shard's lease; then hands the commit's work to the effect runner and its
-messages to the outbox."""
+messages to the outbox. A resource whose state or entry cannot be decoded is quarantined
+(`service.runtime.quarantine`) and the rest of its shard goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -14,16 +16,17 @@ from dataclasses import dataclass, field
 import msgspec
 
 from service import failpoints
-from service.adapters.redis_store import Commit, IngressEntry
+from service.adapters.redis_store import Commit, IngressEntry, Quarantine
 from service.config import Config
 from service.core.effects import decode_work
-from service.core.events import Event, Tick
+from service.core.events import Event, JobApplied, Tick
 from service.core.outcome import Context, Outcome
-from service.core.state import State, decode_state
+from service.core.state import DatasetState, JobState, State, decode_state
 from service.errors import LeaseLost, StoreUnavailable
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, decode_accepted, target_of
+from service.runtime.claims import OutputDirs
 from service.runtime.clock import Clock
 from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
@@ -32,6 +35,14 @@ from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.planner import Plan, Step, plan
 from service.runtime.ports import ProcessorStore
+from service.runtime.quarantine import (
+    Cause,
+    Held,
+    Isolation,
+    Quarantines,
+    guess_target,
+    last_delete,
+)
 from service.runtime.rejections import Rejections
 from service.runtime.state_cache import ShardStates
 
@@ -41,8 +52,8 @@ READ_BATCH = 500
 READ_BLOCK_MS = 200
 
 Transition = Callable[[State | None, Event, Context], Outcome]
-#: (stream entry id, the entry's event; None when it could not be decoded)
-Item = tuple[str, Accepted | None]
+#: The group of a read's entries whose resource cannot be told.
+UNKNOWN = ""
 
 
 @dataclass
@@ -52,8 +63,12 @@ class _ShardBatch:
     shard: int
     token: str
     states: dict[str, bytes | None]
-    groups: dict[str, list[Item]]
+    groups: dict[str, list[Held]]
     plans: list[Plan] = field(default_factory=list)
+    isolations: list[Isolation] = field(default_factory=list)
+
+    def ops(self) -> list[Commit | Quarantine]:
+        return [p.commit for p in self.plans] + [i.op for i in self.isolations]
 
 
 class Processor:
@@ -86,6 +101,8 @@ class Processor:
         self._metrics = metrics
         self._stop = stop
         self._states = ShardStates()
+        self._quarantines = Quarantines(metrics)
+        self._output_dirs = OutputDirs(store, grace_ms=int(config.lease_s * 2000))
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
         self._pending_sweep_at_s = 0.0
@@ -107,6 +124,7 @@ class Processor:
     def _process_owned(self) -> None:
         held = self._leases.held()
         self._states.keep_only(held)
+        self._quarantines.keep_only(held)
         self._metrics.keep_jobs_of(held)
         self._datasets.keep_only(held)
         if not held:
@@ -137,40 +155,52 @@ class Processor:
         return fresh
 
     def _report_jobs(self, shards: list[int]) -> None:
-        """Set the phase gauges of the jobs on shards that just became ours: a job waiting for
-        its worker may get no event for hours, and would have no series here until then."""
+        """Set the gauges of the jobs and datasets on shards that just became ours: a job
+        waiting for its worker may get no event for hours, a dataset none until its next
+        poll, and would have no series here until then (the previous owner dropped its
+        series when it lost the shard)."""
         if not shards:
             return
         try:
-            states = self._store.load(self._store.list_rkeys("job", shards))
+            states = self._store.load(self._store.list_rkeys(None, shards))
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
             raise
         for rkey, raw in states.items():
-            if raw is not None:
-                self._metrics.job_changed(shard_of(rkey), None, decode_state(raw))
+            try:
+                state = decode_state(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # quarantined when an event for it comes (or its retry timer)
+            if isinstance(state, DatasetState):
+                self._datasets.committed(rkey, state, ())
+            else:
+                self._metrics.job_changed(shard_of(rkey), None, state)
 
     def _recover(self, shards: list[int]) -> None:
         """Redo what is pending in shards just become ours (or whose commit's fate is unknown).
 
         Pending entries are replayed against the states Redis holds, never cached ones: had
         Redis lost a commit (its ack with it), the cache would already hold that commit's
-        result and the replay would apply the event twice.
+        result and the replay would apply the event twice. A shard whose events fail (a
+        bug) is left for the next sweep: its entries would come back at once, for ever.
         """
         replayed: set[int] = set()
+        stuck: set[int] = set()
         try:
+            self._quarantines.load(self._store.quarantine_marks(self._still_ours(shards)))
             while True:
                 # only shards still ours: a lost one's entries stay pending for its new owner
+                readable = [s for s in self._still_ours(shards) if s not in stuck]
                 entries = self._store.read_ingress(
-                    self._still_ours(shards), count=READ_BATCH, block_ms=0, pending=True
+                    readable, count=READ_BATCH, block_ms=0, pending=True
                 )
                 if not entries:
                     break
                 for shard in {entry.shard for entry in entries} - replayed:
                     self._states.forget(shard)
                     replayed.add(shard)
-                self._apply(entries)
+                stuck |= self._apply(entries)
             for shard, intents in self._store.pending_effects(self._still_ours(shards)).items():
                 for effect_id, data in intents.items():
                     self._effects.submit(shard, effect_id, decode_work(data))
@@ -184,18 +214,19 @@ class Processor:
         return [shard for shard in shards if self._leases.token(shard) is not None]
 
     # ------------------------------------------------------------ one read
-    def _apply(self, entries: list[IngressEntry]) -> None:
-        """Apply a read's entries, every owned shard's commits in one round trip."""
+    def _apply(self, entries: list[IngressEntry]) -> set[int]:
+        """Apply a read's entries, every owned shard's commits in one round trip; the shards
+        whose events failed (their entries stay pending)."""
         batches = self._batches(entries)
         if not batches:
-            return
+            return set()
         try:
             self._load_missing(batches)
-            batches = [batch for batch in batches if self._run_shard(batch)]
+            ran = [batch for batch in batches if self._run_shard(batch)]
+            failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
+            batches = ran
             failpoints.hit("process-before-commit")
-            outcomes = self._store.commit(
-                [(b.shard, b.token, [p.commit for p in b.plans]) for b in batches]
-            )
+            outcomes = self._store.commit([(b.shard, b.token, b.ops()) for b in batches])
         except BaseException as e:
             for batch in batches:
                 self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
@@ -204,13 +235,14 @@ class Processor:
                     self._fresh.update(batch.shard for batch in batches)
             raise
         self._committed(batches, outcomes)
+        return failed
 
     def _batches(self, entries: list[IngressEntry]) -> list[_ShardBatch]:
-        by_shard: dict[int, dict[str, list[Item]]] = {}
+        by_shard: dict[int, dict[str, list[Held]]] = {}
         for entry in entries:
-            rkey, accepted = self._entry_event(entry)
+            rkey, held = self._entry_event(entry)
             groups = by_shard.setdefault(entry.shard, {})
-            groups.setdefault(rkey, []).append((entry.entry_id, accepted))
+            groups.setdefault(rkey, []).append(held)
         batches = []
         for shard, groups in by_shard.items():
             token = self._leases.token(shard)
@@ -237,7 +269,15 @@ class Processor:
                         rejected.topic, rejected.code, rejected.reason, rejected.record
                     )
                 self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
-            done.append((batch, outcome))
+                if p.commit.clear_mark:
+                    self._quarantines.ended(batch.shard, p.commit.rkey)
+            for isolation in batch.isolations:
+                self._quarantines.committed(isolation)
+                for letter in isolation.letters:
+                    self._rejections.set_aside(
+                        letter.topic, letter.reason, letter.payload, letter.at_ms
+                    )
+            done.append((batch, outcome[: len(batch.plans)]))
         failpoints.hit("process-before-effects")
         for batch, _ in done:
             for p in batch.plans:
@@ -253,7 +293,17 @@ class Processor:
         entries then stay pending, and the other shards of the read still commit."""
         try:
             for rkey, items in batch.groups.items():
-                batch.plans.append(self._plan(batch.shard, batch.token, rkey, batch.states, items))
+                if rkey == UNKNOWN:
+                    now_ms = self._clock.now_ms()
+                    batch.isolations.append(
+                        self._quarantines.set_aside_unknown(batch.shard, items, now_ms)
+                    )
+                    continue
+                result = self._plan(batch.shard, batch.token, rkey, batch.states, items)
+                if isinstance(result, Plan):
+                    batch.plans.append(result)
+                else:
+                    batch.isolations.append(result)
         except Exception:
             log.exception("shard %d: applying its events failed; they stay pending", batch.shard)
             self._states.forget(batch.shard)
@@ -266,7 +316,58 @@ class Processor:
         token: str,
         rkey: str,
         states: dict[str, bytes | None],
-        items: list[Item],
+        items: list[Held],
+    ) -> Plan | Isolation:
+        """The resource's plan, or its entries set aside when it is (or now becomes)
+        quarantined: see `service.runtime.quarantine`."""
+        now_ms = self._clock.now_ms()
+        mark = self._quarantines.mark_of(shard, rkey)
+        corrupt = next((i for i, item in enumerate(items) if item.accepted is None), None)
+        delete = last_delete(items)
+        failure: tuple[Cause, str] | None
+        if corrupt is not None:
+            failure = ("entry", f"ingress entry {items[corrupt].entry_id} cannot be decoded: "
+                       f"{items[corrupt].error}")  # fmt: skip
+        elif mark is not None and now_ms < mark.retry_at_ms:
+            failure = None  # waiting for its next try
+        else:
+            raw = states[rkey]
+            try:
+                initial = decode_state(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                failure = ("state", f"its stored state cannot be decoded: {e}")
+            else:
+                result = self._fold(shard, token, rkey, initial, items)
+                if mark is None:
+                    return result
+                return _with_commit(result, dataclasses.replace(result.commit, clear_mark=True))
+        if delete is not None and (corrupt is None or corrupt < delete):
+            return self._deleted(shard, token, rkey, items, delete)
+        if failure is None:
+            return self._quarantines.isolate(shard, rkey, items, now_ms, None)
+        return self._quarantines.isolate(shard, rkey, items, now_ms, failure)
+
+    def _deleted(
+        self, shard: int, token: str, rkey: str, items: list[Held], delete: int
+    ) -> Plan:
+        """A quarantined resource was deleted: its state goes, the quarantine ends, what came
+        before the delete is dropped (into the commit's acks) and what came after applies to
+        a resource that does not exist yet."""
+        result = self._fold(shard, token, rkey, None, items[delete + 1 :])
+        commit = result.commit
+        dropped = tuple(item.entry_id for item in items[: delete + 1])
+        commit = dataclasses.replace(
+            commit,
+            ack_ids=dropped + commit.ack_ids,
+            clear_mark=True,
+            keep_state=False,
+            delete=commit.keep_state or commit.delete,
+        )
+        log.info("quarantined %s deleted", rkey)
+        return _with_commit(result, commit)
+
+    def _fold(
+        self, shard: int, token: str, rkey: str, initial: State | None, items: list[Held]
     ) -> Plan:
         """Run a resource's events through the core in order, then fold them into a plan.
 
@@ -274,18 +375,31 @@ class Processor:
         same millisecond get the same id), so the event id carries the shard: effect and
         upstream message ids derive from it and must be unique across all shards.
         """
-        raw = states[rkey]
-        initial: State | None = decode_state(raw) if raw is not None else None
         state, steps = initial, []
-        for entry_id, accepted in items:
+        for item in items:
+            assert item.accepted is not None
             now_ms = self._clock.now_ms()
-            outcome = None
-            if accepted is not None:
-                outcome = self._run(state, accepted.event, self._context(shard, entry_id, now_ms))
-                state = outcome.state
-            steps.append(Step(entry_id, accepted, outcome, now_ms))
+            ctx = self._context(shard, item.entry_id, now_ms)
+            outcome = self._claimed(rkey, state, item.accepted.event, ctx)
+            state = outcome.state
+            steps.append(Step(item.entry_id, item.accepted, outcome, now_ms))
         self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
+
+    def _claimed(self, rkey: str, state: State | None, event: Event, ctx: Context) -> Outcome:
+        """The event's outcome; a job insert that leaves the job with an outputDir first
+        claims it, and one whose outputDir another job holds is run again saying so (the
+        core then refuses it)."""
+        outcome = self._run(state, event, ctx)
+        after = outcome.state
+        if not isinstance(event, JobApplied) or not isinstance(after, JobState):
+            return outcome
+        if outcome.verdict == "rejected":
+            return outcome
+        holder = self._output_dirs.claim(rkey, after.spec.output_dir, ctx.now_ms)
+        if holder is None:
+            return outcome
+        return self._run(state, msgspec.structs.replace(event, output_dir_holder=holder), ctx)
 
     def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:
         started = time.perf_counter()
@@ -314,22 +428,33 @@ class Processor:
                     batch.states[rkey] = loaded[rkey]
 
     @staticmethod
-    def _entry_event(entry: IngressEntry) -> tuple[str, Accepted | None]:
+    def _entry_event(entry: IngressEntry) -> tuple[str, Held]:
+        """The entry's resource and the entry; one that cannot be decoded goes with the
+        resource it still names, if any (else `UNKNOWN`), carrying why."""
         if entry.timer_rkey is not None:
-            key = parse_rkey(entry.timer_rkey)
+            try:
+                key = parse_rkey(entry.timer_rkey)
+            except ValueError as e:
+                return UNKNOWN, Held(entry.entry_id, None, entry.timer_rkey.encode(), str(e))
             tick = Tick(
                 kind=key.kind, namespace=key.namespace, name=key.name,
                 due_ms=entry.timer_due_ms or 0,
             )  # fmt: skip
-            return entry.timer_rkey, Accepted(event=tick)
+            return entry.timer_rkey, Held(entry.entry_id, Accepted(event=tick))
+        raw = entry.event or b""
         try:
-            accepted = decode_accepted(entry.event or b"")
-        except msgspec.DecodeError as e:
-            log.error(
-                "undecodable ingress entry %s on shard %d: %s", entry.entry_id, entry.shard, e
-            )
-            return f"corrupt:{entry.entry_id}", None
-        return target_of(accepted.event), accepted
+            accepted = decode_accepted(raw)
+            rkey = target_of(accepted.event)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            held = Held(entry.entry_id, None, raw, str(e) if raw else "no event in the entry")
+            return guess_target(entry.shard, raw) or UNKNOWN, held
+        if shard_of(rkey) != entry.shard:
+            return UNKNOWN, Held(entry.entry_id, None, raw, f"its resource {rkey} is not here")
+        return rkey, Held(entry.entry_id, accepted)
+
+
+def _with_commit(result: Plan, commit: Commit) -> Plan:
+    return dataclasses.replace(result, commit=commit)
 
 
 def _remember(states: dict[str, bytes | None], commit: Commit) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from service import messages
+from service import masking, messages
 from service.errors import RejectCode, ServiceError, StoreUnavailable
 from service.metrics import Metrics
 from service.runtime.ports import DeadLetters, Publisher
@@ -57,9 +57,18 @@ class Rejections:
             except ServiceError as e:
                 log.warning("could not publish rejection: %s", e)
 
+    def set_aside(self, topic: str, reason: str, payload: bytes, at_ms: int) -> None:
+        """Dead-letter an ingress entry set aside by a quarantine (which logs and counts)."""
+        try:
+            self._dead_letters.dead_letter(rejection_record(topic, reason, payload, at_ms))
+        except StoreUnavailable as e:
+            log.warning("dead-letter stream unavailable: %s", e)
+
     def recorded(self, topic: str, code: RejectCode, reason: str, record: bytes) -> None:
-        """Log, count and dead-letter a rejection whose record is already built."""
-        log.warning("rejected message on %s: %s", topic, reason, extra={"outcome": "rejected"})
+        """Log, count and dead-letter a rejection whose record is already built (its reason
+        is logged masked, as the record holds it)."""
+        masked = masking.mask(reason)
+        log.warning("rejected message on %s: %s", topic, masked, extra={"outcome": "rejected"})
         self._metrics.rejections.labels(reason=code).inc()
         try:
             self._dead_letters.dead_letter(record)

@@ -120,8 +120,9 @@ class Replica:
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
         endpoint = WorkerEndpoint(
-            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics
-        )
+            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics,
+            volume_prefix=config.volume_prefix,
+        )  # fmt: skip
         host, port = config.http_host_port()
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import msgspec
+
 from service.core import reports
 from service.core.events import WorkerReported
 from service.core.state import decode_state
@@ -23,8 +25,15 @@ class WorkerStore(IngressLog, StateStore, Protocol):
 
 class WorkerEndpoint:
     def __init__(
-        self, *, store: WorkerStore, rejections: Rejections, clock: Clock, metrics: Metrics
+        self,
+        *,
+        store: WorkerStore,
+        rejections: Rejections,
+        clock: Clock,
+        metrics: Metrics,
+        volume_prefix: str = "",
     ) -> None:
+        self._volume_prefix = volume_prefix
         self._store = store
         self._rejections = rejections
         self._clock = clock
@@ -35,11 +44,16 @@ class WorkerEndpoint:
         now_ms = self._clock.now_ms()
         topic = f"http:/sedna/workers/{worker}/info"
         try:
-            accepted = accept_report(topic, worker, body, now_ms)
+            accepted = accept_report(topic, worker, body, now_ms, channel="http")
             assert isinstance(accepted.event, WorkerReported)
             job = target_of(accepted.event)
             raw = self._store.load([job])[job]
-            refusal = reports.refusal(decode_state(raw) if raw else None, accepted.event)
+            try:
+                state = decode_state(raw) if raw else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                reason = f"job {job} is quarantined: its stored state cannot be decoded"
+                raise InvalidMessage(reason, "$.ownerName", code="quarantined") from None
+            refusal = reports.refusal(state, accepted.event, self._volume_prefix)
             if refusal is not None:
                 raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
             self._store.append_ingress(shard_of(job), encode_accepted(accepted))

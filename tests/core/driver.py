@@ -60,7 +60,7 @@ def report(
     return WorkerReported(
         namespace=NS,
         name=JOB,
-        worker=f"{JOB}-{kind}",
+        worker=f"{JOB}-{kind}-1",
         kind=kind,  # type: ignore[arg-type]
         status=status,  # type: ignore[arg-type]
         results=tuple(raw),
@@ -126,12 +126,14 @@ class Driver:
             ModelCopied(namespace=NS, name=JOB, version=self.job.version, error=error)
         )
 
-    def complete_round(self, model: str = "/output/train/m.pkl") -> None:
-        """From train/preparing through to train/waiting with successful workers."""
+    def complete_round(self, output_dir: str = "/output") -> None:
+        """From train/preparing through to train/waiting with successful workers, each
+        reporting a model in its round's output dir."""
+        version = self.job.version
         self.written("train")
-        self.apply(report("train", "completed", model))
+        self.apply(report("train", "completed", f"{output_dir}/train/{version}/m.pkl"))
         self.written("eval")
-        self.apply(report("eval", "completed", model))
+        self.apply(report("eval", "completed", f"{output_dir}/eval/{version}/m.pkl"))
         self.copied()
 
     # ------------------------------------------------------------ effect views
@@ -157,6 +159,6 @@ class Driver:
 
 def content(publish: Publish) -> dict[str, Any]:
     """The upstream message's content as it goes on the wire."""
-    wire = msgspec.to_builtins(publish.status)
+    wire = msgspec.json.decode(msgspec.json.encode(publish.status))
     assert isinstance(wire, dict)
     return wire

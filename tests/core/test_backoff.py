@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,7 +34,7 @@ def failing_job(period_s: int = PERIOD_S) -> Driver:
 def fail_report(**owner_info: object) -> WorkerReported:
     return WorkerReported(
         namespace=NS, name=JOB, worker=f"{JOB}-train-1", kind="train", status="failed",
-        owner_info=dict(owner_info),
+        owner_info=msgspec.json.encode(owner_info),
     )  # fmt: skip
 
 

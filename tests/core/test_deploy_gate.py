@@ -40,13 +40,16 @@ def results(*accuracies: float | None) -> list[dict[str, Any]]:
     out = []
     for i, accuracy in enumerate(accuracies):
         metrics = {} if accuracy is None else {"accuracy": [accuracy]}
-        url = "/output/eval/m.json" if i == 0 else f"{OUT}/deploy/index.pkl"
+        url = "/output/eval/{v}/m.json" if i == 0 else f"{OUT}/deploy/index.pkl"
         out.append({"format": "json", "url": url, "metrics": metrics})
     return out
 
 
-def eval_report(rs: list[dict[str, Any]]) -> WorkerReported:
-    return report("eval", "completed", results=rs)
+def eval_report(d: Driver, rs: list[dict[str, Any]]) -> WorkerReported:
+    """The report, its "{v}" in urls the round's version (a model lies in its round's dir)."""
+    version = str(d.job.version)
+    placed = [{**r, "url": r["url"].replace("{v}", version)} if "url" in r else r for r in rs]
+    return report("eval", "completed", results=placed)
 
 
 def to_eval(d: Driver, taken: int) -> None:
@@ -75,7 +78,7 @@ def records(d: Driver) -> list[RoundRecord]:
 
 def deploy_round(d: Driver, taken: int, *accuracies: float | None) -> None:
     to_eval(d, taken)
-    d.apply(eval_report(results(*accuracies)))
+    d.apply(eval_report(d, results(*accuracies)))
     assert d.job.step == "copying"
     d.copied()
 
@@ -86,9 +89,9 @@ def test_the_first_round_deploys_with_nothing_to_beat() -> None:
     given_input = eval_input(d)
     assert "deployedModel" not in given_input
     assert given_input["models"] == [{"format": "pkl", "url": model(1)}]
-    d.apply(eval_report(results(0.7)))
+    d.apply(eval_report(d, results(0.7)))
     copy = d.last_copy()
-    assert (copy.src_url, copy.dst_url) == ("/output/eval/m.json", "/output/deploy/index.pkl")
+    assert (copy.src_url, copy.dst_url) == ("/output/eval/1/m.json", "/output/deploy/index.pkl")
     d.copied()
     ready = deploy_statuses(d)[-1]
     assert ready["status"] == "ready"
@@ -108,7 +111,7 @@ def test_eval_gets_the_deployed_model_last_and_by_name() -> None:
     deploy_round(d, 10, 0.7)
     to_eval(d, 20)
     given_input = eval_input(d)
-    deployed = {"format": "json", "url": "/output/eval/m.json"}
+    deployed = {"format": "json", "url": "/output/eval/1/m.json"}
     assert given_input["models"] == [{"format": "pkl", "url": model(2)}, deployed]
     assert given_input["deployedModel"] == deployed
     assert d.job.current is not None and d.job.current.deployed_version == 1
@@ -122,7 +125,7 @@ def test_a_worse_model_is_held_back_the_deploy_file_untouched_the_samples_kept()
     trained = d.job.trained
     assert samples.count(trained) == 8
     d.effects.clear()
-    d.apply(eval_report(results(0.75, 0.8)))
+    d.apply(eval_report(d, results(0.75, 0.8)))
     assert not d.of(CopyModel), "a held-back model is never copied"
     assert (d.job.phase, d.job.step) == ("train", "waiting")
     held = deploy_statuses(d)[-1]
@@ -160,7 +163,7 @@ def test_samples_arriving_during_a_held_back_round_start_the_next_at_once() -> N
     trained = d.job.trained
     d.dataset(25)  # arrived while round 2 was evaluated: they wait behind its samples
     later = d.job.pending
-    d.apply(eval_report(results(0.7, 0.8)))
+    d.apply(eval_report(d, results(0.7, 0.8)))
     assert (d.job.version, d.job.step) == (3, "preparing")
     assert d.job.round == samples.concat(trained, later)
 
@@ -169,12 +172,12 @@ def test_a_better_model_then_deploys_and_the_previous_is_kept_for_rollback() -> 
     d = gated(check_period_s=1)
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
-    d.apply(eval_report(results(0.7, 0.8)))
+    d.apply(eval_report(d, results(0.7, 0.8)))
     d.dataset(30)  # new samples: round 3
     d.written("train")
     d.apply(report("train", "completed", model(3)))
     d.written("eval")
-    d.apply(eval_report(results(0.9, 0.8)))
+    d.apply(eval_report(d, results(0.9, 0.8)))
     assert d.job.step == "copying"
     d.copied()
     assert d.job.deployed is not None and d.job.deployed.version == 3
@@ -188,7 +191,7 @@ def test_a_report_with_one_result_is_judged_as_if_nothing_were_deployed() -> Non
     d = gated()
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
-    d.apply(eval_report(results(0.1)))  # no second result: nothing to beat
+    d.apply(eval_report(d, results(0.1)))  # no second result: nothing to beat
     assert d.job.step == "copying"
     assert d.job.current is not None and d.job.current.reason is not None
     assert "only the new model's result" in d.job.current.reason
@@ -196,14 +199,14 @@ def test_a_report_with_one_result_is_judged_as_if_nothing_were_deployed() -> Non
     d = gated(GateSpec(operator=">=", threshold=0.5, metric="accuracy"))
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
-    d.apply(eval_report(results(0.1)))
+    d.apply(eval_report(d, results(0.1)))
     assert not d.of(CopyModel)[1:], "round 2 was not copied"
 
 
 def test_a_report_missing_the_metric_holds_back_even_the_first_round() -> None:
     d = gated()
     to_eval(d, 10)
-    d.apply(eval_report(results(None)))
+    d.apply(eval_report(d, results(None)))
     assert not d.of(CopyModel)
     assert "has no metric accuracy_delta" in deploy_statuses(d)[-1]["reason"]
 
@@ -214,7 +217,7 @@ def test_without_a_condition_nothing_changes() -> None:
     to_eval(d, 20)
     assert "deployedModel" not in eval_input(d)
     assert len(eval_input(d)["models"]) == 1
-    d.apply(eval_report(results(0.1, 0.9)))  # much worse: deployed all the same
+    d.apply(eval_report(d, results(0.1, 0.9)))  # much worse: deployed all the same
     assert d.job.step == "copying"
     d.copied()
     assert all("gate" not in status for status in deploy_statuses(d))
@@ -223,7 +226,7 @@ def test_without_a_condition_nothing_changes() -> None:
 def test_a_gated_eval_whose_first_result_is_not_a_model_fails_the_round() -> None:
     d = gated()
     to_eval(d, 10)
-    d.apply(eval_report([{"metrics": {"accuracy": [0.9]}}, *results(0.5)]))
+    d.apply(eval_report(d, [{"metrics": {"accuracy": [0.9]}}, *results(0.5)]))
     assert not d.of(CopyModel)
     assert d.job.consecutive_failures == 1
 
@@ -254,7 +257,7 @@ def test_rounds_with_any_reports_copy_only_what_the_gate_passed(
         to_eval(d, taken)
         pending_before = samples.count(d.job.pending) + samples.count(d.job.trained)
         rs = results(new) if old == "absent" else results(new, old)  # type: ignore[arg-type]
-        d.apply(eval_report(rs))
+        d.apply(eval_report(d, rs))
         copies = d.of(CopyModel)
         status = deploy_statuses(d)
         if not copies:
@@ -285,7 +288,7 @@ def test_every_round_has_a_record_with_its_times_and_counts() -> None:
     d.now_ms += 100
     d.written("eval")
     d.now_ms += 100
-    d.apply(eval_report(results(0.8)))
+    d.apply(eval_report(d, results(0.8)))
     d.now_ms += 100
     d.copied()
     [record] = records(d)
@@ -312,7 +315,7 @@ def test_the_upstream_of_a_held_back_round_is_one_deploy_completed() -> None:
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
     d.effects.clear()
-    d.apply(eval_report(results(0.8, 0.8)))
+    d.apply(eval_report(d, results(0.8, 0.8)))
     statuses = [content(p) for p in _publishes(d)]
     assert [(s["phase"], s["status"]) for s in statuses] == [
         ("eval", "completed"), ("deploy", "completed")
@@ -355,7 +358,7 @@ def test_with_a_gate_no_train_sample_is_lost_or_duplicated(
         elif before.step == "preparing":
             d.written(before.phase, None if action == "advance" else "disk full")
         elif before.step == "running" and before.phase == "eval" and action == "advance":
-            d.apply(eval_report(results(accuracy, 0.7)))
+            d.apply(eval_report(d, results(accuracy, 0.7)))
         elif before.step == "running":
             url = f"/output/train/{before.version}/m.pkl"
             d.apply(report(before.phase, "completed", url) if action == "advance"

@@ -36,6 +36,15 @@ NS = st.just("default")
 COUNTS = st.integers(min_value=0, max_value=10**7)
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)  # what decoding lets through
 URLS = st.sampled_from(["/data/d.txt", "/data/d.csv", "s3://b/d.txt", "/rootfs/x/m.pkl", ""])
+#: model urls: in round 1's output dirs (with and without the volume prefix) and elsewhere
+MODEL_URLS = URLS | st.sampled_from(
+    ["/output/train/1/m.pkl", "/output/eval/1/m.pkl", "/rootfs/output/eval/1/m", "/output"]
+)
+#: worker names: for the job and kind, Sedna's library names, and strangers
+WORKERS = st.sampled_from(
+    ["w", "job-a-train-1", "job-a-eval-x7k2p", "job-a-inference-1", "train-worker-ab12c"]
+)
+CHANNELS = st.sampled_from(["mqtt", "http"])
 FORMATS = st.sampled_from(["txt", "csv", "CSV", "weird"])
 
 triggers = st.builds(
@@ -56,7 +65,7 @@ specs = st.builds(
 #: worker results: models with good and bad urls, and things that are no model at all
 model_results = st.lists(
     st.fixed_dictionaries(
-        {"url": URLS | INT64 | st.none()},
+        {"url": MODEL_URLS | INT64 | st.none()},
         optional={"format": st.sampled_from(["pkl", "", "pb"]) | INT64},
     )
     | st.dictionaries(st.sampled_from(["x", "metrics"]), INT64),
@@ -97,10 +106,11 @@ _any_event: st.SearchStrategy[Event] = st.one_of(
         WorkerReported,
         namespace=NS,
         name=NAMES,
-        worker=st.just("w"),
+        worker=WORKERS,
         kind=st.sampled_from(["train", "eval", "deploy", "inference"]),
         status=st.sampled_from(["ready", "running", "completed", "failed"]),
         results=model_results,
+        channel=CHANNELS,
     ),
     st.builds(
         Tick, kind=st.sampled_from(["job", "dataset"]), namespace=NS, name=NAMES, due_ms=COUNTS
@@ -127,10 +137,11 @@ reports = st.builds(
     WorkerReported,
     namespace=NS,
     name=NAMES,
-    worker=st.just("w"),
+    worker=WORKERS,
     kind=st.sampled_from(["train", "eval"]),
     status=st.sampled_from(["completed", "failed"]),
     results=model_results,
+    channel=CHANNELS,
 )
 results = st.builds(
     RoundWritten,

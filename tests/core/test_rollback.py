@@ -40,7 +40,7 @@ def three_deployed(gate: GateSpec | None = None) -> Driver:
         accuracy = 0.5 + version / 10
         rs = results(accuracy, accuracy - 0.1) if version > 1 else results(accuracy)
         rs[0]["url"] = f"/output/train/{version}/model.json"
-        d.apply(eval_report(rs))
+        d.apply(eval_report(d, rs))
         d.copied()
     assert d.job.deployed is not None and d.job.deployed.version == 3
     d.effects.clear()
@@ -146,7 +146,7 @@ def test_a_missing_model_file_refuses_the_rollback_after_all() -> None:
 def test_rollback_is_refused_while_a_deploy_copy_is_in_flight() -> None:
     d = three_deployed()
     to_eval(d, 40)
-    d.apply(eval_report(results(0.95)))
+    d.apply(eval_report(d, results(0.95)))
     assert d.job.step == "copying"
     reason = refusal(rollback(d))
     assert reason.endswith("round 4's deploy copy is in flight; try again once it is done")
@@ -187,7 +187,7 @@ def test_a_deploy_copy_due_during_a_rollback_waits_for_it() -> None:
     d.written("eval")
     rollback(d)
     d.effects.clear()
-    d.apply(eval_report(results(0.95)))
+    d.apply(eval_report(d, results(0.95)))
     assert (d.job.phase, d.job.step) == ("deploy", "waiting")
     assert not d.of(CopyModel), "never two copies to the deploy file at once"
     assert refusal(rollback(d, 1)).endswith("the rollback to version 2 is still copying")
@@ -208,7 +208,7 @@ def test_a_gated_round_compared_with_a_rollback_that_failed_is_held_back() -> No
     d.apply(report("train", "completed", "/output/train/4/model.json"))
     d.written("eval")
     assert d.job.current is not None and d.job.current.deployed_version == 2
-    d.apply(eval_report(results(0.95, 0.7)))
+    d.apply(eval_report(d, results(0.95, 0.7)))
     assert (d.job.phase, d.job.step) == ("deploy", "waiting")
     d.effects.clear()
     effects = rollback_copied(d, 2, "model gone")
@@ -227,7 +227,7 @@ def test_a_gated_round_whose_deployed_model_changed_meanwhile_is_held_back() -> 
     d.apply(report("train", "completed", "/output/train/4/model.json"))
     d.written("eval")  # compares with version 3
     d.state = msgspec.structs.replace(d.job, deployed=d.job.deployments[-1])  # changed
-    d.apply(eval_report(results(0.95, 0.7)))
+    d.apply(eval_report(d, results(0.95, 0.7)))
     assert d.job.step == "waiting"
     assert d.job.current is None
     assert "the deployed model changed during the eval" in d.notes()[-1]

@@ -119,7 +119,7 @@ def test_bug06_malformed_results_do_not_crash() -> None:
     assert forwarded[-1]["output"]["models"] == bad
     failed = [p for p in d.published() if p.get("status") == "failed"]
     reason = (
-        "train worker job-a-train completed without a usable model "
+        "train worker job-a-train-1 completed without a usable model "
         "(3 results; each model needs a string url)"
     )
     assert failed == [{"phase": "train", "status": "failed", "reason": reason}]
@@ -128,24 +128,24 @@ def test_bug06_malformed_results_do_not_crash() -> None:
 def test_bug07_deploy_does_not_prefix_the_model_url_again() -> None:
     # seed: model.URL = AddPrefixPath(prefix, model.URL) mutated the stored model every deploy
     d = started(trigger=TriggerSpec(), prefix="/rootfs")
-    for n in (10, 20):
+    for n, v in ((10, 1), (20, 2)):
         d.dataset(n)
         d.written("train")
-        d.apply(report("train", "completed", "/output/train/m.pkl"))
+        d.apply(report("train", "completed", f"/output/train/{v}/m.pkl"))
         d.written("eval")
-        d.apply(report("eval", "completed", "/output/eval/m.pkl"))
-        assert d.last_copy().src_url == "/rootfs/output/eval/m.pkl"
+        d.apply(report("eval", "completed", f"/output/eval/{v}/m.pkl"))
+        assert d.last_copy().src_url == f"/rootfs/output/eval/{v}/m.pkl"
         assert d.last_copy().dst_url == "/rootfs/output/deploy/index.pkl"
         d.copied()
         deploy = d.published()[-1]
-        assert deploy["input"]["models"][0]["url"] == "/output/eval/m.pkl"
+        assert deploy["input"]["models"][0]["url"] == f"/output/eval/{v}/m.pkl"
     # a worker that reports the host path is not prefixed twice either
     d.dataset(30)
     d.written("train")
-    d.apply(report("train", "completed", "/output/train/m.pkl"))
+    d.apply(report("train", "completed", "/output/train/3/m.pkl"))
     d.written("eval")
-    d.apply(report("eval", "completed", "/rootfs/output/eval/m.pkl"))
-    assert d.last_copy().src_url == "/rootfs/output/eval/m.pkl"
+    d.apply(report("eval", "completed", "/rootfs/output/eval/3/m.pkl"))
+    assert d.last_copy().src_url == "/rootfs/output/eval/3/m.pkl"
 
 
 def test_bug08_timer_window_is_checked_against_the_clock() -> None:
@@ -293,7 +293,12 @@ def test_round_paths_and_ready_messages() -> None:
 def test_worker_messages_are_forwarded_with_owner_info() -> None:
     d = started()
     msg = WorkerReported(
-        namespace=NS, name=JOB, worker="w", kind="train", status="running", owner_info={"a": 1}
+        namespace=NS,
+        name=JOB,
+        worker=f"{JOB}-train-x7k2p",
+        kind="train",
+        status="running",
+        owner_info=b'{"a":1}',
     )
     effects = d.apply(msg)
     assert [content(e) for e in effects if isinstance(e, Publish)] == [

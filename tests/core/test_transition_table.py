@@ -84,13 +84,15 @@ EVENTS: dict[str, Callable[[Driver], Event]] = {
     "copy-failed": lambda d: ModelCopied(
         namespace=NS, name=JOB, version=_version(d), error="no such file"
     ),
-    "train/completed": lambda d: report("train", "completed", "/output/train/1/m.pkl"),
+    "train/completed": lambda d: report(
+        "train", "completed", f"/output/train/{_version(d)}/m.pkl"
+    ),
     "train/completed-no-model": lambda d: report(
         "train", "completed", results=[{"x": 1}]
     ),
     "train/failed": lambda d: report("train", "failed"),
     "train/running": lambda d: report("train", "running"),
-    "eval/completed": lambda d: report("eval", "completed", "/output/eval/1/m.pkl"),
+    "eval/completed": lambda d: report("eval", "completed", f"/output/eval/{_version(d)}/m.pkl"),
     "eval/completed-no-model": lambda d: report("eval", "completed"),
     "eval/failed": lambda d: report("eval", "failed"),
     "eval/ready": lambda d: report("eval", "ready"),

@@ -36,7 +36,8 @@ def test_a_failing_transition_holds_back_only_its_shard(stack: Stack) -> None:
     out = stack.workdir / "out"
     with replica_on(stack, transition=buggy), probe_of(stack.redis_url) as probe:
         for job in (BROKEN, HEALTHY):
-            cloud.downstream("lifelonglearningjob", "insert", job_resource(job, "none", str(out)))
+            resource = job_resource(job, "none", str(out / job))  # an outputDir each
+            cloud.downstream("lifelonglearningjob", "insert", resource)
         wait_until(
             lambda: all(probe.job_or_none(job) for job in (BROKEN, HEALTHY)), 15, "both jobs"
         )

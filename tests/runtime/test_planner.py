@@ -7,10 +7,12 @@ import base64
 import json
 import logging
 
+import msgspec
 import pytest
 
+from service import messages
 from service.config import Config
-from service.core.effects import AttachDataset, DetachDataset, decode_work
+from service.core.effects import AttachDataset, DetachDataset, ReleaseOutputDir, decode_work
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -21,6 +23,7 @@ from service.core.events import (
     ModelCopied,
     RollbackRequested,
     Tick,
+    WorkerReported,
 )
 from service.core.outcome import Context, Outcome
 from service.core.rounds import decode_rounds
@@ -117,10 +120,13 @@ def test_a_refusal_keeps_the_state_and_goes_to_the_errors_topic() -> None:
     assert result.records[0].outcome == "rejected"
 
 
-def test_a_delete_removes_the_state_and_keeps_its_detach_intent() -> None:
+def test_a_delete_removes_the_state_and_keeps_its_detach_and_release_intents() -> None:
     result = planned(created(), JobDeleted(namespace=NS, name=JOB))
     assert result.commit.delete and result.commit.state is None
-    assert [type(decode_work(i)) for _, i in result.commit.effects] == [DetachDataset]
+    assert [type(decode_work(i)) for _, i in result.commit.effects] == [
+        DetachDataset,
+        ReleaseOutputDir,
+    ]
     assert result.commit.history == ()
 
 
@@ -151,6 +157,33 @@ def test_an_unreadable_dataset_goes_to_the_errors_topic_and_is_not_a_refusal() -
     assert result.rejected == ()
     assert [r.outcome for r in result.records] == ["applied", "ignored"]
     assert isinstance(result.state, DatasetState) and result.state.unreadable is not None
+
+
+def test_a_forwarded_report_over_the_size_limit_goes_out_trimmed_with_a_reason() -> None:
+    """Outbound messages keep the inbound limit: a report whose forward would be larger (its
+    numbers written longer than the worker wrote them) is forwarded with each result's
+    format and url only and no ownerInfo, and a reason saying so."""
+    big = [{"format": "pkl", "url": f"/m{i}", "metrics": {"a": [1e15] * 1000}} for i in range(60)]
+    state, _ = steps_of(created())
+    event = WorkerReported(
+        namespace=NS, name=JOB, worker=f"{JOB}-train-1", kind="train", status="running",
+        results=tuple(big), owner_info=b'{"note": "x"}',
+    )  # fmt: skip
+    result = planned(state, event)
+    (entry,) = result.commit.outbox
+    assert len(entry.payload) <= messages.MAX_PAYLOAD_BYTES
+    content = json.loads(entry.payload)["content"]
+    assert content["output"] == {
+        "models": [{"format": "pkl", "url": f"/m{i}"} for i in range(60)],
+        "ownerInfo": {},
+    }
+    assert "over the 1048576-byte limit" in content["reason"]
+    assert "ownerInfo left out" in content["reason"]
+    # one that fits goes out as it came
+    small = msgspec.structs.replace(event, results=tuple(big[:2]))
+    (entry,) = planned(state, small).commit.outbox
+    output = json.loads(entry.payload)["content"]["output"]
+    assert output == {"models": json.loads(json.dumps(big[:2])), "ownerInfo": {"note": "x"}}
 
 
 def test_an_ended_round_joins_the_commit_and_a_late_refusal_goes_to_the_errors_topic() -> None:

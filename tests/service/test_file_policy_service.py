@@ -93,12 +93,15 @@ def test_hostile_models_fail_their_deploy_and_the_next_round_deploys(stack: Stac
     cloud.report(JOB, "eval", "completed", str(fifo))
     assert "model.pkl is a FIFO, not a regular file" in deploy_failure(cloud, after)
 
-    # round 3: a model outside the job's output dir
+    # round 3: a model outside the job's output dir: the report itself is refused (a model
+    # must lie in its round's output dir), nothing is copied; the worker then fails the round
     after = next_round(cloud, data, 20)
     train_round(cloud, out, 3, after)
     cloud.report(JOB, "eval", "completed", str(passwd))
-    assert "is not in the job's output dir" in deploy_failure(cloud, after)
+    refusal = cloud.wait_for(cloud.errors, 15, "the report's refusal")[0]
+    assert f"reported model '{passwd}', which is not under {out}/eval/3/" in refusal["reason"]
     assert not deploy.exists()
+    cloud.report(JOB, "eval", "failed")
 
     # round 4: a real model deploys; the controller saw nothing worse than three refusals
     after = next_round(cloud, data, 30)

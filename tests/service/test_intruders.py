@@ -444,6 +444,84 @@ def _json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
+def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
+    tmp_path: Path, secure_broker: SecureBroker, redis_proc: Server, peers: Callable[[str], Peer]
+) -> None:
+    """Reports are bound to their job and round. Under the shipped ACL a user may publish
+    its own report topic; `intruder` doing so with `ownerName` of another job used to drive
+    that job through train -> eval -> deploy, and re-sending round 1's exact `train
+    completed` during round 2 moved round 2 to eval with round 1's model. Both are refused
+    now, with a reason on the errors topic, and change nothing."""
+    passwords = secure_broker.passwords
+    cloud = Cloud(secure_broker.port, username="eventbus", password=passwords["eventbus"])
+    stack = SecureStack(
+        tmp_path, secure_broker.server, redis_proc, cloud,
+        userinfo=f"lifelong:{passwords['lifelong']}",
+    )  # fmt: skip
+    try:
+        data = tmp_path / "data" / "train.txt"
+        data.parent.mkdir()
+        append_lines(data, lines(0, 10))
+        out = tmp_path / "out"
+        controller = stack.controller()
+        wait_ingress(controller, cloud)
+        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        cloud.wait_status(JOB, "train", "ready")
+
+        def model(kind: str, version: int) -> str:
+            path = out / kind / str(version) / "model.pkl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(f"{kind} {version}".encode())
+            return str(path)
+
+        # the intruder, on its own topic (the broker lets that through), for the job
+        intruder = peers(INTRUDER)
+        forged = worker_message(JOB, "train", "completed", model("train", 1), worker=INTRUDER)
+        assert intruder.publish(worker_topic(INTRUDER), _json(forged)) in ACCEPTED
+        refusal = cloud.wait_for(cloud.errors, 10, "the intruder's refusal")[0]
+        assert refusal["topic"] == worker_topic(INTRUDER)
+        assert f"'{INTRUDER}' may not report for job default/{JOB}" in refusal["reason"]
+
+        # round 1, by the job's own workers
+        train, evaluator = peers(TRAIN_WORKER), peers(EVAL_WORKER)
+        round_1 = _json(worker_message(JOB, "train", "completed", model("train", 1),
+                                       worker=TRAIN_WORKER))  # fmt: skip
+        assert train.publish(worker_topic(TRAIN_WORKER), round_1) in ACCEPTED
+        cloud.wait_status(JOB, "eval", "ready")
+        scored = worker_message(JOB, "eval", "completed", model("eval", 1), worker=EVAL_WORKER)
+        assert evaluator.publish(worker_topic(EVAL_WORKER), _json(scored)) in ACCEPTED
+        cloud.wait_status(JOB, "deploy", "ready")
+
+        # round 2 starts; round 1's exact report comes again
+        before = len(cloud.upstream(JOB))
+        append_lines(data, lines(10, 20))
+        ready = cloud.wait_status(JOB, "train", "ready", after=before)
+        assert ready["content"]["input"]["outputDir"] == f"{out}/train/2"
+        after_ready = len(cloud.upstream(JOB))
+        assert train.publish(worker_topic(TRAIN_WORKER), round_1) in ACCEPTED
+        cloud.wait_for(lambda: len(cloud.errors()) == 2, 10, "the replay's refusal")
+        replay = cloud.errors()[1]
+        assert replay["topic"] == worker_topic(TRAIN_WORKER)
+        assert f"not under {out}/train/2/, the output dir of round 2" in replay["reason"]
+        time.sleep(QUIET_S)
+        assert len(cloud.upstream(JOB)) == after_ready, "the replay changed something"
+
+        # round 2's own report still moves it on
+        round_2 = worker_message(JOB, "train", "completed", model("train", 2),
+                                 worker=TRAIN_WORKER)  # fmt: skip
+        assert train.publish(worker_topic(TRAIN_WORKER), _json(round_2)) in ACCEPTED
+        eval_2 = cloud.wait_status(JOB, "eval", "ready", after=after_ready)
+        assert eval_2["content"]["input"]["models"] == [
+            {"format": "pkl", "url": model("train", 2)}
+        ]
+        assert len(cloud.errors()) == 2, cloud.errors()
+    finally:
+        for controller in stack.controllers:
+            controller.stop()
+        cloud.close()
+
+
 # ------------------------------------------------------------------------------ the runner
 
 # A train or eval command: writes a model into OUTPUT_URL and names it in the results file.

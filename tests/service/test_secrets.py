@@ -130,6 +130,7 @@ def invalid_resources(out: str, endpoint: str) -> dict[str, bytes]:
     """Refused inserts, each carrying the canary; the key says why each is refused."""
     good = credential(endpoint)
     bad_out = job_resource("canary-bad-out", DATASET, "relative/out", credential=good)
+    as_string = job_resource("canary-str", DATASET, "rel/out", credential=good)
     return {
         "relative outputDir": json.dumps(envelope(bad_out)).encode(),
         "relative outputDir, base64 content": json.dumps(
@@ -172,6 +173,21 @@ def invalid_resources(out: str, endpoint: str) -> dict[str, bytes]:
         "cut at 4 KiB inside the secret": cut_inside_secret(
             job_resource("canary-cut", DATASET, "relative/out", credential=good)
         ),
+        "content as a JSON string": json.dumps(
+            {**envelope(as_string), "content": json.dumps(as_string)}
+        ).encode(),
+        "credential key written with an escape": json.dumps(
+            envelope(
+                with_annotation(
+                    job_resource("canary-esc", DATASET, "rel/out"),
+                    '{"ACCESS_KEY_ID": "' + KEY_ID + '", "SECRET_ACCESS_KE\\u0059": "'
+                    + SECRET + '"}',
+                )
+            )
+        ).encode(),
+        "annotation name written with an escape": json.dumps(
+            envelope(job_resource("canary-ann", DATASET, "rel/out", credential=good))
+        ).encode().replace(b"sedna.io/credential", b"sedna.io/credentia\\u006c"),
     }
 
 
@@ -371,8 +387,11 @@ def test_canary_secret_never_leaks(stack: Stack, s3_endpoint: str) -> None:
     for i, payload in enumerate(refused.values()):
         content = json.loads(payload)["content"]
         path = stack.workdir / f"refused-{i}.json"
-        path.write_bytes(base64.b64decode(content) if isinstance(content, str) else
-                         json.dumps(content).encode())  # fmt: skip
+        if isinstance(content, str):  # base64 of the JSON, or the JSON as a string
+            text = content.encode() if content.startswith("{") else base64.b64decode(content)
+        else:
+            text = json.dumps(content).encode()
+        path.write_bytes(text)
         bad_files.append(path)
     for output in cli_outputs(stack.redis_url, stack.mqtt_url, bad_files):
         heading, _, text = output.partition("\n")

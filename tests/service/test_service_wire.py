@@ -196,6 +196,9 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
     bad_name = {**good, "metadata": {"name": "Bad_Name", "namespace": NS}}
     bad_dataset = dataset_resource("web-dataset", "http://x")
     padding = {"padding": "x" * (1 << 20)}
+    deep_template = job(trainSpec={"template": nested_object(33)})
+    annotated = {**good, "metadata": {"name": "some-job", "namespace": NS,
+                                      "annotations": {"note": "n" * (256 * 1024)}}}
     return [
         ("not json", b"this is { not json", ["not valid JSON"]),
         (
@@ -223,7 +226,18 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
          ["$.content", "not valid JSON"]),
         ("deep", nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
          ["nesting deeper than"]),
+        ("template too deep", encoded(envelope("lifelonglearningjob", "insert", deep_template)),
+         ["$.spec.trainSpec.template", "nesting deeper than 32 levels"]),
+        ("annotations too large", encoded(envelope("lifelonglearningjob", "insert", annotated)),
+         ["$.metadata.annotations", "larger than 262144 bytes"]),
     ]
+
+
+def nested_object(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
 
 
 def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
@@ -235,6 +249,10 @@ def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
         return json.dumps({**report, **changes}).encode()
 
     ghost = worker_message("ghost-job", "train", "completed", "/models/m.pkl")
+    stranger = worker_message("steady-job", "train", "running", worker="intruder")
+    replayed = worker_message(
+        "steady-job", "train", "completed", "/etc/passwd", worker="steady-job-train-9"
+    )
     return [
         ("not json", topic, b"\x00\x01 binary junk", ["not valid JSON"]),
         ("invalid utf-8", topic, encoded(ownerName="x").replace(b'"x"', b'"\xc3\x28"'),
@@ -246,6 +264,16 @@ def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
         ("deep", topic, nest(encoded(ownerInfo={"nested": DEEP})), ["nesting deeper than"]),
         ("unknown job", worker_topic(ghost["name"]), json.dumps(ghost).encode(),
          ["unknown job default/ghost-job"]),
+        ("foreign worker", worker_topic("intruder"), json.dumps(stranger).encode(),
+         ["'intruder' may not report for job default/steady-job", "steady-job-train-<suffix>"]),
+        ("model outside its round", worker_topic("steady-job-train-9"),
+         json.dumps(replayed).encode(), ["'/etc/passwd'", "/train/1/, the output dir of round 1"]),
+        ("too many results", topic, encoded(results=[{"url": "/m"}] * 101),
+         ["$.results", "more than 100 results"]),
+        ("owner info too deep", topic, encoded(ownerInfo=nested_object(9)),
+         ["$.ownerInfo", "nesting deeper than 8 levels"]),
+        ("too many arrays", topic, encoded(results=[{"url": "/m", "x": [[]] * 10_001}]),
+         ["more than 10000 arrays and objects"]),
     ]
 
 
@@ -273,12 +301,12 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     for _, topic, payload, _ in sent[:half]:
         cloud.publish(topic, payload)
     model = write_model(out / "train" / "1" / "model.pkl", b"steady model")
-    cloud.report("steady-job", "train", "completed", model, worker="steady-worker")
+    cloud.report("steady-job", "train", "completed", model, worker="steady-job-train-1")
     cloud.wait_status("steady-job", "eval", "ready")
     for _, topic, payload, _ in sent[half:]:
         cloud.publish(topic, payload)
     scored = write_model(out / "eval" / "1" / "model.pkl", b"steady scored")
-    cloud.report("steady-job", "eval", "completed", scored, worker="steady-worker")
+    cloud.report("steady-job", "eval", "completed", scored, worker="steady-job-eval-1")
     cloud.wait_status("steady-job", "deploy", "ready")
     assert (out / "deploy" / "index.pkl").read_bytes() == b"steady scored"
 
@@ -320,9 +348,12 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     assert len(cloud.errors()) == len(sent)
     rejected = metric_sum(controller, "lifelong_rejections_total") - rejected_before
     assert rejected == len(sent)
-    assert metric_sum(controller, "lifelong_rejections_total", reason="too_large") == 2
-    assert metric_sum(controller, "lifelong_rejections_total", reason="too_deep") == 2
+    assert metric_sum(controller, "lifelong_rejections_total", reason="too_large") == 3
+    assert metric_sum(controller, "lifelong_rejections_total", reason="too_deep") == 4
+    assert metric_sum(controller, "lifelong_rejections_total", reason="too_many") == 2
     assert metric_sum(controller, "lifelong_rejections_total", reason="unknown_job") == 1
+    assert metric_sum(controller, "lifelong_rejections_total", reason="foreign_worker") == 1
+    assert metric_sum(controller, "lifelong_rejections_total", reason="outside_round") == 1
     assert metric_sum(controller, "lifelong_rejections_total", reason="invalid_utf8") == 2
 
 

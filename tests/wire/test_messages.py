@@ -26,6 +26,7 @@ from service.messages import (
     decode_envelope,
     decode_worker_message,
 )
+from service.runtime.accept import worker_event
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -498,8 +499,11 @@ def test_nesting_inside_strings_does_not_count() -> None:
 def test_integers_beyond_64_bits_are_refused_with_their_path() -> None:
     error = invalid(job_with(_set(["spec", "evalSpec", "template", "replicas"], 10**30)))
     assert error.path == "$.spec.evalSpec.template.replicas"
-    worker = invalid(worker_with(ownerInfo={"n": [-(2**64)]}), decode_worker_message)
-    assert worker.path == "$.ownerInfo.n[0]"
+    worker = invalid(worker_with(results=[{"n": [-(2**64)]}]), decode_worker_message)
+    assert worker.path == "$.results[0].n[0]"
+    # ownerInfo is kept as its JSON text, never as values: it is forwarded as it came
+    owner_info = decode_worker_message(worker_with(ownerInfo={"n": [-(2**64)]})).owner_info
+    assert owner_info is not None and bytes(owner_info) == b'{"n": [-18446744073709551616]}'
     ok = decode_envelope(job_with(_set(["spec", "evalSpec", "template", "n"], 2**63 - 1)))
     assert isinstance(ok, JobInsert)
 
@@ -552,8 +556,12 @@ def test_malformed_results_decode_but_give_no_usable_model(results: Any) -> None
     assert reports.usable_models(message.results) == ()
 
 
-def test_null_owner_info_reads_as_empty() -> None:
-    assert decode_worker_message(worker_with(ownerInfo=None)).owner_info == {}
+def test_null_or_absent_owner_info_reads_as_none_and_is_forwarded_as_empty() -> None:
+    assert decode_worker_message(worker_with(ownerInfo=None)).owner_info is None
+    absent = {k: v for k, v in WORKER.items() if k != "ownerInfo"}
+    message = decode_worker_message(json.dumps(absent).encode())
+    assert message.owner_info is None
+    assert worker_event(message).owner_info == b"{}"
 
 
 @pytest.mark.parametrize(

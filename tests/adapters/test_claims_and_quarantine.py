@@ -1,0 +1,86 @@
+"""The store's outputDir claims and quarantine marks, on a real redis-server: single-key
+claims that survive restarts of the controller (they live in Redis), stale takeovers only past
+the grace period, and quarantine operations fenced by the shard lease."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from service.adapters.redis_store import Commit, Quarantine, RedisStore
+from service.errors import LeaseLost
+from service.keys import Keys, job_key, shard_of
+from service.runtime.claims import OutputDirs
+from tests.servers import Server
+
+A, B = job_key("team-a", "job"), job_key("team-b", "job")
+
+
+@pytest.fixture
+def store(redis_proc: Server) -> Iterator[RedisStore]:
+    s = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"), socket_timeout_s=2.0)
+    s.ensure_groups()
+    yield s
+    s.close()
+
+
+def test_the_second_job_to_claim_an_output_dir_is_told_the_first(store: RedisStore) -> None:
+    assert store.claim_output_dir("/out", A, 1_000, grace_ms=100) is None
+    assert store.claim_output_dir("/out", A, 2_000, grace_ms=100) is None  # its own: kept
+    for spelling in ("/out", "/out/", "//out/."):
+        assert store.claim_output_dir(spelling, B, 3_000, grace_ms=100) == A
+    assert store.claim_output_dir("/out/sub", B, 3_000, grace_ms=100) is None
+    assert not store.release_output_dir("/out", B), "only the holder releases"
+    assert store.release_output_dir("/out/", A)
+    assert store.claim_output_dir("/out", B, 4_000, grace_ms=100) is None
+
+
+def test_a_stale_claim_is_taken_over_only_past_the_grace_period(store: RedisStore) -> None:
+    assert store.claim_output_dir("s3://b/out", A, 1_000, grace_ms=500) is None
+    assert store.claim_output_dir("s3://b/out/", B, 1_400, stale=A, grace_ms=500) == A
+    assert store.claim_output_dir("s3://b/out", B, 1_600, stale=job_key("x", "y"),
+                                  grace_ms=500) == A  # fmt: skip
+    assert store.claim_output_dir("s3://b/out", B, 1_600, stale=A, grace_ms=500) is None
+
+
+def test_output_dirs_take_over_the_claim_of_a_job_that_is_gone(store: RedisStore) -> None:
+    dirs = OutputDirs(store, grace_ms=0)
+    assert dirs.claim(A, "/shared", 1_000) is None
+    # A has no state (deleted by hand, say): its claim is stale
+    assert dirs.claim(B, "/shared", 2_000) is None
+    assert OutputDirs(store, grace_ms=10**9).claim(A, "/shared", 3_000) == "team-b/job"
+
+
+def test_claims_are_one_key_each_in_a_slot_of_their_own(store: RedisStore) -> None:
+    key = store.keys.output_claim("/out")
+    assert "{" not in key and key == store.keys.output_claim("/out/")
+    assert key != store.keys.output_claim("s3://out")
+
+
+def test_quarantine_marks_are_fenced_and_listed(store: RedisStore, redis_proc: Server) -> None:
+    shard = shard_of(A)
+    keys = store.keys
+    token = store.acquire(keys.lease(shard), keys.fence(shard), "r1", 10_000)
+    assert token is not None
+    entry = store.append_ingress(shard, b"\xc1garbage")
+    assert entry is not None
+    store.read_ingress([shard], count=10, block_ms=0, pending=False)
+    op = Quarantine(rkey=A, ack_ids=(entry,), mark=b'{"cause":"state"}', retry_at_ms=5)
+    [outcome] = store.commit([(shard, "r1:999", [op])])
+    assert isinstance(outcome, LeaseLost) and store.quarantined() == {}
+    [outcome] = store.commit([(shard, token, [op])])
+    assert outcome == [[]]
+    assert store.quarantined() == {A: b'{"cause":"state"}'}
+    assert store.quarantine_mark(A) == b'{"cause":"state"}'
+    assert store.read_ingress([shard], count=10, block_ms=0, pending=True) == []
+    client = redis.Redis(port=redis_proc.port)
+    try:
+        assert client.zscore(keys.timers(shard), A) == 5
+    finally:
+        client.close()
+    # a commit of the resource that ends the quarantine clears the mark in the same step
+    cleared = Commit(rkey=A, state=b"s", clear_mark=True)
+    [outcome] = store.commit([(shard, token, [cleared])])
+    assert outcome == [[]] and store.quarantined() == {}
