@@ -44,8 +44,9 @@ from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.presence import Presence, presence_payload
-from service.runtime.processor import Processor, Transition
+from service.runtime.processor import Processor
 from service.runtime.rejections import Rejections
+from service.runtime.resources import Transition
 from service.runtime.timers import TIMER_INTERVAL_S, Timers
 from service.runtime.worker_endpoint import WorkerEndpoint
 
@@ -91,23 +92,7 @@ class Replica:
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        will = presence_payload(self.replica, "offline", self.clock.now_ms())
-        self.publisher = MqttClient(
-            MqttSettings(
-                url=config.mqtt_url,
-                client_id=f"{config.key_prefix}-{config.node_name}-{self.replica}",
-                will=(config.presence_topic(self.replica), will, True),
-            ),
-            on_connection_change=self._on_publisher_connection,
-        )
-        self.presence = Presence(
-            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock,
-            can_take_messages=lambda: self.leases.ingress_ready,
-        )  # fmt: skip
-        self.rejections = Rejections(
-            dead_letters=self.store, publisher=self.publisher,
-            errors_topic=config.errors_topic(), metrics=self.metrics,
-        )  # fmt: skip
+        self._build_messaging()
         self.leases = LeaseKeeper(
             self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
@@ -127,6 +112,27 @@ class Replica:
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
             token=config.http_bearer_token(),
+        )  # fmt: skip
+
+    def _build_messaging(self) -> None:
+        """The publishing MQTT client (its last will says offline), presence, rejections."""
+        config = self.config
+        will = presence_payload(self.replica, "offline", self.clock.now_ms())
+        self.publisher = MqttClient(
+            MqttSettings(
+                url=config.mqtt_url,
+                client_id=f"{config.key_prefix}-{config.node_name}-{self.replica}",
+                will=(config.presence_topic(self.replica), will, True),
+            ),
+            on_connection_change=self._on_publisher_connection,
+        )
+        self.presence = Presence(
+            config=config, replica=self.replica, publisher=self.publisher, clock=self.clock,
+            can_take_messages=lambda: self.leases.ingress_ready,
+        )  # fmt: skip
+        self.rejections = Rejections(
+            dead_letters=self.store, publisher=self.publisher,
+            errors_topic=config.errors_topic(), metrics=self.metrics,
         )  # fmt: skip
 
     def _gm_factory(self) -> GmFactory:

@@ -28,7 +28,7 @@ def test_a_dataset_polled_and_deleted_in_one_commit_leaves_no_series() -> None:
         HistoryRecord(at_ms=1, event="DatasetPolled", outcome="applied", samples=10),
         HistoryRecord(at_ms=2, event="DatasetDeleted", outcome="applied"),
     ]
-    Journal(metrics).write(RKEY, records)
+    Journal(metrics).write(RKEY, records, [True, True])
     DatasetHealth(metrics).committed(RKEY, None, ())
     assert series(metrics) == []
 
