@@ -1,0 +1,171 @@
+"""The resources the cloud sends down: Sedna's Dataset and LifelongLearningJob, their
+metadata and specs, and the envelope that carries them.
+
+Unknown fields are ignored (a newer Sedna may add some); `service.wire_fields` names them
+for the CLI.
+"""
+
+from typing import Any, Literal
+
+import msgspec
+
+from service.wire.base import Wire
+from service.wire.fields import (
+    ClockTime,
+    Count,
+    DatasetFormat,
+    DnsLabel,
+    DnsSubdomain,
+    MetricName,
+    NumericString,
+    Operator,
+    PeriodSeconds,
+    Probability,
+    StorageUrl,
+)
+
+CREDENTIAL_ANNOTATION = "sedna.io/credential"
+SEDNA_API_VERSION = "sedna.io/v1alpha1"
+
+
+class Header(Wire, frozen=True, kw_only=True):
+    """Envelope header, as KubeEdge's Sedna messages carry it; `id` is set upstream only."""
+
+    namespace: DnsLabel
+    resource_kind: str
+    resource_name: DnsSubdomain
+    operation: str
+    id: str | None = None
+
+
+class Envelope(Wire, frozen=True, kw_only=True):
+    """A downstream envelope; `content` is the resource, as an object or base64 of its JSON."""
+
+    header: Header
+    content: Any = None
+
+
+class ObjectMeta(Wire, frozen=True, kw_only=True):
+    """Kubernetes object metadata; unknown fields are ignored (Sedna may add some)."""
+
+    name: DnsSubdomain
+    namespace: DnsLabel = "default"
+    annotations: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: Count | None = None
+
+    def __repr__(self) -> str:
+        """Mask the credential annotation: reprs end up in logs, secrets must not."""
+        if CREDENTIAL_ANNOTATION not in self.annotations:
+            return msgspec.Struct.__repr__(self)
+        masked = {**self.annotations, CREDENTIAL_ANNOTATION: "<redacted>"}
+        return msgspec.Struct.__repr__(msgspec.structs.replace(self, annotations=masked))
+
+
+class DatasetSpec(Wire, frozen=True, kw_only=True):
+    """Where a dataset's samples live and how they are laid out."""
+
+    url: StorageUrl
+    format: DatasetFormat
+    node_name: DnsSubdomain
+    credential_name: DnsSubdomain | None = None
+
+    @property
+    def normalized_format(self) -> Literal["txt", "csv"]:
+        """The format in lower case; the wire keeps whatever case the user wrote."""
+        return "csv" if self.format.lower() == "csv" else "txt"
+
+
+class Dataset(Wire, frozen=True, kw_only=True):
+    """Sedna's Dataset resource (apiVersion/kind default: informer objects often omit them)."""
+
+    api_version: str = SEDNA_API_VERSION
+    kind: str = "Dataset"
+    metadata: ObjectMeta
+    spec: DatasetSpec
+
+
+class Condition(Wire, frozen=True, kw_only=True):
+    """A trigger's condition: `metric` (`name` or `name[i]`) compared with `threshold`; an
+    empty operator means "no condition" (Sedna sends it unset)."""
+
+    operator: Operator = ""
+    threshold: NumericString | int | float | None = None
+    metric: MetricName = ""
+
+    @property
+    def threshold_value(self) -> float | None:
+        """The threshold as a float (validation guarantees it converts and is finite)."""
+        return None if self.threshold is None else float(self.threshold)
+
+
+class Timer(Wire, frozen=True, kw_only=True):
+    """Daily window, controller-local time, inclusive; wraps past midnight if start > end."""
+
+    start: ClockTime
+    end: ClockTime
+
+
+class Trigger(Wire, frozen=True, kw_only=True):
+    """When a train round may start."""
+
+    check_period_seconds: PeriodSeconds = 60
+    timer: Timer | None = None
+    condition: Condition | None = None
+
+
+class JobDatasetRef(Wire, frozen=True, kw_only=True):
+    """The job's dataset and the share of each new batch that goes to training."""
+
+    name: DnsSubdomain
+    train_prob: Probability
+
+
+class TrainSpec(Wire, frozen=True, kw_only=True):
+    """Train worker template (opaque, passed on) and its trigger."""
+
+    template: dict[str, Any] = {}
+    trigger: Trigger = msgspec.field(default_factory=Trigger)
+
+
+class EvalSpec(Wire, frozen=True, kw_only=True):
+    """Eval worker template (opaque, passed on)."""
+
+    template: dict[str, Any] = {}
+
+
+class DeployTrigger(Wire, frozen=True, kw_only=True):
+    """When an evaluated model is deployed, as Sedna's IncrementalLearningJob says it: the
+    condition is evaluated on the eval report's metrics, `m` (the new model's) and `m_delta`
+    (new minus deployed); unset or with an empty operator, every evaluated model is."""
+
+    condition: Condition | None = None
+
+
+class DeploySpec(Wire, frozen=True, kw_only=True):
+    """Deploy worker template (opaque, passed on) and the deploy gate."""
+
+    template: dict[str, Any] = {}
+    trigger: DeployTrigger | None = None
+
+
+class LifelongLearningJobSpec(Wire, frozen=True, kw_only=True):
+    """What a lifelong-learning job trains on, how, and where its files go."""
+
+    dataset: JobDatasetRef
+    train_spec: TrainSpec
+    eval_spec: EvalSpec
+    deploy_spec: DeploySpec
+    output_dir: StorageUrl
+    credential_name: DnsSubdomain | None = None
+
+
+class LifelongLearningJob(Wire, frozen=True, kw_only=True):
+    """Sedna's LifelongLearningJob resource."""
+
+    api_version: str = SEDNA_API_VERSION
+    kind: str = "LifelongLearningJob"
+    metadata: ObjectMeta
+    spec: LifelongLearningJobSpec
