@@ -22,7 +22,8 @@ from kubernetes_validate.utils import all_versions
 
 from service.adapters.http import HttpServer
 from service.cli import build_parser
-from service.config import _SETTINGS, Config
+from service.config import Config
+from service.config.settings import SETTINGS
 from service.metrics import Metrics
 from tests.deploy.kustomize import Resource, pod_specs, render
 
@@ -39,7 +40,7 @@ DOWNWARD = {
     "spec.nodeName": NODE,
     "status.hostIP": "192.0.2.10",
 }
-SETTING_NAMES = {name for s in _SETTINGS for name in (s.env, *s.fallbacks)}
+SETTING_NAMES = {name for s in SETTINGS for name in (s.env, *s.fallbacks)}
 #: writable mounts and why: everything else a container sees is read-only
 WRITABLE_MOUNTS = {
     ("controller", "/rootfs"),  # round files and the deploy copy are written on the host
@@ -192,7 +193,7 @@ def test_every_setting_is_in_the_manifest(rendered: list[Resource]) -> None:
     """Operators see every knob with its value; a new setting must be added here too."""
     c = container(rendered, f"{NODE}-lifelong-controller", "controller")
     names = {v["name"] for v in c["env"]}
-    missing = sorted(s.env for s in _SETTINGS if s.env not in names)
+    missing = sorted(s.env for s in SETTINGS if s.env not in names)
     assert not missing, f"add {missing} to deploy/kubernetes/base/controller.yaml"
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.config import _SETTINGS, Config, add_arguments, from_args
+from service.config import Config, add_arguments, from_args
+from service.config.settings import SETTINGS
 from service.core.paths import DataRoots
 from service.errors import ConfigError
 
@@ -329,7 +330,7 @@ def test_every_setting_is_in_the_readmes_configuration_table() -> None:
     """The table users read is the contract: each variable and its Sedna fallbacks are in it."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| LIFELONG_")]
-    for setting in _SETTINGS:
+    for setting in SETTINGS:
         row = next((r for r in rows if r.startswith(f"| {setting.env} ")), None)
         assert row is not None, f"{setting.env} is missing from README.md's configuration table"
         for fallback in setting.fallbacks:

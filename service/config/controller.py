@@ -1,0 +1,151 @@
+"""`Config`: the validated settings of one controller process, and what follows from them
+(the topics of its node, the data roots, the replicas a write waits for, the HTTP address
+and token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from service.config.settings import NODE_NAME, SETTINGS, lookup
+from service.config.values import LogFormat, read_token_file, split_host_port
+from service.core.paths import DataRoots
+from service.errors import ConfigError
+from service.urls import parse_redis_url
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Validated settings of one controller process; build it with `from_env` or `from_args`."""
+
+    mqtt_url: str = "mqtt://127.0.0.1:1883"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    node_name: str
+    topic_prefix: str = "sedna"
+    upstream_topic: str = "{prefix}/{node}/upstream"
+    volume_prefix: str = ""
+    http_addr: str = "127.0.0.1:9100"
+    key_prefix: str = "lifelong"
+    redis_min_replicas: int | None = None
+    dataset_poll_s: float = 60
+    lease_s: float = 10
+    log_format: LogFormat = "text"
+    gm_address: str = ""
+    http_token: str = dataclasses.field(default="", repr=False)
+    http_token_file: str = ""
+    data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"
+    max_model_bytes: int = 4 << 30
+    max_line_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
+        for setting in SETTINGS:
+            value = getattr(self, setting.field)
+            if value is None:
+                continue  # an optional setting left to its default
+            setting.check(value if isinstance(value, str) else repr(value), setting.env)
+        if self.http_token and self.http_token_file:
+            raise ConfigError(
+                "LIFELONG_HTTP_TOKEN and LIFELONG_HTTP_TOKEN_FILE: set one of them, not both"
+            )
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], overrides: Mapping[str, str | None] | None = None
+    ) -> Config:
+        """Read settings from `environ`; `overrides` (field name -> flag value) win when not None.
+
+        An empty environment variable counts as unset (Kubernetes manifests often carry
+        `value: ""`); an explicit empty flag is taken as given.
+        """
+        given = dict(overrides or {})
+        unknown = sorted(set(given) - {s.field for s in SETTINGS})
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        values: dict[str, object] = {}
+        for setting in SETTINGS:
+            raw, source = lookup(setting, environ, given.get(setting.field))
+            if raw is not None:
+                values[setting.field] = setting.parse(raw, source)
+        if "node_name" not in values:
+            values["node_name"] = NODE_NAME.parse(socket.gethostname(), "hostname")
+        return cls(**values)  # type: ignore[arg-type]
+
+    def path_policy(self) -> DataRoots:
+        """Where a job's local files may lie: the data roots (default: the volume prefix,
+        the host's root as mounted, else "/") with the volume prefix."""
+        if self.data_roots:
+            roots = tuple(self.data_roots.split(":"))
+        else:
+            roots = (self.volume_prefix or "/",)
+        return DataRoots(roots=roots, prefix=self.volume_prefix)
+
+    def min_replicas(self) -> int:
+        """Replicas a write must reach before it is acted on: as set, else 0 for a single
+        Redis server and 1 behind Sentinel or in a Cluster."""
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return parse_redis_url(self.redis_url).default_min_replicas
+
+    def upstream_topic_for(self, namespace: str) -> str:
+        """The topic a status of a resource in `namespace` is published to."""
+        return self.upstream_topic.format(
+            prefix=self.topic_prefix, node=self.node_name, namespace=namespace
+        )
+
+    def downstream_topic(self) -> str:
+        """Where the cloud sends resources for this node."""
+        return f"{self.topic_prefix}/{self.node_name}/downstream"
+
+    def upstream_topic_filter(self) -> str:
+        """A subscription matching this node's upstream topic in every namespace: a level of
+        the template that holds `{namespace}` becomes `+`."""
+        levels = []
+        for level in self.upstream_topic.split("/"):
+            if "{namespace}" in level:
+                levels.append("+")
+            else:
+                levels.append(level.format(prefix=self.topic_prefix, node=self.node_name))
+        return "/".join(levels)
+
+    def worker_topic_filter(self) -> str:
+        """Subscription filter matching every worker's report topic on this node."""
+        return f"{self.topic_prefix}/{self.node_name}/workers/+/info"
+
+    def errors_topic(self) -> str:
+        """Where rejected inbound messages are reported."""
+        return f"{self.topic_prefix}/{self.node_name}/errors"
+
+    def presence_topic(self, replica: str) -> str:
+        """Retained online/offline topic of one controller replica."""
+        return f"{self.topic_prefix}/{self.node_name}/controllers/{replica}"
+
+    def presence_filter_all_nodes(self) -> str:
+        """A subscription matching every replica's presence topic, on every node."""
+        return f"{self.topic_prefix}/+/controllers/+"
+
+    def node_of_presence_topic(self, topic: str) -> str | None:
+        """The node a presence topic belongs to (None: not a presence topic under our prefix)."""
+        levels = topic.split("/")
+        is_presence = len(levels) == 4 and levels[0] == self.topic_prefix
+        return levels[1] if is_presence and levels[2] == "controllers" else None
+
+    def for_node(self, node_name: str) -> Config:
+        """The same settings for another node (its topics), checked like any node name."""
+        return dataclasses.replace(self, node_name=node_name)
+
+    def http_host_port(self) -> tuple[str, int]:
+        """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
+        return split_host_port(self.http_addr, "LIFELONG_HTTP_ADDR")
+
+    def http_bearer_token(self) -> str:
+        """The token HTTP clients must present ("" for none): the setting or the file's content.
+
+        The file is read on every call, so a caller reads it once, at start-up.
+        """
+        if self.http_token_file:
+            return read_token_file(self.http_token_file, "LIFELONG_HTTP_TOKEN_FILE")
+        return self.http_token
