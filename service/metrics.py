@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -23,134 +24,193 @@ from service.core.state import JobState, State
 TRANSITION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its name, its help text and its label names."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def counter(self, registry: CollectorRegistry) -> Counter:
+        return Counter(self.name, self.help, self.labels, registry=registry)
+
+    def gauge(self, registry: CollectorRegistry) -> Gauge:
+        return Gauge(self.name, self.help, self.labels, registry=registry)
+
+
+# -- the processor's and the effect runner's work --------------------------------------------
+EVENTS = Family(
+    "lifelong_events",
+    "Events applied to jobs and datasets, by event type and outcome.",
+    ("type", "outcome"),
+)
+TRANSITION_SECONDS = Family(
+    "lifelong_transition_seconds",
+    "Time from loading a job's state to committing the transition's result.",
+)
+OUTBOX_DEPTH = Family(
+    "lifelong_outbox_depth",
+    "Upstream messages committed but not yet acknowledged by the broker.",
+)
+LEASES_HELD = Family("lifelong_leases_held", "Shard leases this replica holds.")
+EFFECTS = Family(
+    "lifelong_effects",
+    "Side effects run (sample files, model copies, publishes), by type and outcome.",
+    ("type", "outcome"),
+)
+# -- what was refused or set aside -----------------------------------------------------------
+REJECTIONS = Family(
+    "lifelong_rejections",
+    "Inbound messages rejected, by a short reason class (invalid_json, unknown_job...).",
+    ("reason",),
+)
+QUARANTINED = Family(
+    "lifelong_quarantined_resources",
+    "Resources quarantined on the shards this replica holds: their stored state or "
+    "an ingress entry could not be decoded (see the dead-letter stream).",
+)
+QUARANTINED_ENTRIES = Family(
+    "lifelong_quarantined_entries",
+    "Ingress entries set aside on the dead-letter stream by a quarantine, by cause "
+    "(state: the resource's state cannot be decoded; entry: the entry cannot).",
+    ("cause",),
+)
+# -- datasets --------------------------------------------------------------------------------
+DATASET_SAMPLES = Family(
+    "lifelong_dataset_samples", "Samples last counted in each dataset.", ("namespace", "name")
+)
+DATASET_UNREADABLE = Family(
+    "lifelong_dataset_unreadable",
+    "1 for each dataset whose source cannot be read now (missing, permission, S3 "
+    "403/404); absent once it can be read or is deleted.",
+    ("namespace", "name"),
+)
+DATASET_UNREADABLE_REPORTS = Family(
+    "lifelong_dataset_unreadable_reports",
+    "Datasets found unreadable, once per change of condition (not per poll).",
+    ("namespace", "name"),
+)
+# -- this replica's health, by node ----------------------------------------------------------
+READY = Family(
+    "lifelong_ready",
+    "1 when this replica is ready: MQTT and Redis connected, and its intake "
+    "subscribed when it holds the ingress lease.",
+    ("node",),
+)
+INGRESS_HELD = Family(
+    "lifelong_ingress_held",
+    "1 when this replica holds its node's ingress lease (it alone takes in messages).",
+    ("node",),
+)
+REDIS_UP = Family(
+    "lifelong_redis_up",
+    "1 when this replica's last lease-keeping round (heartbeat, renewals) reached Redis.",
+    ("node",),
+)
+MQTT_UP = Family(
+    "lifelong_mqtt_up",
+    "1 when this replica's publishing MQTT client is connected to the broker.",
+    ("node",),
+)
+# -- jobs ------------------------------------------------------------------------------------
+JOBS = Family(
+    "lifelong_jobs", "Jobs on the shards this replica holds, by phase and step.", ("phase", "step")
+)
+JOB_PHASE_ENTERED = Family(
+    "lifelong_job_phase_entered_timestamp_seconds",
+    "When each job on a shard this replica holds entered its current phase and step "
+    "(Unix time); none for jobs waiting for samples, which may wait for ever.",
+    ("namespace", "name", "phase", "step"),
+)
+
+
 class Metrics:
-    """The service's counters, gauges and histograms, registered in a private registry."""
+    """The service's counters, gauges and histograms, registered in a private registry.
+
+    The families the runtime's collaborators update are attributes (`events`, `rejections`,
+    `dataset_samples`, ...); the health gauges and the per-job series are kept by
+    `HealthGauges` and `JobMetrics`, through `set_health`, `job_changed` and `keep_jobs_of`.
+    """
 
     def __init__(self, *, gm_link: bool = False) -> None:
         """`gm_link`: export the GM link's series (only where a GM is configured, so that
         its alert never fires for a controller that has no link)."""
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.events = Counter(
-            "lifelong_events",
-            "Events applied to jobs and datasets, by event type and outcome.",
-            ["type", "outcome"],
-            registry=self.registry,
-        )
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.events = EVENTS.counter(registry)
         self.transition_seconds = Histogram(
-            "lifelong_transition_seconds",
-            "Time from loading a job's state to committing the transition's result.",
+            TRANSITION_SECONDS.name,
+            TRANSITION_SECONDS.help,
             buckets=TRANSITION_BUCKETS_S,
-            registry=self.registry,
+            registry=registry,
         )
-        self.outbox_depth = Gauge(
-            "lifelong_outbox_depth",
-            "Upstream messages committed but not yet acknowledged by the broker.",
-            registry=self.registry,
-        )
-        self.leases_held = Gauge(
-            "lifelong_leases_held",
-            "Shard leases this replica holds.",
-            registry=self.registry,
-        )
-        self.rejections = Counter(
-            "lifelong_rejections",
-            "Inbound messages rejected, by a short reason class (invalid_json, unknown_job...).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.dataset_samples = Gauge(
-            "lifelong_dataset_samples",
-            "Samples last counted in each dataset.",
-            ["namespace", "name"],
-            registry=self.registry,
-        )
-        self.quarantined = Gauge(
-            "lifelong_quarantined_resources",
-            "Resources quarantined on the shards this replica holds: their stored state or "
-            "an ingress entry could not be decoded (see the dead-letter stream).",
-            registry=self.registry,
-        )
-        self.quarantined_entries = Counter(
-            "lifelong_quarantined_entries",
-            "Ingress entries set aside on the dead-letter stream by a quarantine, by cause "
-            "(state: the resource's state cannot be decoded; entry: the entry cannot).",
-            ["cause"],
-            registry=self.registry,
-        )
-        self.dataset_unreadable = Gauge(
-            "lifelong_dataset_unreadable",
-            "1 for each dataset whose source cannot be read now (missing, permission, S3 "
-            "403/404); absent once it can be read or is deleted.",
-            ["namespace", "name"],
-            registry=self.registry,
-        )
-        self.dataset_unreadable_reports = Counter(
-            "lifelong_dataset_unreadable_reports",
-            "Datasets found unreadable, once per change of condition (not per poll).",
-            ["namespace", "name"],
-            registry=self.registry,
-        )
-        self.effects = Counter(
-            "lifelong_effects",
-            "Side effects run (sample files, model copies, publishes), by type and outcome.",
-            ["type", "outcome"],
-            registry=self.registry,
-        )
-        self.ready = Gauge(
-            "lifelong_ready",
-            "1 when this replica is ready: MQTT and Redis connected, and its intake "
-            "subscribed when it holds the ingress lease.",
-            ["node"],
-            registry=self.registry,
-        )
-        self.ingress_held = Gauge(
-            "lifelong_ingress_held",
-            "1 when this replica holds its node's ingress lease (it alone takes in messages).",
-            ["node"],
-            registry=self.registry,
-        )
-        self.redis_up = Gauge(
-            "lifelong_redis_up",
-            "1 when this replica's last lease-keeping round (heartbeat, renewals) reached Redis.",
-            ["node"],
-            registry=self.registry,
-        )
-        self.mqtt_up = Gauge(
-            "lifelong_mqtt_up",
-            "1 when this replica's publishing MQTT client is connected to the broker.",
-            ["node"],
-            registry=self.registry,
-        )
-        self.jobs = Gauge(
-            "lifelong_jobs",
-            "Jobs on the shards this replica holds, by phase and step.",
-            ["phase", "step"],
-            registry=self.registry,
-        )
-        self.job_phase_entered = Gauge(
-            "lifelong_job_phase_entered_timestamp_seconds",
-            "When each job on a shard this replica holds entered its current phase and step "
-            "(Unix time); none for jobs waiting for samples, which may wait for ever.",
-            ["namespace", "name", "phase", "step"],
-            registry=self.registry,
-        )
-        #: (namespace, name) -> (shard, phase, step, phase_since_ms) of each job counted
-        self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
-        self._jobs_lock = threading.Lock()
-        self._kept_shards: frozenset[int] | None = None
-        self.models = ModelMetrics(self.registry)
-        self.gm = GmLinkMetrics(self.registry) if gm_link else None
+        self.outbox_depth = OUTBOX_DEPTH.gauge(registry)
+        self.leases_held = LEASES_HELD.gauge(registry)
+        self.rejections = REJECTIONS.counter(registry)
+        self.dataset_samples = DATASET_SAMPLES.gauge(registry)
+        self.quarantined = QUARANTINED.gauge(registry)
+        self.quarantined_entries = QUARANTINED_ENTRIES.counter(registry)
+        self.dataset_unreadable = DATASET_UNREADABLE.gauge(registry)
+        self.dataset_unreadable_reports = DATASET_UNREADABLE_REPORTS.counter(registry)
+        self.effects = EFFECTS.counter(registry)
+        self._health = HealthGauges(registry)
+        self._jobs = JobMetrics(registry)
+        self.gm = GmLinkMetrics(registry) if gm_link else None
 
     def set_health(
         self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool
     ) -> None:
         """This replica's health as 0/1 gauges (refreshed by the presence loop)."""
+        self._health.set(
+            node, ready=ready, ingress_held=ingress_held, redis_up=redis_up, mqtt_up=mqtt_up
+        )
+
+    def job_changed(self, shard: int, before: State | None, after: State | None) -> None:
+        """Count a job in its phase and step, from the state a transition left it in
+        (`JobMetrics.changed`)."""
+        self._jobs.changed(shard, before, after)
+
+    def keep_jobs_of(self, shards: Collection[int]) -> None:
+        """Forget the jobs on shards this replica no longer holds (`JobMetrics.keep`)."""
+        self._jobs.keep(shards)
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every metric and its HTTP content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class HealthGauges:
+    """This replica's health, each gauge 0 or 1 and labelled with its node."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ready = READY.gauge(registry)
+        self.ingress_held = INGRESS_HELD.gauge(registry)
+        self.redis_up = REDIS_UP.gauge(registry)
+        self.mqtt_up = MQTT_UP.gauge(registry)
+
+    def set(
+        self, node: str, *, ready: bool, ingress_held: bool, redis_up: bool, mqtt_up: bool
+    ) -> None:
         self.ready.labels(node=node).set(float(ready))
         self.ingress_held.labels(node=node).set(float(ingress_held))
         self.redis_up.labels(node=node).set(float(redis_up))
         self.mqtt_up.labels(node=node).set(float(mqtt_up))
 
-    def job_changed(self, shard: int, before: State | None, after: State | None) -> None:
+
+class JobMetrics:
+    """The jobs on the shards this replica holds: a count by phase and step, when each
+    entered its phase, and its model series (`ModelMetrics`), all under one lock."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.jobs = JOBS.gauge(registry)
+        self.phase_entered = JOB_PHASE_ENTERED.gauge(registry)
+        #: (namespace, name) -> (shard, phase, step, phase_since_ms) of each job counted
+        self._jobs: dict[tuple[str, str], tuple[int, str, str, int]] = {}
+        self._lock = threading.Lock()
+        self._kept_shards: frozenset[int] | None = None
+        self.models = ModelMetrics(registry)
+
+    def changed(self, shard: int, before: State | None, after: State | None) -> None:
         """Count a job in its phase and step, from the state a transition left it in.
 
         A job that is not waiting for samples also has a phase-entry series, replaced when it
@@ -160,47 +220,43 @@ class Metrics:
         if isinstance(after, JobState):
             key = (after.namespace, after.name)
             entry = (shard, after.phase, after.step, after.phase_since_ms)
-            with self._jobs_lock:
+            with self._lock:
                 self.models.changed(shard, after)
                 if self._jobs.get(key) == entry:
                     return  # the common case: an event that left the job where it was
-                self._forget_job(key)
+                self._forget(key)
                 self._jobs[key] = entry
                 self.jobs.labels(after.phase, after.step).inc()
                 if _has_series(entry):
-                    self.job_phase_entered.labels(*key, after.phase, after.step).set(
+                    self.phase_entered.labels(*key, after.phase, after.step).set(
                         after.phase_since_ms / 1000
                     )
         elif isinstance(before, JobState):
-            with self._jobs_lock:
-                self._forget_job((before.namespace, before.name))
+            with self._lock:
+                self._forget((before.namespace, before.name))
                 self.models.forget((before.namespace, before.name))
 
-    def keep_jobs_of(self, shards: Collection[int]) -> None:
+    def keep(self, shards: Collection[int]) -> None:
         """Forget the jobs on shards this replica no longer holds: their new owner reports
         them, and a stale copy here would look like a job stuck in its old phase.
         Cheap when the shards are those of the last call (the processor calls it often)."""
         kept = frozenset(shards)
-        with self._jobs_lock:
+        with self._lock:
             if kept == self._kept_shards:
                 return
             self._kept_shards = kept
             for key in [k for k, (shard, *_) in self._jobs.items() if shard not in kept]:
-                self._forget_job(key)
+                self._forget(key)
             self.models.keep(kept)
 
-    def _forget_job(self, key: tuple[str, str]) -> None:
+    def _forget(self, key: tuple[str, str]) -> None:
         known = self._jobs.pop(key, None)
         if known is None:
             return
         _shard, phase, step, _since = known
         self.jobs.labels(phase, step).dec()
         if _has_series(known):
-            self.job_phase_entered.remove(*key, phase, step)
-
-    def render(self) -> tuple[bytes, str]:
-        """The text exposition of every metric and its HTTP content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            self.phase_entered.remove(*key, phase, step)
 
 
 #: (model, metric) -> value: the series of one job's model metrics
