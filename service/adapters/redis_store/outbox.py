@@ -1,0 +1,107 @@
+"""What a commit leaves to be done: upstream messages for the broker (the outbox) and for
+the GM link (the GM outbox), and effect intents, each kept per shard until done.
+
+Reads whose content is about to be acted on end with the barrier: with replicas required,
+nothing a failover could take back goes out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from service.adapters.redis_links import Routed
+from service.adapters.redis_store.calls import Commands, as_str, field_map
+from service.adapters.redis_store.values import OutboxEntry
+
+
+class Outboxes:
+    """The outbox, the GM outbox and the effect intents of every shard."""
+
+    def __init__(self, redis: Commands) -> None:
+        self._redis = redis
+        self._keys = redis.keys
+
+    def outbox_read(
+        self, shards: Sequence[int], count: int
+    ) -> dict[int, list[tuple[str, OutboxEntry]]]:
+        """Per shard, unpublished upstream messages, oldest first, with their stream ids; all
+        shards in one round trip. With replicas required, only once they hold all of it."""
+        read = self._read(self._keys.outbox, shards, count, "outbox_read")
+        return {
+            shard: [
+                (stream_id, OutboxEntry(as_str(f[b"id"]), as_str(f[b"topic"]), f[b"payload"]))
+                for stream_id, f in entries
+            ]
+            for shard, entries in read.items()
+        }
+
+    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+        """Forget published messages (after the broker's PUBACK)."""
+        self._delete(self._keys.outbox(shard), stream_ids, "outbox_done")
+
+    def gm_outbox_read(
+        self, shards: Sequence[int], count: int
+    ) -> dict[int, list[tuple[str, bytes]]]:
+        """Per shard, upstream messages not yet sent to the GM, oldest first, as (stream id,
+        envelope JSON); all shards in one round trip. With replicas required, only once they
+        hold all of it."""
+        read = self._read(self._keys.gm_outbox, shards, count, "gm_outbox_read")
+        return {
+            shard: [(stream_id, f[b"payload"]) for stream_id, f in entries]
+            for shard, entries in read.items()
+        }
+
+    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+        """Forget messages the GM link sent."""
+        self._delete(self._keys.gm_outbox(shard), stream_ids, "gm_outbox_done")
+
+    def _read(
+        self, key_of: Callable[[int], str], shards: Sequence[int], count: int, what: str
+    ) -> dict[int, list[tuple[str, dict[bytes, bytes]]]]:
+        """The oldest ``count`` entries of each shard's stream, behind the barrier."""
+        if not shards:
+            return {}
+        keys = [key_of(shard) for shard in shards]
+        replies = self._redis.run(
+            [Routed(k, ("XRANGE", k, "-", "+", "COUNT", count)) for k in keys],
+            what=what,
+            confirm=self._redis.barrier,
+        )
+        return {
+            shard: [(as_str(entry_id), field_map(pairs)) for entry_id, pairs in entries]
+            for shard, entries in zip(shards, replies, strict=True)
+        }
+
+    def _delete(self, key: str, stream_ids: Sequence[str], what: str) -> None:
+        if stream_ids:
+            self._redis.run([Routed(key, ("XDEL", key, *stream_ids))], what=what)
+
+    def pending_effects(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
+        """Per shard, the effect intents committed but not yet completed (a new owner redoes
+        them), in one round trip. With replicas required, only once they hold all of it."""
+        if not shards:
+            return {}
+        keys = [self._keys.effects(shard) for shard in shards]
+        replies = self._redis.run(
+            [Routed(k, ("HGETALL", k)) for k in keys],
+            what="pending_effects",
+            confirm=self._redis.barrier,
+        )
+        return {
+            shard: {as_str(effect_id): intent for effect_id, intent in field_map(flat).items()}
+            for shard, flat in zip(shards, replies, strict=True)
+        }
+
+    def complete_effect(
+        self, shard: int, token: str, effect_id: str, result_event: bytes | None
+    ) -> bool:
+        """Retire an intent and append its result event, once; False if already retired."""
+        k = self._keys
+        call = self._redis.call(
+            "complete_effect",
+            (k.lease(shard), k.effects(shard), k.ingress(shard)),
+            (token, effect_id, "0" if result_event is None else "1", result_event or b""),
+        )
+        return bool(
+            self._redis.eval([call], what="complete_effect", confirm=self._redis.confirm)[0]
+        )
