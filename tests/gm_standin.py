@@ -42,6 +42,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from service.embedded import free_port
+from tests.wait import wait_until
 
 T = TypeVar("T")
 # (resourceKind, namespace, resourceName): the GM's queue key; raw frames get unique keys.
@@ -166,15 +167,11 @@ class GmStandIn:
             return self._connects.get(node, 0)
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-        """Wait until ``predicate()`` (evaluated on every change) holds."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while not predicate():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._changed.wait(min(remaining, 0.1))
-            return True
+        """Wait until ``predicate()`` (evaluated on every change) holds; False on timeout."""
+        try:
+            return wait_until(predicate, timeout_s, "the GM stand-in", condition=self._changed)
+        except TimeoutError:
+            return False
 
     # -- what it sends --------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from paho.mqtt.enums import MQTTProtocolVersion
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.errors import ConfigError
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running
+from tests.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
@@ -101,15 +102,6 @@ def assert_nothing(q: queue.SimpleQueue[Inbound], wait_s: float) -> None:
         pytest.fail(f"unexpected message {item}")
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 def subscribed(client: MqttClient, url: str, topic: str) -> None:
     """Subscriptions are sent on CONNACK; prove one is active by a message through it."""
     with client_for(url) as probe:
@@ -182,12 +174,15 @@ def test_client_rejects_unreadable_tls_files_as_config_error(tmp_path: Path) -> 
         MqttClient(MqttSettings(url=f"mqtts://b?ca={tmp_path}/missing.pem", client_id="x"))
 
 
-@pytest.mark.parametrize("overrides", [
-    {"client_id": "", "clean_start": False},
-    {"reconnect_min_s": 0.0},
-    {"reconnect_min_s": 5.0, "reconnect_max_s": 1.0},
-    {"will": ("", b"offline", True)},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"client_id": "", "clean_start": False},
+        {"reconnect_min_s": 0.0},
+        {"reconnect_min_s": 5.0, "reconnect_max_s": 1.0},
+        {"will": ("", b"offline", True)},
+    ],
+)
 def test_bad_settings_raise_config_error(overrides: dict[str, object]) -> None:
     fields: dict[str, object] = {"url": "mqtt://b", "client_id": "x", **overrides}
     with pytest.raises(ConfigError):
@@ -344,7 +339,11 @@ def test_falls_back_to_311_when_broker_closes_after_v5_connect(
         assert "switches to MQTTv311 for this and every later connect" in caplog.text
         subscribed(client, url_of(mosquitto), "fbc/in")
         drop_connection(client)  # later connects remember 3.1.1
-        assert wait_until(lambda: changes.count(True) == 2 and client.connected), changes
+        wait_until(
+            lambda: changes.count(True) == 2 and client.connected,
+            10,
+            "changes.count(True) == 2 and client.connected",
+        )
         assert proxy.levels_seen == [5, 4, 4]
 
 
@@ -376,7 +375,7 @@ def test_pinned_mqtt5_never_falls_back(mosquitto: Server, action: str) -> None:
         proxy_for(mosquitto, on_v5=action) as proxy,
         client_for(f"{proxy.url}?protocol=5", connect=False) as client,
     ):
-        assert wait_until(lambda: len(proxy.levels_seen) >= 3)
+        wait_until(lambda: len(proxy.levels_seen) >= 3, 10, "len(proxy.levels_seen) >= 3")
         assert not client.connected
         assert set(proxy.levels_seen) == {5}
         assert client.protocol == MQTTProtocolVersion.MQTTv5
@@ -467,7 +466,11 @@ def test_two_clients_with_one_id_back_off_instead_of_fighting(
         client_for(url, client_id, on_change=count, takeover_backoff_max_s=1.6, connect=False),
     ):
         # paho alone would reconnect every 0.1 s and never reach the cap
-        assert wait_until(lambda: "reconnecting in 1.6s" in caplog.text, 30), caplog.text
+        wait_until(
+            lambda: "reconnecting in 1.6s" in caplog.text,
+            30,
+            "'reconnecting in 1.6s' in caplog.text",
+        )
         fights = len(connects)
     delays = takeover_delays(caplog)
     assert delays == sorted(delays), delays  # each close in a row doubles the delay
@@ -486,13 +489,21 @@ def test_disconnect_0x8e_is_named_and_backed_off_until_a_stable_connection(
         proxy_for(mosquitto, on_v5="pipe", first=taken) as proxy,
         client_for(proxy.url, takeover_backoff_max_s=0.4, connect=False) as client,
     ):
-        assert wait_until(lambda: len(proxy.levels_seen) == 5 and client.connected, 15)
+        wait_until(
+            lambda: len(proxy.levels_seen) == 5 and client.connected,
+            15,
+            "len(proxy.levels_seen) == 5 and client.connected",
+        )
         assert takeover_delays(caplog) == [0.1, 0.2, 0.4, 0.4]
         assert caplog.text.count("(DISCONNECT 0x8E)") == 4
         time.sleep(1.0)  # stable: more than twice the cap
         caplog.clear()
         drop_connection(client)
-        assert wait_until(lambda: len(proxy.levels_seen) == 6 and client.connected, 15)
+        wait_until(
+            lambda: len(proxy.levels_seen) == 6 and client.connected,
+            15,
+            "len(proxy.levels_seen) == 6 and client.connected",
+        )
         assert "MQTT disconnected from" in caplog.text
         assert takeover_delays(caplog) == []
 
@@ -509,12 +520,18 @@ def test_an_outage_ends_a_run_of_takeovers(
         )  # fmt: skip
         client.start()
         try:
-            assert wait_until(lambda: takeover_delays(caplog)[:3] == [0.1, 0.2, 0.4], 15)
+            wait_until(
+                lambda: takeover_delays(caplog)[:3] == [0.1, 0.2, 0.4],
+                15,
+                "takeover_delays(caplog)[:3] == [0.1, 0.2, 0.4]",
+            )
             proxy.close()
-            assert wait_until(lambda: "cannot reach" in caplog.text, 15)
+            wait_until(lambda: "cannot reach" in caplog.text, 15, "'cannot reach' in caplog.text")
             caplog.clear()
             with proxy_for(mosquitto, on_v5="take-over", port=proxy.port):
-                assert wait_until(lambda: takeover_delays(caplog) != [], 15)
+                wait_until(
+                    lambda: takeover_delays(caplog) != [], 15, "takeover_delays(caplog) != []"
+                )
                 assert takeover_delays(caplog)[0] == 0.1
                 assert "1 such close(s) in a row" in caplog.text
         finally:
@@ -571,7 +588,7 @@ def test_subscriptions_renewed_after_broker_restart(mosquitto: Server) -> None:
     with client_for(url, subscriptions=("r/in",), on_change=changes.append) as sub:
         subscribed(sub, url, "r/in")
         mosquitto.restart()
-        assert wait_until(lambda: changes.count(True) >= 2), changes
+        wait_until(lambda: changes.count(True) >= 2, 10, "changes.count(True) >= 2")
         assert changes[:3] == [True, False, True]
         assert sub.connected
         with client_for(url) as pub:
@@ -588,15 +605,15 @@ def test_subscribed_means_a_message_sent_now_arrives(mosquitto: Server) -> None:
         for trial in range(10):
             topic = f"fresh/{trial}/in"
             with client_for(url, subscriptions=(topic, "other/in"), connect=False) as sub:
-                assert wait_until(lambda c=sub: c.subscribed, 10)  # type: ignore[misc]
+                wait_until(lambda c=sub: c.subscribed, 10, "c.subscribed")  # type: ignore[misc]
                 assert pub.publish(topic, b"right away").wait(5)
                 assert get(sub.inbound).payload == b"right away"
         with client_for(url, subscriptions=("r/in",)) as sub:
-            assert wait_until(lambda: sub.subscribed, 10)
+            wait_until(lambda: sub.subscribed, 10, "sub.subscribed")
             mosquitto.stop()
-            assert wait_until(lambda: not sub.subscribed, 5)
+            wait_until(lambda: not sub.subscribed, 5, "not sub.subscribed")
             mosquitto.start()
-            assert wait_until(lambda: sub.subscribed, 10)
+            wait_until(lambda: sub.subscribed, 10, "sub.subscribed")
     with client_for(url) as plain:
         assert plain.subscribed, "nothing to subscribe to: subscribed once connected"
 
@@ -611,7 +628,7 @@ def test_subscribed_means_a_message_sent_now_arrives(mosquitto: Server) -> None:
     )
     client.start()
     try:
-        assert wait_until(lambda: client.subscribed, 10)
+        wait_until(lambda: client.subscribed, 10, "client.subscribed")
         assert at_connack == [False]
     finally:
         client.stop()
@@ -621,7 +638,7 @@ def test_publish_while_broker_down_is_sent_after_reconnect(mosquitto: Server) ->
     url = url_of(mosquitto)
     with client_for(url, subscriptions=("q/in",)) as client:
         mosquitto.stop()
-        assert wait_until(lambda: not client.connected, 5)
+        wait_until(lambda: not client.connected, 5, "not client.connected")
         ticket = client.publish("q/in", b"while down")
         assert not ticket.wait(0.3)
         mosquitto.start()
@@ -715,7 +732,11 @@ def test_session_resumes_on_reconnect_and_stale_acks_are_dropped(
         client.ack(third)
         time.sleep(0.3)
         drop_connection(client)
-        assert wait_until(lambda: changes.count(True) == 4 and client.connected, 10), changes
+        wait_until(
+            lambda: changes.count(True) == 4 and client.connected,
+            10,
+            "changes.count(True) == 4 and client.connected",
+        )
         assert_nothing(client.inbound, 0.7)
 
 
@@ -772,9 +793,9 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
         assert first.wait_connected(10)
         with client_for(url, client_id, on_change=second_changes.append, connect=False) as second:
             # The two now ping-pong for the id; prove it, then stop the first.
-            assert wait_until(lambda: first_changes.count(True) >= 2, 5), first_changes
+            wait_until(lambda: first_changes.count(True) >= 2, 5, "first_changes.count(True) >= 2")
             first.stop()
-            assert wait_until(lambda: second.connected, 5)
+            wait_until(lambda: second.connected, 5, "second.connected")
             before = len(second_changes)
             time.sleep(1.5)
             assert second.connected
@@ -786,13 +807,19 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
 
 def test_stop_while_broker_down_ends_retries(mosquitto: Server) -> None:
     changes: list[bool] = []
-    client = MqttClient(MqttSettings(url=url_of(mosquitto), client_id=unique("down"),
-                                     reconnect_min_s=0.1, reconnect_max_s=0.2),
-                        on_connection_change=changes.append)
+    client = MqttClient(
+        MqttSettings(
+            url=url_of(mosquitto),
+            client_id=unique("down"),
+            reconnect_min_s=0.1,
+            reconnect_max_s=0.2,
+        ),
+        on_connection_change=changes.append,
+    )
     client.start()
     assert client.wait_connected(10)
     mosquitto.stop()
-    assert wait_until(lambda: changes == [True, False], 5), changes
+    wait_until(lambda: changes == [True, False], 5, "changes == [True, False]")
     time.sleep(0.3)  # let paho go round its retry loop at least once
     started = time.monotonic()
     client.stop()
