@@ -75,7 +75,24 @@ class Controller:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_port(self.http_port, 15)
+        self._wait_listening(30)
+
+    def _wait_listening(self, timeout_s: float) -> None:
+        """Until the HTTP port answers; a controller that exits or stays silent fails the
+        test with its log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"controller {self.name} exited ({self.proc.returncode}): {self.log()[-3000:]}"
+                )
+            try:
+                wait_port(self.http_port, 0.5)
+                return
+            except TimeoutError:
+                continue
+        raise TimeoutError(f"controller {self.name} not listening: {self.log()[-3000:]}")
 
     def wait_ready(self, timeout_s: float = 15) -> None:
         deadline = time.monotonic() + timeout_s

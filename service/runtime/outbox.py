@@ -49,6 +49,7 @@ class OutboxPublisher:
         self._lock = threading.Lock()
         self._dirty: set[int] = set()
         self._inflight: dict[Key, tuple[PublishTicket, float]] = {}
+        self._publishing: set[Key] = set()
         self._acked: list[Key] = []
         self._last_sweep = 0.0
 
@@ -105,20 +106,28 @@ class OutboxPublisher:
             return len(self._inflight)
 
     def _publish(self, key: Key, entry: OutboxEntry, now: float) -> None:
+        """Publish an entry unless it is in flight already. The committing thread's `send`
+        and this thread's sweep may both come to a just-committed entry: the first reserves
+        it (`_publishing`) before publishing, so the other leaves it alone."""
         with self._lock:
-            if key in self._inflight:
+            if key in self._inflight or key in self._publishing:
                 return
-        failpoints.hit("outbox-before-publish")
+            self._publishing.add(key)
+        ticket: PublishTicket | None = None
         try:
+            failpoints.hit("outbox-before-publish")
             ticket = self._mqtt.publish(entry.topic, entry.payload, qos=1)
         except ServiceError as e:
             log.warning("publishing %s to %s failed: %s", entry.id, entry.topic, e)
+        finally:
             with self._lock:
-                self._dirty.add(key[0])  # the next sweep tries again
-            return
-        with self._lock:
-            self._inflight[key] = (ticket, now)
-        ticket.add_done_callback(lambda: self._on_puback(key))
+                self._publishing.discard(key)
+                if ticket is None:
+                    self._dirty.add(key[0])  # the next sweep tries again
+                else:
+                    self._inflight[key] = (ticket, now)
+        if ticket is not None:
+            ticket.add_done_callback(lambda: self._on_puback(key))
 
     def _on_puback(self, key: Key) -> None:
         """Runs on paho's thread: record and wake, nothing more."""

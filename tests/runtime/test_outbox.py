@@ -1,12 +1,13 @@
 """The outbox on a graceful stop, against real mosquitto and Redis: what the broker
 acknowledged is forgotten before the replica lets its shards go, so the next owner's sweep
-does not send it upstream a second time."""
+does not send it upstream a second time. And the committing thread and the sweep, coming to
+the same entry at once, publish it once."""
 
 from __future__ import annotations
 
 import queue
 
-from service.adapters.mqtt import MqttClient, MqttSettings
+from service.adapters.mqtt import MqttClient, MqttSettings, PublishTicket
 from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
 from service.keys import Keys, rkey, shard_of
 from service.runtime.clock import SystemClock
@@ -55,3 +56,44 @@ def test_finish_forgets_what_the_broker_acknowledged(
         cloud.stop()
         publisher.stop()
         store.close()
+
+
+class _RacingMqtt:
+    """A publisher whose first publish lets the other thread's path come to the same entry
+    mid-call, as the committing thread's `send` can while the sweep publishes it."""
+
+    def __init__(self) -> None:
+        self.published: list[bytes] = []
+        self.meanwhile: list[object] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1) -> PublishTicket:
+        self.published.append(payload)
+        while self.meanwhile:
+            step = self.meanwhile.pop()
+            assert callable(step)
+            step()
+        return PublishTicket(len(self.published))
+
+
+class _OneEntryOutbox:
+    def __init__(self, entry: OutboxEntry) -> None:
+        self.entry = entry
+
+    def outbox_read(self, shards: list[int]) -> dict[int, list[tuple[str, OutboxEntry]]]:
+        return {shard: [("1-0", self.entry)] for shard in shards}
+
+    def outbox_done(self, shard: int, stream_ids: list[str]) -> None:
+        return None
+
+
+def test_an_entry_the_sweep_is_publishing_is_not_sent_again_by_the_committer() -> None:
+    entry = OutboxEntry("m-1", TOPIC, b"{}")
+    mqtt = _RacingMqtt()
+    outbox = OutboxPublisher(
+        _OneEntryOutbox(entry), mqtt, lambda: [SHARD], clock=SystemClock()  # type: ignore[arg-type]
+    )
+    mqtt.meanwhile.append(lambda: outbox.send(SHARD, [("1-0", entry)]))
+    outbox.run_once()  # the sweep publishes the entry; the committer's send comes meanwhile
+    assert mqtt.published == [b"{}"]
+    outbox.send(SHARD, [("1-0", entry)])  # and once it is in flight
+    assert mqtt.published == [b"{}"]
