@@ -354,7 +354,7 @@ def worker_report(
 ) -> tuple[str, bytes]:
     """The topic and payload of one worker's report; `seq` makes otherwise equal reports
     distinct (it travels in ownerInfo, which is forwarded upstream untouched)."""
-    worker = f"{job}-{kind}"
+    worker = f"{job}-{kind}-bench"  # as Sedna names a job's worker pods: <job>-<kind>-<suffix>
     message = {
         "name": worker,
         "namespace": NS,

@@ -109,11 +109,8 @@ class LocalFiles:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth, name in enumerate(names):
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(name, dir_fd=fd)
                 try:
-                    inner = os.open(name, _OPEN_DIR, dir_fd=fd)
+                    inner = _open_dir(fd, name, create=create)
                 except OSError as e:
                     if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                         raise
@@ -126,6 +123,21 @@ class LocalFiles:
             os.close(fd)
             raise
         return fd
+
+
+def _open_dir(parent: int, name: str, *, create: bool) -> int:
+    """A descriptor of the directory ``name`` in ``parent`` (never through a symlink),
+    made first if missing and ``create``. Opened first: every round writes into directories
+    that mostly exist already, and a mkdir that fails with EEXIST costs as much as one that
+    succeeds."""
+    try:
+        return os.open(name, _OPEN_DIR, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # another writer made it meanwhile
+        os.mkdir(name, dir_fd=parent)
+    return os.open(name, _OPEN_DIR, dir_fd=parent)
 
 
 def _open_regular(parent: int, name: str, path: str) -> int:

@@ -245,7 +245,8 @@ class Processor:
     def _committed(
         self, batches: list[_ShardBatch], outcomes: list[list[list[str]] | LeaseLost]
     ) -> None:
-        """Keep what committed, then start its effects and publish its messages."""
+        """Keep what committed, start its effects and publish its messages, then log, count
+        and dead-letter it (after: the effects and messages are what a round waits for)."""
         done: list[tuple[_ShardBatch, list[list[str]]]] = []
         for batch, outcome in zip(batches, outcomes, strict=True):
             if isinstance(outcome, LeaseLost):
@@ -254,30 +255,34 @@ class Processor:
                 continue
             for p in batch.plans:
                 _remember(batch.states, p.commit)
-                self._journal.write(p.commit.rkey, p.records, p.changed)
-                for rejected in p.rejected:
-                    self._rejections.recorded(
-                        rejected.topic, rejected.code, rejected.reason, rejected.record
-                    )
-                self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
-                if p.commit.clear_mark:
-                    self._quarantines.ended(batch.shard, p.commit.rkey)
-            for isolation in batch.isolations:
-                self._quarantines.committed(isolation)
-                for letter in isolation.letters:
-                    self._rejections.set_aside(
-                        letter.topic, letter.reason, letter.payload, letter.at_ms
-                    )
             done.append((batch, outcome[: len(batch.plans)]))
         failpoints.hit("process-before-effects")
-        for batch, _ in done:
-            for p in batch.plans:
-                for effect_id, item in p.work:
-                    self._effects.submit(batch.shard, effect_id, item)
         for batch, outbox_ids in done:
             for p, ids in zip(batch.plans, outbox_ids, strict=True):
+                for effect_id, item in p.work:
+                    self._effects.submit(batch.shard, effect_id, item)
                 if ids:
                     self._outbox.send(batch.shard, list(zip(ids, p.commit.outbox, strict=True)))
+        for batch, _ in done:
+            self._record(batch)
+
+    def _record(self, batch: _ShardBatch) -> None:
+        """The journal, rejections, dataset health and quarantines of a committed batch."""
+        for p in batch.plans:
+            self._journal.write(p.commit.rkey, p.records, p.changed)
+            for rejected in p.rejected:
+                self._rejections.recorded(
+                    rejected.topic, rejected.code, rejected.reason, rejected.record
+                )
+            self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
+            if p.commit.clear_mark:
+                self._quarantines.ended(batch.shard, p.commit.rkey)
+        for isolation in batch.isolations:
+            self._quarantines.committed(isolation)
+            for letter in isolation.letters:
+                self._rejections.set_aside(
+                    letter.topic, letter.reason, letter.payload, letter.at_ms
+                )
 
     def _run_shard(self, batch: _ShardBatch) -> bool:
         """Run the transitions of one shard's events; False if that failed (a bug): its
