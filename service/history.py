@@ -1,8 +1,9 @@
 """The history of a job or dataset: one typed record per event that changed or said something.
 
 Written by the processor in the same commit as the state the event produced, read back by the
-CLI (`describe`, `get`); stored as msgpack (an idle job's history is most of what it costs
-in Redis), read back from JSON too (the form records had before).
+CLI (`describe`, `get`); stored as compact msgpack arrays (an idle job's history is much of
+what it costs in Redis), read back from msgpack maps and JSON too (the forms records had
+before).
 """
 
 from __future__ import annotations
@@ -70,13 +71,30 @@ def worth_keeping(record: HistoryRecord) -> bool:
     return record.outcome != "ignored" or bool(record.notes)
 
 
+class _Packed(HistoryRecord, frozen=True, kw_only=True, omit_defaults=True, array_like=True):
+    """A record as stored: a msgpack array of the fields in order, without their names (an
+    idle job keeps two records; the names were a third of their bytes)."""
+
+
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(HistoryRecord)
+_packed_decoder = msgspec.msgpack.Decoder(_Packed)
+_map_decoder = msgspec.msgpack.Decoder(HistoryRecord)
 _json_decoder = msgspec.json.Decoder(HistoryRecord)
 
 
 def encode_record(record: HistoryRecord) -> bytes:
-    return _encoder.encode(record)
+    return _encoder.encode(_Packed(**msgspec.structs.asdict(record)))
+
+
+def _decode(data: bytes) -> HistoryRecord:
+    """A stored record: a msgpack array, or a msgpack map or JSON object as earlier versions
+    stored them."""
+    first = data[0] if data else 0
+    if first == ord("{"):
+        return _json_decoder.decode(data)
+    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a msgpack map
+        return _map_decoder.decode(data)
+    return HistoryRecord(**msgspec.structs.asdict(_packed_decoder.decode(data)))
 
 
 def decode_records(stored: Iterable[bytes]) -> list[HistoryRecord]:
@@ -84,8 +102,7 @@ def decode_records(stored: Iterable[bytes]) -> list[HistoryRecord]:
     records = []
     for data in stored:
         try:
-            decoder = _json_decoder if data[:1] == b"{" else _decoder
-            records.append(decoder.decode(data))
+            records.append(_decode(data))
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
     return records

@@ -174,10 +174,13 @@ class Keys:
         """What the GM link's holder last said of the link (a JSON value with a TTL)."""
         return f"{self.prefix}:gm-link"
 
-    def output_claim(self, output_dir: str) -> str:
-        """Which job writes to an outputDir (its canonical spelling, digested): one key per
-        outputDir, in a slot of its own."""
-        return f"{self.prefix}:claim:{_digest(canonical_dir(output_dir))}"
+    def output_claim(self, output_dir: str) -> tuple[str, str]:
+        """Which job writes to an outputDir: the hash and field holding its claim. The field
+        is the outputDir's canonical spelling, digested; the hash one of 256, picked by the
+        digest's first two hex digits (a field in a small hash costs about half what a key
+        of its own does, and each claim still touches a single slot)."""
+        digest = _digest(canonical_dir(output_dir))
+        return f"{self.prefix}:claims:{digest[:2]}", digest
 
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"

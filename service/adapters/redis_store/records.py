@@ -48,8 +48,10 @@ class Records:
         return bool(self._claim(output_dir, ("release", job_rkey, 0, "", 0), "release_output_dir"))
 
     def _claim(self, output_dir: str, args: tuple[str | int, ...], what: str) -> Any:
-        """The claim script's reply for ``args`` (operation, job, now, stale, grace)."""
-        call = self._redis.call("claim", (self._keys.output_claim(output_dir),), args)
+        """The claim script's reply for ``args`` (operation, job, now, stale, grace) on the
+        outputDir's field."""
+        key, field = self._keys.output_claim(output_dir)
+        call = self._redis.call("claim", (key,), (field, *args))
         return self._redis.eval([call], what=what, confirm=self._redis.confirm)[0]
 
     def dataset_jobs_add(self, dataset: str, job_rkey: str) -> None:
