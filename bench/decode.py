@@ -50,7 +50,7 @@ def _nested(depth: int) -> str:
     return "[" * depth + "0" + "]" * depth
 
 
-def issue_report() -> bytes:
+def deep_report() -> bytes:
     """~1 MiB report for a job that need not exist, 62-deep nested lists in ownerInfo."""
     unit = _nested(61)
     body = ",".join([unit] * ((messages.MAX_PAYLOAD_BYTES - 400) // (len(unit) + 1)))
@@ -144,7 +144,7 @@ def _plain_cost(data: bytes) -> float:
 
 VALID: dict[str, Callable[[], bytes]] = {"report": worst_report, "job": worst_job}
 REFUSED: dict[str, Callable[[], bytes]] = {
-    "issue report (62-deep lists)": issue_report,
+    "1 MiB of 62-deep lists": deep_report,
     "400,000 numbers": many_values_report,
 }
 
