@@ -12,6 +12,7 @@ import sys
 from typing import Literal, TextIO
 
 from service import cli
+from service.cli.commands import serve
 from service.logs import setup_logging
 
 
@@ -27,7 +28,12 @@ def main() -> int:
         """The service's own setup at the chosen level, whatever level it asks for."""
         return setup_logging(fmt, chosen, stream)
 
-    cli.setup_logging = setup_at_level  # type: ignore[attr-defined]
+    # Replace the name `lifelong serve` sets logging up with; should that call move, the
+    # replacement would go unused and the controllers would log at INFO unnoticed.
+    if getattr(serve, "setup_logging", None) is not setup_logging:
+        print("bench.serve: `lifelong serve` no longer calls setup_logging", file=sys.stderr)
+        return 2
+    serve.setup_logging = setup_at_level  # type: ignore[attr-defined]
     return cli.main(sys.argv[2:])
 
 
