@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.embedded import Server
-from tests.harness import Cloud, Controller
+from tests.harness import (
+    Cloud,
+    Controller,
+    append_lines,
+    dataset_resource,
+    job_resource,
+    lines,
+    wait_ingress,
+)
 
 
 @dataclass
@@ -38,6 +46,21 @@ class Stack:
             controller.start()
             controller.wait_ready()
         return controller
+
+    def job_at_train_ready(self, job: str, dataset: str) -> tuple[Controller, Path]:
+        """A controller, a dataset of 10 samples and a job on it, once the cloud has seen the
+        job's first train `ready` (where a round's tests start): the controller and the
+        job's outputDir."""
+        data = self.workdir / "data" / "train.txt"
+        data.parent.mkdir()
+        append_lines(data, lines(0, 10))
+        out = self.workdir / "out"
+        controller = self.controller()
+        wait_ingress(controller, self.cloud)
+        self.cloud.downstream("dataset", "insert", dataset_resource(dataset, str(data)))
+        self.cloud.downstream("lifelonglearningjob", "insert", job_resource(job, dataset, str(out)))
+        self.cloud.wait_status(job, "train", "ready")
+        return controller, out
 
 
 @contextlib.contextmanager

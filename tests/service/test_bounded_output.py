@@ -23,12 +23,7 @@ from tests.harness import (
     NS,
     PREFIX,
     Cloud,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
     metric_sum,
-    wait_ingress,
     worker_message,
 )
 from tests.stack import Stack
@@ -63,15 +58,7 @@ def test_models_kept_and_messages_sent_stay_within_the_limits(stack: Stack) -> N
     stack.cloud.close()
     cloud = SizedCloud(stack.broker.port)
     stack.cloud = cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
-    out = stack.workdir / "out"
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
-    cloud.wait_status(JOB, "train", "ready")
+    controller, out = stack.job_at_train_ready(JOB, DATASET)
     round_dir = f"{out}/train/1"
 
     # 75,000 models in one report (short urls, to fit in 1 MiB), and 101: refused at intake

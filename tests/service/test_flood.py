@@ -19,12 +19,7 @@ from service import messages
 from tests.harness import (
     NODE,
     PREFIX,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
     metric_sum,
-    wait_ingress,
     worker_message,
 )
 from tests.stack import Stack
@@ -64,15 +59,7 @@ def write_model(path: Path, content: bytes) -> str:
 
 def test_a_flood_of_deeply_nested_reports_leaves_an_unrelated_round_alone(stack: Stack) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
-    out = stack.workdir / "out"
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
-    cloud.wait_status(JOB, "train", "ready")
+    controller, out = stack.job_at_train_ready(JOB, DATASET)
 
     statuses: list[int] = []
     done = threading.Event()

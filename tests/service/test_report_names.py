@@ -13,11 +13,6 @@ from tests.harness import (
     NODE,
     NS,
     PREFIX,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
     worker_message,
 )
 from tests.stack import Stack
@@ -41,15 +36,7 @@ def library_report(worker: str, kind: str, url: str) -> dict[str, Any]:
 
 def test_sedna_library_names_work_over_http_and_not_over_mqtt(stack: Stack) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
-    out = stack.workdir / "out"
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
-    cloud.wait_status(JOB, "train", "ready")
+    controller, out = stack.job_at_train_ready(JOB, DATASET)
     index = f"{out}/train/1/index.pkl"  # the library's KB index, under OUTPUT_URL
 
     over_mqtt = worker_message(JOB, "train", "completed", index, worker=LIBRARY_TRAIN)
