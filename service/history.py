@@ -71,7 +71,7 @@ def worth_keeping(record: HistoryRecord) -> bool:
     return record.outcome != "ignored" or bool(record.notes)
 
 
-class _Packed(HistoryRecord, frozen=True, kw_only=True, omit_defaults=True, array_like=True):
+class _Packed(HistoryRecord, frozen=True, kw_only=True, array_like=True):
     """A record as stored: a msgpack array of the fields in order, without their names (an
     idle job keeps two records; the names were a third of their bytes)."""
 
@@ -83,7 +83,8 @@ _json_decoder = msgspec.json.Decoder(HistoryRecord)
 
 
 def encode_record(record: HistoryRecord) -> bytes:
-    return _encoder.encode(_Packed(**msgspec.structs.asdict(record)))
+    """The stored form (`_Packed`): the record's fields as an array, in order."""
+    return _encoder.encode(msgspec.structs.astuple(record))
 
 
 def _decode(data: bytes) -> HistoryRecord:
