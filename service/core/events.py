@@ -148,14 +148,3 @@ Event = (
     | ModelCopied
     | RollbackRequested
 )
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Event)
-
-
-def encode_event(event: Event) -> bytes:
-    return _encoder.encode(event)
-
-
-def decode_event(data: bytes) -> Event:
-    return _decoder.decode(data)
