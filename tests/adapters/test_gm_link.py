@@ -44,6 +44,7 @@ from service.metrics import Metrics
 from service.runtime.accept import accept_downstream
 from tests.gm_standin import GmStandIn
 from tests.harness import dataset_resource, job_resource
+from tests.wait import wait_until
 
 NODE = "edge-1"
 FAST = GmLinkSettings(redial_s=0.3, open_timeout_s=5.0, close_timeout_s=1.0)
@@ -102,11 +103,17 @@ def gm() -> Iterator[GmStandIn]:
 
 
 def up(endpoint: Endpoint) -> Endpoint:
-    assert endpoint.link.wait_status("up", 10), endpoint.link.state
+    wait_link(endpoint.link, "up")
     return endpoint
 
 
 # ------------------------------------------------------------------------------ frames
+
+
+def wait_link(link: GmLink, status: str) -> None:
+    """Until the link's status is ``status`` (10 s at most)."""
+    wait_until(lambda: link.state.status == status, 10, f"the GM link {status}",
+               detail=lambda: str(link.state))  # fmt: skip
 
 
 def test_status_frames_reach_the_gm_as_sednas_local_controller_writes_them(
@@ -189,7 +196,7 @@ def test_the_node_name_header_is_sent_and_a_dial_without_it_is_refused(gm: GmSta
 
 def test_send_is_false_while_the_gm_cannot_be_reached() -> None:
     with linked(f"127.0.0.1:{free_port()}") as end:
-        assert end.link.wait_status("down", 10)
+        wait_link(end.link, "down")
         assert end.link.send(STATUS_HEADER, b"{}") is False
         state = end.link.state
     assert state.last_error is not None
@@ -296,7 +303,7 @@ def test_a_handler_that_raises_does_not_stop_the_link(gm: GmStandIn) -> None:
     link = GmLink(parse_gm_address(gm.address), NODE, handler, settings=FAST)
     link.start()
     try:
-        assert link.wait_status("up", 10)
+        wait_link(link, "up")
         gm.send_raw(NODE, "one")
         gm.send_raw(NODE, "two")
         assert gm.wait(lambda: len(seen) == 2)
@@ -321,7 +328,7 @@ def test_send_from_the_frame_handler_is_refused(gm: GmStandIn) -> None:
     link = GmLink(parse_gm_address(gm.address), NODE, handler, settings=FAST)
     link.start()
     try:
-        assert link.wait_status("up", 10)
+        wait_link(link, "up")
         gm.send_raw(NODE, "x")
         assert gm.wait(lambda: len(errors) == 1)
     finally:
@@ -400,7 +407,7 @@ def test_stop_is_prompt_idempotent_and_ends_the_thread(gm: GmStandIn, where: str
             "waiting to redial": "down",
             "in the handshake": "connecting",
         }
-        assert link.wait_status(expected[where], 10)
+        wait_link(link, expected[where])
         if where == "in the handshake":
             time.sleep(0.2)  # the dial is under way
         assert len(_gm_link_threads()) == 1
@@ -526,8 +533,8 @@ def test_wss_with_a_ca_and_a_client_certificate(tmp_path: Path) -> None:
             assert end.link.send(STATUS_HEADER, b'{"numberOfSamples":3}')
             assert gm.wait(lambda: len(gm.statuses(NODE)) == 1)
         with linked(f"{base}?ca={pki.ca}") as no_cert, linked(base) as no_ca:
-            assert no_cert.link.wait_status("down", 10)
-            assert no_ca.link.wait_status("down", 10)
+            wait_link(no_cert.link, "down")
+            wait_link(no_ca.link, "down")
             assert "CERTIFICATE_VERIFY_FAILED" in (no_ca.link.state.last_error or "")
         assert gm.connects(NODE) == 1
 

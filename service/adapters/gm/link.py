@@ -114,7 +114,6 @@ class GmLink:
         self._settings = settings if settings is not None else GmLinkSettings()
         self._ssl = ssl_context(endpoint.tls) if endpoint.tls is not None else None
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._state = LinkState(status="disabled", since=time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -168,11 +167,6 @@ class GmLink:
             log.warning("GM link thread did not end within %.1fs", timeout_s)
         else:
             log.info("GM link for node %s stopped", self._node)
-
-    def wait_status(self, status: LinkStatus, timeout_s: float) -> bool:
-        """Block until the link's status is ``status``; False if ``timeout_s`` passed first."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._state.status == status, timeout_s)
 
     def send(self, header: Mapping[str, str], content_json: bytes | None) -> bool:
         """Write one frame (`encode_frame`) to the GM; True once it was written to the open
@@ -349,7 +343,6 @@ class GmLink:
         """Record a status change; the caller holds ``self._lock``."""
         if self._state.status != status:
             self._state = replace(self._state, status=status, since=time.time())
-            self._changed.notify_all()
 
 
 def _too_big(error: Exception) -> bool:
