@@ -34,6 +34,7 @@ class Config:
     lease_s: float = 10
     log_format: LogFormat = "text"
     gm_address: str = ""
+    gm_resend_s: float = 30
     http_token: str = dataclasses.field(default="", repr=False)
     http_token_file: str = ""
     data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"

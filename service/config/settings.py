@@ -118,6 +118,12 @@ SETTINGS: tuple[Setting, ...] = (
         "unset: no GM link", "ADDR", ("GM_ADDRESS",),
     ),
     Setting(
+        "gm_resend_s", "LIFELONG_GM_RESEND_SECONDS", "--gm-resend-seconds",
+        values.parse_poll_seconds,
+        "seconds a ready sent to Sedna's GM may go unseen (the GM still shows the stage "
+        "Waiting) before it is sent again", "30", "SECONDS",
+    ),
+    Setting(
         "http_token", "LIFELONG_HTTP_TOKEN", "--http-token", values.parse_bearer_token,
         "bearer token the worker endpoint and /metrics then require (a flag shows in ps: "
         "prefer the variable or the file)", "none: open, as Sedna's worker library sends none",

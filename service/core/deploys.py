@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from service.core import reports, samples, training
+from service.core import conditions, reports, samples, training
 from service.core.effects import CopyModel, RecordRound, Refused, Reject
 from service.core.events import Event, ModelCopied, RollbackRequested, WorkerReported
 from service.core.gate import GateVerdict, judge, kept
@@ -60,13 +60,32 @@ def eval_completed(job: JobState, event: Event, out: Recorder) -> JobState:
         job.current or RoundRecord(version=job.version),
         deploy_started_ms=out.ctx.now_ms, candidate=scores.candidate, deployed=scores.deployed,
     )  # fmt: skip
-    job = replace(job, eval_models=models, scores=scores, current=current)
-    if not gated:
-        return _deploy(job, out)
-    verdict, result = _judge(job, new_metrics, old_metrics)
-    job = replace(job, current=replace(current, gate=result, reason=verdict.reason))
-    if not verdict.holds:
-        return _hold_back(job, verdict.reason, list(event.results[:2]), out)
+    job = replace(
+        job, phase="deploy", step="staged", eval_models=models, scores=scores, current=current,
+        gm_sent=None,
+    )  # fmt: skip
+    if gated:
+        verdict, result = _judge(job, new_metrics, old_metrics)
+        job = replace(job, current=replace(current, gate=result, reason=verdict.reason))
+    if conditions.may_start(job, out, "deploy"):
+        return decide(job, out, list(event.results[:2]))
+    out.note(
+        f"round {job.version} evaluated; its deploy decision waits for Sedna's GM to show "
+        "Deploy/Waiting"
+    )
+    return job
+
+
+def decide(job: JobState, out: Recorder, results: list[dict[str, Any]] | None = None) -> (
+    JobState
+):
+    """The evaluated model is deployed, unless the deploy gate held it back (`results`: the
+    eval's, shown with the held-back status; by default those the job kept)."""
+    gate = job.current.gate if job.current is not None else None
+    if job.spec.gate is not None and gate is not None and not gate.holds:
+        assert job.current is not None
+        why = job.current.reason or "the deploy condition does not hold"
+        return _hold_back(job, why, _results_kept(job) if results is None else results, out)
     return _deploy(job, out)
 
 
@@ -268,17 +287,33 @@ def rollback_copied(job: JobState, event: ModelCopied, out: Recorder) -> JobStat
     from_version = previous.version if previous is not None else None
     rolled = RollbackResult(to_version=target.version, from_version=from_version)
     reason = f"rolled back from version {from_version} to version {target.version}"
-    status = JobStatus(
-        phase="deploy", status="ready", reason=reason,
-        input=JobInput(models=[target.model]), rollback=rolled,
-    )  # fmt: skip
-    training.publish(job, out, status)
     job = replace(
         job, deployed=replace(target, at_ms=out.ctx.now_ms),
         deployments=remember(job.deployments, previous, target.version),
     )  # fmt: skip
     out.add(RecordRound(record=replace(record, outcome="rolled_back", reason=reason)))
+    if conditions.managed(job):
+        out.note(
+            f"rollback to version {target.version} copied; its deploy ready waits for Sedna's "
+            "GM to show Train/Waiting (between rounds)"
+        )
+        job = replace(job, gm_rollback=rolled)
+        if (job.phase, job.step) == ("train", "waiting"):
+            job = conditions.advance(job, out)
+    else:
+        publish_rollback(job, rolled, out)
     return _after_rollback(job, out)
+
+
+def publish_rollback(job: JobState, rolled: RollbackResult, out: Recorder) -> None:
+    """A rollback's deploy ready: the deploy file holds the rolled-back version's model."""
+    reason = f"rolled back from version {rolled.from_version} to version {rolled.to_version}"
+    models = [job.deployed.model] if job.deployed is not None else []
+    status = JobStatus(
+        phase="deploy", status="ready", reason=reason, input=JobInput(models=models),
+        rollback=rolled,
+    )  # fmt: skip
+    training.publish(job, out, status)
 
 
 def _waiting_on(job: JobState, version: int) -> bool:

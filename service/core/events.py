@@ -7,19 +7,21 @@ from typing import Any, Literal
 
 import msgspec
 
-from service.core.state import DatasetInfo, JobSpec, RoundPhase
+from service.core.state import DatasetInfo, GmView, JobSpec, RoundPhase
 from service.messages import WorkerKind, WorkerStatus
 
 
 class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):
     """A job was inserted. `output_dir_holder` is set by the shell, never the wire: the
-    other job that already writes to this outputDir (the insert is then refused)."""
+    other job that already writes to this outputDir (the insert is then refused). `gm` is
+    what the copy shows when Sedna's GM sent it (its conditions): the job is GM-managed."""
 
     namespace: str
     name: str
     spec: JobSpec
     digest: str
     output_dir_holder: str | None = None
+    gm: GmView | None = None
 
 
 class JobDeleted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-deleted"):

@@ -5,6 +5,10 @@
     eval/running  --eval completed--> deploy/copying --model copied--> train/waiting
     failures at any step go back to train/waiting (a failed round's train samples first).
 
+A job Sedna's GM manages waits in eval/staged and deploy/staged until the GM's copy of the
+job shows the stage `Waiting`, and follows the GM where it moves the job
+(`service.core.conditions`).
+
 The rounds live in `service.core.training` (trigger, data, reports, failures and their
 backoff), the deploy decision, the deploy gate and rollbacks in `service.core.deploys`; this
 module routes events to them. A rollback and its copy's result are taken in any (phase,
@@ -18,7 +22,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from service.core import deploys, paths, reports, samples, training
+from service.core import conditions, deploys, paths, reports, samples, training
 from service.core.effects import AttachDataset, DetachDataset, Reject, ReleaseOutputDir
 from service.core.events import (
     DatasetChanged,
@@ -43,6 +47,13 @@ __all__ = ["JOB_TABLE", "MAX_RETRY_DELAY_MS", "apply", "retry_delay_ms"]
 
 def apply(state: State | None, event: Event, out: Recorder) -> State | None:
     """Apply one event to a job (None: the job does not exist, or no longer does)."""
+    result = _apply(state, event, out)
+    if isinstance(result, JobState):
+        return conditions.after(result, out)
+    return result
+
+
+def _apply(state: State | None, event: Event, out: Recorder) -> State | None:
     if state is not None and not isinstance(state, JobState):
         out.note(f"{type(event).__name__} does not apply to a dataset")
         return state
@@ -66,7 +77,10 @@ def apply(state: State | None, event: Event, out: Recorder) -> State | None:
             )
         )  # fmt: skip
         out.add(_release(state, out))
-        out.note("job deleted")
+        if conditions.managed(state) and not training.active(state):
+            out.note("binding ended: this node no longer runs the job's workers; files kept")
+        else:
+            out.note("job deleted")
         return None
     if isinstance(event, DatasetChanged):
         return _dataset_changed(state, event, out)
@@ -74,6 +88,8 @@ def apply(state: State | None, event: Event, out: Recorder) -> State | None:
         return deploys.rollback_copied(state, event, out)
     if isinstance(event, WorkerReported):
         _forward(state, event, out)
+    if isinstance(event, Tick) and conditions.managed(state):
+        state = conditions.resend(state, event, out)
     handler = JOB_TABLE.get((state.phase, state.step, _event_key(event)))
     if handler is None:
         return _does_not_fit(state, event, out)
@@ -95,6 +111,8 @@ def _does_not_fit(job: JobState, event: Event, out: Recorder) -> JobState:
     if isinstance(event, WorkerReported):
         if event.status in ("ready", "running") or event.kind in ("deploy", "inference"):
             return job  # progress reports are forwarded and change nothing
+        if conditions.managed(job) and not training.active(job):
+            return job  # not the dataset node: the job here binds and forwards reports only
         out.note(
             f"{event.kind} worker {event.worker} reported {event.status} while the job is "
             f"{where}: forwarded only"
@@ -108,6 +126,13 @@ def _does_not_fit(job: JobState, event: Event, out: Recorder) -> JobState:
 
 # ================================================================= spec and dataset
 def _job_applied(state: JobState | None, event: JobApplied, out: Recorder) -> JobState | None:
+    job = _spec_applied(state, event, out)
+    if job is None or event.gm is None or event.output_dir_holder is not None:
+        return job
+    return conditions.follow(job, event.gm, out)
+
+
+def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> JobState | None:
     if event.output_dir_holder is not None:
         reason = (
             f"outputDir {event.spec.output_dir} is already used by job "

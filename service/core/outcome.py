@@ -24,6 +24,8 @@ class Context(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     event_id: str  # unique per event; effect ids derive from it
     volume_prefix: str = ""
     dataset_poll_ms: int = 60_000
+    #: how long a ready sent to Sedna's GM may go unseen before it is sent again
+    gm_resend_ms: int = 30_000
 
 
 class Outcome(msgspec.Struct, frozen=True):

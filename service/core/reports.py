@@ -107,8 +107,9 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
     if report.status != "completed" or report.kind not in ("train", "eval"):
         return None
     out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
-    round_dir = paths.round_output_dir(out, report.kind, job.version)
-    trained = paths.round_output_dir(out, "train", job.version)
+    version = _round_of(job, out)
+    round_dir = paths.round_output_dir(out, report.kind, version)
+    trained = paths.round_output_dir(out, "train", version)
     given = {paths.deploy_model(out)} | {
         paths.trim_prefix(volume_prefix, deployment.model.url)
         for deployment in (job.deployed, job.rollback)
@@ -132,6 +133,20 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
             ),
         )
     return None
+
+
+def _round_of(job: JobState, out: str) -> int:
+    """The round a report must belong to: the job's own, or, where Sedna's GM manages the
+    job and this controller is not its dataset node (it keeps no rounds), the round of the
+    GM's latest `Ready` condition (its outputDir `{outputDir}/{stage}/{v}`; 0: none)."""
+    dataset_here = job.dataset is not None and job.dataset.present
+    if job.gm is None or dataset_here:
+        return job.version
+    parent, _, last = job.gm.round_dir.rstrip("/").rpartition("/")
+    stage = parent.rpartition("/")[2]
+    if last.isdigit() and paths.round_output_dir(out, stage, int(last)) == job.gm.round_dir:
+        return int(last)
+    return 0
 
 
 def usable_models(results: Iterable[dict[str, Any]]) -> tuple[Model, ...]:

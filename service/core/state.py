@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -10,19 +10,23 @@ from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
 from service.core.triggers import TriggerSpec
-from service.messages import ModelRef
+from service.messages import ModelRef, RollbackResult
 
 Phase = Literal["train", "eval", "deploy"]
 #: waiting: trigger armed, no worker (in deploy: the deploy copy waits for a rollback's copy
 #: to finish); preparing: round data being written; running: a worker was told "ready" and
-#: is outstanding; copying: the deploy copy is in flight.
-Step = Literal["waiting", "preparing", "running", "copying"]
+#: is outstanding; copying: the deploy copy is in flight; staged: the stage is due (its round
+#: data, or the deploy decision) and waits for Sedna's GM to show it `Waiting` (GM-managed
+#: jobs only).
+Step = Literal["waiting", "preparing", "running", "copying", "staged"]
 #: The phases that write round data and wait for a worker.
 RoundPhase = Literal["train", "eval"]
 
 __all__ = [
     "DatasetInfo",
     "DatasetState",
+    "GmSent",
+    "GmView",
     "JobSpec",
     "JobState",
     "ModelRef",
@@ -52,6 +56,35 @@ class DatasetInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     url: str
     format: str
     present: bool = True
+
+
+class GmView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the latest copy of a job Sedna's GM sent shows (GM-managed jobs only).
+
+    `stage` and `type` are its latest condition's, in lower case (`type` empty: no condition
+    yet); `count` how many conditions it has. `round_dir` is the outputDir of its latest
+    `Ready` condition: the round the GM runs workers for. `trained` and `evaluated` are the
+    models (format, url, metrics) its latest `Train/Completed` and `Eval/Completed`
+    conditions carry: what a worker reported to a controller on another node.
+    """
+
+    stage: Phase = "train"
+    type: str = ""
+    count: int = 0
+    round_dir: str = ""
+    trained: tuple[dict[str, Any], ...] = ()
+    evaluated: tuple[dict[str, Any], ...] = ()
+
+
+class GmSent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The last stage `ready` (or deploy `completed`) the job sent Sedna's GM: its round and
+    stage, when it went, and the status itself (JSON), sent again while the GM still shows
+    the stage `Waiting` a while later."""
+
+    version: int
+    stage: Phase
+    at_ms: int
+    status: bytes
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job"):
@@ -94,6 +127,16 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     rollback: Deployment | None = None
     #: the latest eval's metrics, for the new model and the deployed one
     scores: Scores | None = None
+    #: what Sedna's GM shows of the job (None: the job came over MQTT: event-driven flow)
+    gm: GmView | None = None
+    #: conditions in the GM's copy when the job last sent the GM a status it appends as a
+    #: condition: only a copy with more of them can show what the GM did after it
+    gm_mark: int = 0
+    #: the last ready sent to the GM, until a newer copy shows the GM took it in
+    gm_sent: GmSent | None = None
+    #: a rollback whose copy is done and whose deploy `ready` waits for the GM to show
+    #: `Train/Waiting` (between rounds)
+    gm_rollback: RollbackResult | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):

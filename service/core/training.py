@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from service.core import paths, reports, samples
+from service.core import conditions, paths, reports, samples
 from service.core.effects import RecordRound, WriteRound
 from service.core.events import Event, ModelCopied, RoundWritten, WorkerReported
 from service.core.outcome import Recorder
@@ -52,7 +52,11 @@ def check_trigger(job: JobState, out: Recorder, *, reschedule: bool) -> JobState
         return replace(job, next_check_ms=job.retry_at_ms)
     pending = samples.count(job.pending) - job.returned  # new since a held-back round
     metrics = {NUM_OF_SAMPLES: pending}
-    if pending >= 1 and should_fire(job.spec.trigger, metrics, ctx.minute_of_day):
+    if (
+        pending >= 1
+        and conditions.may_start(job, out, "train")
+        and should_fire(job.spec.trigger, metrics, ctx.minute_of_day)
+    ):
         return _fire(job, out)
     if reschedule or job.next_check_ms is None or job.next_check_ms <= ctx.now_ms:
         due_ms = ctx.now_ms + job.spec.trigger.check_period_s * 1000
@@ -181,18 +185,29 @@ def kept_models(event: WorkerReported, out: Recorder) -> tuple[ModelRef, ...]:
 
 
 def train_completed(job: JobState, event: Event, out: Recorder) -> JobState:
+    """The round is trained: its eval starts (for a GM-managed job once the GM shows
+    Eval/Waiting: until then it is staged)."""
     assert isinstance(event, WorkerReported)
     models = kept_models(event, out)
     if not models:
         return no_usable_model(job, event, out)
+    job = replace(
+        job, phase="eval", step="staged", train_models=models, round=(), trained=job.round,
+        gm_sent=None,
+    )  # fmt: skip
+    if conditions.may_start(job, out, "eval"):
+        return start_eval(job, out)
+    out.note(f"round {job.version} trained; its eval waits for Sedna's GM to show Eval/Waiting")
+    return job
+
+
+def start_eval(job: JobState, out: Recorder) -> JobState:
+    """Write the round's eval data: the last eval batches."""
     current = job.current or RoundRecord(version=job.version)
     current = replace(
         current, eval_started_ms=out.ctx.now_ms, eval_samples=samples.count(job.eval_batches)
     )
-    job = replace(
-        job, phase="eval", step="preparing", train_models=models, round=(), trained=job.round,
-        current=current,
-    )  # fmt: skip
+    job = replace(job, step="preparing", current=current)
     out.add(write_round(job, "eval", job.eval_batches, out))
     return job
 
@@ -255,4 +270,4 @@ def end_round(
         current, outcome=outcome, ended_ms=out.ctx.now_ms, reason=reason or current.reason
     )
     out.add(RecordRound(record=record))
-    return replace(job, current=None, trained=())
+    return replace(job, current=None, trained=(), gm_sent=None)

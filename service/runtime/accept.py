@@ -10,11 +10,14 @@ an unknown job, say) can still show what was refused.
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+import json
+from typing import Any, Literal
 
 import msgspec
+import yaml
 
 from service import messages
+from service.core.conditions import view_of
 from service.core.events import (
     DatasetApplied,
     DatasetDeleted,
@@ -28,10 +31,12 @@ from service.core.events import (
 )
 from service.core.gate import GateSpec
 from service.core.paths import DataRoots
-from service.core.state import JobSpec
+from service.core.state import GmView, JobSpec
 from service.core.triggers import TriggerSpec, parse_hhmm
 from service.errors import InvalidMessage
 from service.keys import dataset_key, job_key
+from service.runtime.gm import GM_TOPIC
+from service.wire.fields import invalid
 
 
 class Accepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -77,7 +82,7 @@ def accept_downstream(
     downstream = messages.decode_envelope(payload)
     if data_roots is not None:
         check_paths(downstream, data_roots)
-    event, resource = downstream_event(downstream)
+    event, resource = downstream_event(downstream, from_gm=topic == GM_TOPIC)
     head = payload[: messages.REJECTION_PAYLOAD_BYTES]
     return Accepted(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
 
@@ -115,8 +120,10 @@ def digest(resource: messages.Dataset | messages.LifelongLearningJob) -> str:
     Sedna's GM re-sends every resource on each resync, with fresh status and
     resourceVersion; those must not count as a change.
     """
-    credential = resource.metadata.annotations.get(messages.CREDENTIAL_ANNOTATION, "")
-    blob = messages.canonical(resource.spec) + b"\0" + credential.encode("utf-8", "replace")
+    annotations = resource.metadata.annotations
+    blob = messages.canonical(resource.spec)
+    for name in (messages.CREDENTIAL_ANNOTATION, messages.DEPLOY_TRIGGER_ANNOTATION):
+        blob += b"\0" + annotations.get(name, "").encode("utf-8", "replace")
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
@@ -134,7 +141,11 @@ def check_paths(message: messages.Downstream, data_roots: DataRoots) -> None:
         raise InvalidMessage(problem, field, code="path_refused")
 
 
-def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]:
+def downstream_event(
+    message: messages.Downstream, *, from_gm: bool = False
+) -> tuple[Event, bytes | None]:
+    """The event a downstream message makes; `from_gm`: it came over Sedna's GM link, and a
+    job's conditions then drive it."""
     match message:
         case messages.DatasetInsert(dataset=dataset, raw=raw):
             event: Event = DatasetApplied(
@@ -153,6 +164,7 @@ def downstream_event(message: messages.Downstream) -> tuple[Event, bytes | None]
                 name=job.metadata.name,
                 spec=job_spec(job),
                 digest=digest(job),
+                gm=gm_view(job) if from_gm else None,
             )
             return applied, raw
         case messages.DatasetDelete(namespace=namespace, name=name):
@@ -187,14 +199,77 @@ def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
             metric=metric,
         ),
         output_dir=spec.output_dir,
-        gate=gate_spec(spec.deploy_spec),
+        gate=job_gate(job),
     )
 
 
-def gate_spec(deploy: messages.DeploySpec) -> GateSpec | None:
-    """The deploy gate a job's `deploySpec.trigger.condition` sets (None: no condition, or
-    an empty operator, as Sedna sends an unset one)."""
-    condition = deploy.trigger.condition if deploy.trigger is not None else None
+def gm_view(job: messages.LifelongLearningJob) -> GmView:
+    """What the GM's copy of a job shows (its status conditions)."""
+    return view_of(job.status.conditions if job.status is not None else [])
+
+
+#: The longest deploy-trigger annotation read (a condition is a few dozen bytes).
+MAX_TRIGGER_ANNOTATION_BYTES = 4096
+_ANNOTATION_FIELD = f"$.metadata.annotations[{messages.DEPLOY_TRIGGER_ANNOTATION!r}]"
+
+
+def job_gate(job: messages.LifelongLearningJob) -> GateSpec | None:
+    """The deploy gate of a job: `deploySpec.trigger`, or the annotation
+    `lifelong.sedna.io/deploy-trigger` (Sedna's CRD and GM drop the former, annotations reach
+    the node). Both set and different: refused, saying which."""
+    from_spec = gate_spec(job.spec.deploy_spec.trigger)
+    text = job.metadata.annotations.get(messages.DEPLOY_TRIGGER_ANNOTATION)
+    if text is None:
+        return from_spec
+    from_annotation = gate_spec(_trigger_annotation(text))
+    if job.spec.deploy_spec.trigger is not None and from_spec != from_annotation:
+        raise InvalidMessage(
+            f"deploySpec.trigger and the annotation {messages.DEPLOY_TRIGGER_ANNOTATION} "
+            "set different deploy conditions: keep one of them",
+            _ANNOTATION_FIELD,
+            code="invalid",
+        )
+    return from_annotation
+
+
+def _trigger_annotation(text: str) -> messages.DeployTrigger:
+    """The annotation's `{"condition": {...}}`, as JSON or YAML (no anchors or aliases)."""
+    if len(text.encode("utf-8", "replace")) > MAX_TRIGGER_ANNOTATION_BYTES:
+        raise InvalidMessage(
+            f"over {MAX_TRIGGER_ANNOTATION_BYTES} bytes", _ANNOTATION_FIELD, code="invalid"
+        )
+    obj: Any
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = _plain_yaml(text)
+    if not isinstance(obj, dict):
+        raise InvalidMessage(
+            'expected an object such as {"condition": {"operator": ">", "threshold": 0.01, '
+            '"metric": "accuracy_delta[0]"}}',
+            _ANNOTATION_FIELD,
+            code="invalid",
+        )
+    try:
+        return msgspec.convert(obj, messages.DeployTrigger)
+    except msgspec.ValidationError as e:
+        raise invalid(e, _ANNOTATION_FIELD) from None
+
+
+def _plain_yaml(text: str) -> Any:
+    try:
+        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise InvalidMessage("YAML anchors and aliases are not allowed", _ANNOTATION_FIELD)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        reason = f"neither JSON nor YAML: {str(e).splitlines()[0]}"
+        raise InvalidMessage(reason, _ANNOTATION_FIELD, code="invalid") from None
+
+
+def gate_spec(trigger: messages.DeployTrigger | None) -> GateSpec | None:
+    """The deploy gate a deploy trigger's condition sets (None: no condition, or an empty
+    operator, as Sedna sends an unset one)."""
+    condition = trigger.condition if trigger is not None else None
     if condition is None or not condition.operator:
         return None
     return GateSpec(

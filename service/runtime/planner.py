@@ -19,6 +19,7 @@ import msgspec
 from service import history, messages
 from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
+from service.core.conditions import gm_bound
 from service.core.effects import (
     DatasetUnreadable,
     Note,
@@ -132,7 +133,7 @@ class _Fold:
             elif isinstance(effect, Publish):
                 entry = _upstream(self.rkey, effect, config)
                 self.outbox.append(entry)
-                if config.gm_address:
+                if config.gm_address and gm_bound(effect.status):
                     self.gm.append((entry.id, entry.payload))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)

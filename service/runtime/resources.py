@@ -162,6 +162,7 @@ class ResourceRunner:
             event_id=f"s{shard}-{entry_id}",
             volume_prefix=self._config.volume_prefix,
             dataset_poll_ms=int(self._config.dataset_poll_s * 1000),
+            gm_resend_ms=int(self._config.gm_resend_s * 1000),
         )
 
 

@@ -126,7 +126,8 @@ def decode_envelope(data: bytes) -> Downstream:
         return DatasetInsert(dataset=dataset, raw=canonical(content))
     job = _resource_object(content, LifelongLearningJob)
     _check_matches_header(job.metadata, header)
-    return JobInsert(job=job, raw=canonical(content))
+    # the status Sedna's GM sends grows with every round: read once, never stored
+    return JobInsert(job=job, raw=canonical({k: v for k, v in content.items() if k != "status"}))
 
 
 def _rollback(header: Header, content: object) -> JobRollback:

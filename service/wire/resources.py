@@ -25,6 +25,9 @@ from service.wire.fields import (
 )
 
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
+#: The deploy gate of a job, as an annotation (`{"condition": {operator, threshold, metric}}`,
+#: JSON or YAML): Sedna's CRD and its GM drop `deploySpec.trigger`, annotations reach the node.
+DEPLOY_TRIGGER_ANNOTATION = "lifelong.sedna.io/deploy-trigger"
 SEDNA_API_VERSION = "sedna.io/v1alpha1"
 
 
@@ -162,10 +165,30 @@ class LifelongLearningJobSpec(Wire, frozen=True, kw_only=True):
     credential_name: DnsSubdomain | None = None
 
 
+class JobCondition(Wire, frozen=True, kw_only=True):
+    """One of the conditions Sedna's GM keeps in a job's status: a stage (`Train`, `Eval`,
+    `Deploy`) and where it is (`Waiting`, `Ready`, `Starting`, `Running`, `Completed`,
+    `Failed`); `data` is the JSON text of the status that made it (`{input, output}`), when
+    a local controller reported it. Times, reason and message are not read."""
+
+    type: str = ""
+    stage: str = ""
+    data: str = ""
+
+
+class JobResourceStatus(Wire, frozen=True, kw_only=True):
+    """The status Sedna's GM sends with a job: its conditions, oldest first (the stage
+    machine the GM runs; the latest one says where the job is)."""
+
+    conditions: list[JobCondition] = []
+
+
 class LifelongLearningJob(Wire, frozen=True, kw_only=True):
-    """Sedna's LifelongLearningJob resource."""
+    """Sedna's LifelongLearningJob resource; `status` as Sedna's GM sends it (absent from
+    the cloud's MQTT envelopes)."""
 
     api_version: str = SEDNA_API_VERSION
     kind: str = "LifelongLearningJob"
     metadata: ObjectMeta
     spec: LifelongLearningJobSpec
+    status: JobResourceStatus | None = None

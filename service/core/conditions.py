@@ -1,0 +1,328 @@
+"""Jobs managed by Sedna's global manager (GM): the GM's conditions drive them.
+
+Sedna's GM runs each job's stage machine as a list of conditions (stage Train, Eval or
+Deploy; type Waiting, Ready, Starting, Running, Completed or Failed) and re-sends the whole
+job, status included, after every change. It writes a job's status whole from a cached copy
+that may lag, so a condition the controller appends while the GM works on an older copy can
+be overwritten: a `ready` sent right behind a `completed` is lost, and the job stalls. Sedna's
+own local controller therefore acts level-triggered on the latest copy, and so does this
+one, for every job that came over the GM link:
+
+    GM shows Train/Waiting  -> judge the trigger; fired: write the round's train data -> ready
+    GM shows Eval/Waiting   -> write the eval data (the train stage is done) -> eval ready
+    GM shows Deploy/Waiting -> the deploy decision: copy -> deploy ready, or, when the deploy
+                               gate holds the model back, deploy completed (nothing deployed)
+
+Until the GM shows it, a due stage waits in step `staged`. A stage is "shown" only by a copy
+with more conditions than the one the job had when it last sent the GM a status it appends
+(`gm_mark`), so it always reflects that status: a ready never goes out in the same breath
+as the completed before it, and at most once per (round, stage). While the GM still shows
+the stage `Waiting` `Context.gm_resend_ms` after a ready went out (the frame may have died
+with its connection, or the GM's write-back dropped it), the same ready is sent again.
+
+When the GM moves the job elsewhere mid-round (a pod failed: `*/Failed`, then
+`Train/Waiting`), the job follows: the round fails as on a worker's `failed` report. When the
+GM shows a stage completed that this controller did not hear (its worker ran on another
+node and reported there), the models come from the GM's condition data, bound to the round
+like a report's. A controller without the job's dataset is not its dataset node: it only
+binds and forwards its workers' reports (`reports` reads the round from `round_dir`).
+
+Only statuses the GM accepts go to it (`gm_bound`): ready, completed, failed and waiting of
+the train, eval and deploy phases, and dataset statuses; everything else (worker `running`
+reports, inference and deploy-worker reports) goes to the MQTT upstream topic only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from service.core import deploys, reports, training
+from service.core.effects import Publish
+from service.core.events import Tick, WorkerReported
+from service.core.outcome import Recorder
+from service.core.state import GmSent, GmView, JobState, Phase
+from service.messages import DatasetStatus, JobCondition, JobStatus
+
+replace = msgspec.structs.replace
+
+#: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
+GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})
+GM_PHASES: frozenset[str] = frozenset({"train", "eval", "deploy"})
+#: How many models of a condition's data a view keeps (as a report's models are kept).
+_MODELS_KEPT = reports.MAX_MODELS_KEPT
+#: The stages whose condition makes a running stage's end: the GM went past it, or back.
+_FAILED = "failed"
+
+_status_decoder = msgspec.json.Decoder(JobStatus)
+_encoder = msgspec.json.Encoder()
+
+
+def gm_bound(status: JobStatus | DatasetStatus) -> bool:
+    """Whether Sedna's GM takes this status in (the rest goes to MQTT only)."""
+    if isinstance(status, DatasetStatus):
+        return True
+    return status.phase in GM_PHASES and status.status.lower() in GM_STATUSES
+
+
+# ================================================================= the GM's copy
+class _Input(msgspec.Struct, frozen=True):
+    output_dir: object = msgspec.field(default=None, name="outputDir")
+
+
+class _Output(msgspec.Struct, frozen=True):
+    models: object = None
+
+
+class _Data(msgspec.Struct, frozen=True):
+    """What a condition's data holds that the controller reads (the GM writes it from the
+    status that made the condition: `{input, output}`)."""
+
+    input: _Input | None = None
+    output: _Output | None = None
+
+
+_data_decoder = msgspec.json.Decoder(_Data)
+
+
+def view_of(conditions: Sequence[JobCondition]) -> GmView:
+    """What a GM copy's conditions show: the latest one, how many, the round it runs, and
+    the models its latest completed train and eval stages carry."""
+    view = GmView(count=len(conditions))
+    if conditions:
+        latest = conditions[-1]
+        stage, kind = latest.stage.lower(), latest.type.lower()
+        if stage in GM_PHASES:
+            view = replace(view, stage=_phase(stage), type=kind)
+    return replace(
+        view,
+        round_dir=_round_dir(conditions),
+        trained=_completed_models(conditions, "train"),
+        evaluated=_completed_models(conditions, "eval"),
+    )
+
+
+def _phase(stage: str) -> Phase:
+    return "eval" if stage == "eval" else "deploy" if stage == "deploy" else "train"
+
+
+def _data(condition: JobCondition) -> _Data:
+    if not condition.data:
+        return _Data()
+    try:
+        return _data_decoder.decode(condition.data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _Data()
+
+
+def _round_dir(conditions: Sequence[JobCondition]) -> str:
+    for condition in reversed(conditions):
+        if condition.type.lower() == "ready":
+            data = _data(condition)
+            out = data.input.output_dir if data.input is not None else None
+            if isinstance(out, str):
+                return out
+    return ""
+
+
+def _completed_models(conditions: Sequence[JobCondition], stage: str) -> tuple[dict[str, Any], ...]:
+    for condition in reversed(conditions):
+        if condition.stage.lower() != stage or condition.type.lower() != "completed":
+            continue
+        data = _data(condition)
+        models = data.output.models if data.output is not None else None
+        if isinstance(models, list) and models:
+            return tuple(_model_fields(m) for m in models[:_MODELS_KEPT] if isinstance(m, dict))
+    return ()
+
+
+def _model_fields(model: dict[str, Any]) -> dict[str, Any]:
+    """What a job reads of a model in condition data: its format, url and metrics."""
+    return {k: model[k] for k in ("format", "url", "metrics") if k in model}
+
+
+# ================================================================= reading the view
+def managed(job: JobState) -> bool:
+    """Whether Sedna's GM drives the job (it came over the GM link)."""
+    return job.gm is not None
+
+
+def published_to_gm(out: Recorder) -> bool:
+    """Whether this transition already said something the GM appends as a condition."""
+    return any(isinstance(e, Publish) and gm_bound(e.status) for e in out.effects)
+
+
+def newer(job: JobState) -> bool:
+    """Whether the GM's latest copy came after the job's last status to the GM."""
+    return job.gm is not None and job.gm.count > job.gm_mark
+
+
+def shows(job: JobState, out: Recorder, stage: Phase, kind: str = "waiting") -> bool:
+    """Whether the GM's latest copy shows `stage` `kind` after the job's last status to it
+    (and nothing was said to the GM in this very transition)."""
+    gm = job.gm
+    return (
+        gm is not None
+        and newer(job)
+        and (gm.stage, gm.type) == (stage, kind)
+        and not published_to_gm(out)
+    )
+
+
+def may_start(job: JobState, out: Recorder, stage: Phase) -> bool:
+    """Whether a stage due now may start: always for an MQTT job; for a GM-managed one, only
+    while the GM shows the stage `Waiting`."""
+    return not managed(job) or shows(job, out, stage)
+
+
+# ================================================================= following the GM
+def follow(job: JobState, view: GmView, out: Recorder) -> JobState:
+    """A new copy from the GM: remember what it shows and do what it asks for."""
+    job = replace(job, gm=view)
+    if newer(job) and job.gm_sent is not None:
+        job = replace(job, gm_sent=None)  # the GM took the ready in (or moved on)
+    if not training.active(job):
+        return job  # not the dataset node (or the dataset is away): bind and forward only
+    if _moved_back(job):
+        return _failed_by_gm(job, out)
+    return advance(job, out)
+
+
+def advance(job: JobState, out: Recorder) -> JobState:
+    """Start what the GM's latest copy lets start: the train trigger, a staged stage, a
+    stage completed elsewhere, or a rollback's deploy ready."""
+    where = (job.phase, job.step)
+    if where == ("train", "waiting"):
+        if job.gm_rollback is not None:
+            return _rollback_ready(job, out)
+        return training.check_trigger(job, out, reschedule=False)
+    if where == ("eval", "staged") and shows(job, out, "eval"):
+        return training.start_eval(job, out)
+    if where == ("deploy", "staged") and shows(job, out, "deploy"):
+        return deploys.decide(job, out)
+    if job.step == "running" and newer(job):
+        return _completed_elsewhere(job, out)
+    return job
+
+
+def _moved_back(job: JobState) -> bool:
+    """Whether the GM failed the stage under way: a newer copy shows a stage failed, or the
+    job back at Train/Waiting, while the job is past its train trigger."""
+    gm = job.gm
+    if gm is None or not newer(job) or (job.phase, job.step) in _BETWEEN_ROUNDS:
+        return False
+    return gm.type == _FAILED or (gm.stage, gm.type) == ("train", "waiting")
+
+
+_BETWEEN_ROUNDS = frozenset({("train", "waiting"), ("train", "preparing")})
+
+
+def _failed_by_gm(job: JobState, out: Recorder) -> JobState:
+    gm = job.gm
+    assert gm is not None
+    reason = (
+        f"Sedna's GM moved the job to {gm.stage.capitalize()}/{gm.type.capitalize()} during "
+        f"round {job.version}'s {job.phase} stage (its worker pod failed or was removed)"
+    )
+    job = training.back_to_train(job, out, reason)
+    return advance(job, out)
+
+
+def _completed_elsewhere(job: JobState, out: Recorder) -> JobState:
+    """The GM shows the running stage completed (its worker reported to a controller on
+    another node): go on with the models its condition data carries, bound to the round."""
+    gm = job.gm
+    assert gm is not None
+    stage_done = gm.stage != job.phase or gm.type == "completed"
+    if not stage_done:
+        return job
+    results = gm.trained if job.phase == "train" else gm.evaluated
+    if job.phase == "deploy" or not results:
+        return job  # the GM's own condition (its pod succeeded): the report is still to come
+    report = WorkerReported(
+        namespace=job.namespace, name=job.name, worker=f"{job.name}-{job.phase}-gm",
+        kind=job.phase, status="completed", results=results,
+    )  # fmt: skip
+    refusal = reports.refusal(job, report, out.ctx.volume_prefix)
+    if refusal is not None:
+        out.note(f"the GM's {job.phase} models are not this round's: {refusal.reason}")
+        return job
+    out.note(f"round {job.version}'s {job.phase} stage completed on another node, says the GM")
+    if job.phase == "train":
+        return training.train_completed(job, report, out)
+    return deploys.eval_completed(job, report, out)
+
+
+def _rollback_ready(job: JobState, out: Recorder) -> JobState:
+    """A rollback's deploy ready, once the GM shows the job between rounds."""
+    rolled = job.gm_rollback
+    if rolled is None or not shows(job, out, "train"):
+        return job
+    job = replace(job, gm_rollback=None)
+    deploys.publish_rollback(job, rolled, out)
+    return job
+
+
+# ================================================================= after each transition
+def after(job: JobState, out: Recorder) -> JobState:
+    """Bookkeeping once a GM-managed job's transition is done: what it sent the GM sets the
+    mark; a ready it sent is remembered (and its resend timer set)."""
+    if job.gm is None:
+        return job
+    sent = [e.status for e in out.effects if isinstance(e, Publish) and gm_bound(e.status)]
+    if sent:
+        job = replace(job, gm_mark=job.gm.count)
+    stage_ready = [s for s in _job_statuses(sent) if _resendable(s)]
+    if stage_ready:
+        status = stage_ready[-1]
+        job = replace(
+            job,
+            gm_sent=GmSent(
+                version=job.version, stage=_phase(status.phase), at_ms=out.ctx.now_ms,
+                status=_encoder.encode(status),
+            ),
+        )  # fmt: skip
+    return _resend_timer(job, out)
+
+
+def _job_statuses(statuses: Iterable[JobStatus | DatasetStatus]) -> list[JobStatus]:
+    return [s for s in statuses if isinstance(s, JobStatus)]
+
+
+def _resendable(status: JobStatus) -> bool:
+    """A status the GM waits for in a Waiting stage: a stage's ready, or deploy completed
+    (the gate held the model back)."""
+    return status.status == "ready" or (status.phase, status.status) == ("deploy", "completed")
+
+
+def _resend_timer(job: JobState, out: Recorder) -> JobState:
+    sent = job.gm_sent
+    if sent is None:
+        return job
+    due_ms = sent.at_ms + out.ctx.gm_resend_ms
+    if job.next_check_ms is not None and job.next_check_ms <= due_ms:
+        return job
+    out.schedule(due_ms)
+    return replace(job, next_check_ms=due_ms)
+
+
+def resend(job: JobState, event: Tick, out: Recorder) -> JobState:
+    """A timer: send the last ready again if the GM still shows its stage `Waiting` and no
+    newer copy came since it went out."""
+    sent, gm = job.gm_sent, job.gm
+    if sent is None or gm is None or newer(job):
+        return job
+    if (gm.stage, gm.type) != (sent.stage, "waiting"):
+        return job
+    if event.due_ms < sent.at_ms + out.ctx.gm_resend_ms:
+        return job
+    status = _status_decoder.decode(sent.status)
+    out.note(
+        f"the GM still shows {sent.stage.capitalize()}/Waiting "
+        f"{(out.ctx.now_ms - sent.at_ms) / 1000:g} s after round {sent.version}'s "
+        f"{sent.stage} {status.status}: sent again"
+    )
+    training.publish(job, out, status)
+    return replace(job, gm_sent=replace(sent, at_ms=out.ctx.now_ms), next_check_ms=None)
