@@ -48,6 +48,17 @@ def phases(gm: GmStandIn) -> list[tuple[str, str]]:
     ]
 
 
+def mqtt_forwarded(stack: Stack) -> list[tuple[str, str]]:
+    """Worker reports forwarded on the MQTT upstream topic: (phase, status)."""
+    contents = [m["content"] for m in stack.cloud.upstream(JOB)]
+    return [(c["phase"], c["status"]) for c in contents if "output" in c]
+
+
+def wait_forwarded(gm: GmStandIn, phase: str, status: str) -> None:
+    forwarded = lambda: [(c["phase"], c["status"]) for _, c in statuses(gm) if "output" in c]  # noqa: E731
+    wait_until(lambda: (phase, status) in forwarded(), 20, f"{phase} {status} forwarded")
+
+
 def wait_phase(gm: GmStandIn, phase: str, status: str = "ready", timeout_s: float = 20) -> None:
     wait_until(lambda: (phase, status) in phases(gm), timeout_s, f"{phase} {status} at the GM",
                detail=lambda: str(phases(gm)))  # fmt: skip
@@ -66,16 +77,32 @@ def linked(stack: Stack, gm: GmStandIn, name: str) -> Controller:
     return stack.controller(name, env={"LIFELONG_GM_ADDRESS": gm.address})
 
 
-def start_round(stack: Stack, gm: GmStandIn) -> Path:
-    """Dataset and job inserted by the GM; returns the job's output dir once train is ready."""
+class Conditions:
+    """The job's conditions as the GM keeps them; each `show` sends the GM's new copy."""
+
+    def __init__(self, gm: GmStandIn, out: Path) -> None:
+        self.gm = gm
+        self.job = job_resource(JOB, DATASET, str(out))
+        self.conditions: list[dict[str, str]] = []
+
+    def show(self, stage: str, kind: str) -> None:
+        self.conditions.append({"stage": stage, "type": kind, "status": "True"})
+        self.gm.insert(NODE, {**self.job, "status": {"conditions": list(self.conditions)}})
+
+
+def start_round(stack: Stack, gm: GmStandIn) -> tuple[Path, Conditions]:
+    """Dataset and job inserted by the GM, which shows Train/Waiting; returns the job's
+    output dir and its conditions once train is ready."""
     data = stack.workdir / "data" / "train.txt"
     data.parent.mkdir(parents=True, exist_ok=True)
     append_lines(data, lines(0, 10))
     out = stack.workdir / "out"
     gm.insert(NODE, dataset_resource(DATASET, str(data)))
-    gm.insert(NODE, job_resource(JOB, DATASET, str(out)))
+    conditions = Conditions(gm, out)
+    conditions.show("Train", "Waiting")
     wait_phase(gm, "train")
-    return out
+    conditions.show("Train", "Ready")
+    return out, conditions
 
 
 def model(out: Path, phase: str, version: int = 1) -> str:
@@ -87,7 +114,7 @@ def model(out: Path, phase: str, version: int = 1) -> str:
 
 def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
     controller = linked(stack, gm, "r1")
-    out = start_round(stack, gm)
+    out, conditions = start_round(stack, gm)
     assert gm.handshakes[0]["Node-Name"] == NODE
     header, content = next((h, c) for h, c in statuses(gm) if c.get("status") == "ready")
     assert header["resourceKind"] == "lifelonglearningjob" and header["operation"] == "status"
@@ -102,14 +129,23 @@ def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
         "the dataset's status at the GM",
     )
 
+    stack.cloud.report(JOB, "train", "running")
     stack.cloud.report(JOB, "train", "completed", model(out, "train"))
+    wait_forwarded(gm, "train", "completed")
+    conditions.show("Train", "Completed")
+    conditions.show("Eval", "Waiting")
     wait_phase(gm, "eval")
+    conditions.show("Eval", "Ready")
     stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
+    wait_forwarded(gm, "eval", "completed")
+    conditions.show("Eval", "Completed")
+    conditions.show("Deploy", "Waiting")
     wait_phase(gm, "deploy")
     assert (out / "deploy" / "index.pkl").read_bytes() == b"eval model"
     assert "gm=up" in readyz(controller)
     forwarded = [(c["phase"], c["status"]) for _, c in statuses(gm) if "output" in c]
-    assert forwarded == [("train", "completed"), ("eval", "completed")]
+    assert forwarded == [("train", "completed"), ("eval", "completed")], "no running"
+    assert ("train", "running") in mqtt_forwarded(stack), "running goes to MQTT only"
     ids = [h["id"] for h, _ in statuses(gm)]
     assert len(ids) == len(set(ids)), "each status once"
     assert stack.cloud.upstream(JOB), "the MQTT upstream topic gets them too"
@@ -125,12 +161,17 @@ def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
 
 def test_statuses_wait_for_a_restarted_gm_and_go_in_order(stack: Stack, gm: GmStandIn) -> None:
     controller = linked(stack, gm, "r1")
-    out = start_round(stack, gm)
+    out, conditions = start_round(stack, gm)
     gm.stop()
     wait_until(lambda: "gm=up" not in readyz(controller), 10, "the link to notice")
     stack.cloud.report(JOB, "train", "completed", model(out, "train"))
-    stack.cloud.wait_status(JOB, "eval", "ready")  # produced while the GM is away
+    stack.cloud.wait_for(
+        lambda: ("train", "completed") in mqtt_forwarded(stack), 20, "the forwarded completed"
+    )  # while the GM is away
     gm.start()
+    wait_forwarded(gm, "train", "completed")
+    conditions.show("Train", "Completed")
+    conditions.show("Eval", "Waiting")
     wait_phase(gm, "eval")
     assert phases(gm) == [("train", "ready"), ("eval", "ready")]
 
@@ -138,15 +179,22 @@ def test_statuses_wait_for_a_restarted_gm_and_go_in_order(stack: Stack, gm: GmSt
 def test_the_link_moves_with_its_holder_and_nothing_is_lost(stack: Stack, gm: GmStandIn) -> None:
     first = linked(stack, gm, "r1")
     second = linked(stack, gm, "r2")
-    out = start_round(stack, gm)
+    out, conditions = start_round(stack, gm)
     holder, other = (first, second) if "gm=up" in readyz(first) else (second, first)
     assert "gm=standby" in readyz(other), "one link per node"
     assert gm.connections(NODE) == 1
     holder.kill()
     stack.cloud.report(JOB, "train", "completed", model(out, "train"))
     wait_until(lambda: "gm=up" in readyz(other), 15, "the other replica to take the link")
+    wait_forwarded(gm, "train", "completed")
+    conditions.show("Train", "Completed")
+    conditions.show("Eval", "Waiting")
     wait_phase(gm, "eval")
+    conditions.show("Eval", "Ready")
     stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
+    wait_forwarded(gm, "eval", "completed")
+    conditions.show("Eval", "Completed")
+    conditions.show("Deploy", "Waiting")
     wait_phase(gm, "deploy")
     assert phases(gm)[-3:] == [("train", "ready"), ("eval", "ready"), ("deploy", "ready")]
 
