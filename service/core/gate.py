@@ -5,10 +5,11 @@ one on the same eval data and reports two results in that order, each with `metr
 list of numbers). For every metric `m` the new model reports, the gate reads `m` (the new
 model's values) and `m_delta` (new minus deployed, element by element), and evaluates
 `deploySpec.trigger.condition` on them with the train trigger's operators and epsilon;
-`name[i]` picks one value of a list, a bare name needs a one-value list.
+`name[i]` picks one value of a list; a bare name reads a bare number only (on a list it is
+refused, where Sedna's own controller read a bare list name as 0).
 
 It fails safe: a value it cannot read (a metric missing, a non-number, NaN or an infinity,
-lists of different lengths, an index past the end, a bare name on several values) holds the
+lists of different lengths, an index past the end, a bare name on a list) holds the
 model back, and the reason says which. While nothing is deployed (or the report has only the
 new model's result), there is nothing to beat: a condition on `m_delta` holds as long as the
 new model's own `m` is there to read, and one on `m` is evaluated as usual.
@@ -104,6 +105,11 @@ def _read(
     if name not in metrics:
         reported = ", ".join(sorted(metrics)[:KEPT_METRICS]) or "none"
         return None, f"{whose} has no metric {name} (reported: {reported})"
+    if index is None and isinstance(metrics[name], list | tuple):
+        return None, (
+            f"{name} of {whose} is a list of values: the condition must name one, as "
+            f"{name}[i] (a bare name is refused, never read as 0)"
+        )
     values = _values(metrics[name])
     if values is None:
         return None, f"{name} of {whose} is not a number or a list of numbers"

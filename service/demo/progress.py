@@ -139,7 +139,7 @@ class Progress:
 
 
 def _judged(gate: dict[str, Any]) -> str:
-    """How the gate judged, for a progress line: ` (accuracy_delta = +0.01, needs > 0.03)`."""
+    """How the gate judged, for a progress line: ` (accuracy_delta[0] = +0.01, needs > 0.03)`."""
     value = _number(gate.get("value"))
     needs = f"needs {gate.get('operator')} {gate.get('threshold')}"
     if value is None:

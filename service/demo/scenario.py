@@ -19,7 +19,7 @@ DATASET = "comfort-samples"
 TRIGGER_SAMPLES = 200
 TRAIN_PROB = 0.8
 INITIAL_SAMPLES = 60
-DEPLOY_CONDITION = {"operator": ">", "threshold": 0.05, "metric": "accuracy_delta"}
+DEPLOY_CONDITION = {"operator": ">", "threshold": 0.05, "metric": "accuracy_delta[0]"}
 
 
 @dataclass(frozen=True)

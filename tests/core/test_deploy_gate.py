@@ -17,7 +17,7 @@ from service.core.rounds import RoundRecord
 from service.core.triggers import TriggerSpec
 from tests.core.driver import JOB, NS, Driver, content, report, spec
 
-GATE = GateSpec(operator=">", threshold=0.01, metric="accuracy_delta")
+GATE = GateSpec(operator=">", threshold=0.01, metric="accuracy_delta[0]")
 OUT = "/output"
 
 
@@ -96,7 +96,7 @@ def test_the_first_round_deploys_with_nothing_to_beat() -> None:
     ready = deploy_statuses(d)[-1]
     assert ready["status"] == "ready"
     assert ready["gate"] == {
-        "metric": "accuracy_delta", "operator": ">", "threshold": 0.01, "holds": True,
+        "metric": "accuracy_delta[0]", "operator": ">", "threshold": 0.01, "holds": True,
         "version": 1,
     }  # fmt: skip
     assert d.job.deployed is not None and d.job.deployed.version == 1
@@ -130,7 +130,7 @@ def test_a_worse_model_is_held_back_the_deploy_file_untouched_the_samples_kept()
     assert (d.job.phase, d.job.step) == ("train", "waiting")
     held = deploy_statuses(d)[-1]
     assert held["status"] == "completed"
-    assert held["reason"].startswith("held back by the deploy gate: accuracy_delta = -0.05")
+    assert held["reason"].startswith("held back by the deploy gate: accuracy_delta[0] = -0.05")
     assert held["gate"]["holds"] is False and held["gate"]["value"] < 0
     assert held["gate"]["deployedVersion"] == 1
     assert [m["metrics"] for m in held["output"]["models"]] == [
@@ -196,7 +196,7 @@ def test_a_report_with_one_result_is_judged_as_if_nothing_were_deployed() -> Non
     assert d.job.current is not None and d.job.current.reason is not None
     assert "only the new model's result" in d.job.current.reason
     # a condition on the metric itself is judged as usual
-    d = gated(GateSpec(operator=">=", threshold=0.5, metric="accuracy"))
+    d = gated(GateSpec(operator=">=", threshold=0.5, metric="accuracy[0]"))
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
     d.apply(eval_report(d, results(0.1)))

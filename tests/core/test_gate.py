@@ -56,23 +56,24 @@ def test_indexing_reads_one_value_and_past_the_end_holds_back(
         assert "past the end" in verdict.reason
 
 
-def test_a_bare_name_needs_exactly_one_value() -> None:
-    assert judge(gate("acc", ">", 0.5), {"acc": [0.9]}, None).holds
-    assert judge(gate("acc", ">", 0.5), {"acc": 0.9}, None).holds  # a bare number: one value
-    several = judge(gate("acc", ">", 0.5), {"acc": [0.9, 0.8]}, None)
-    assert not several.holds and "name one as acc[i]" in several.reason
-    empty = judge(gate("acc", ">", 0.5), {"acc": []}, None)
-    assert not empty.holds and "no value" in empty.reason
+def test_a_bare_name_reads_a_bare_number_and_is_refused_on_a_list() -> None:
+    assert judge(gate("acc", ">", 0.5), {"acc": 0.9}, None).holds  # a bare number
+    assert judge(gate("acc[0]", ">", 0.5), {"acc": [0.9]}, None).holds
+    for values in ([0.9], [0.9, 0.8], []):
+        refused = judge(gate("acc", ">", 0.5), {"acc": values}, None)
+        assert not refused.holds and "the condition must name one, as acc[i]" in refused.reason
+    bare_delta = judge(gate("acc_delta", ">", 0.0), {"acc": [0.9]}, {"acc": [0.5]})
+    assert not bare_delta.holds and "never read as 0" in bare_delta.reason
 
 
 def test_operators_and_epsilon_are_the_train_triggers() -> None:
     at = {"acc": [0.5 + EPSILON / 2]}
-    assert judge(gate("acc", "eq", 0.5), at, None).holds
-    assert not judge(gate("acc", "gt", 0.5), at, None).holds
-    assert judge(gate("acc", ">=", 0.5), at, None).holds
-    assert judge(gate("acc_delta", ">", 0.01), {"acc": [0.9]}, {"acc": [0.85]}).holds
+    assert judge(gate("acc[0]", "eq", 0.5), at, None).holds
+    assert not judge(gate("acc[0]", "gt", 0.5), at, None).holds
+    assert judge(gate("acc[0]", ">=", 0.5), at, None).holds
+    assert judge(gate("acc_delta[0]", ">", 0.01), {"acc": [0.9]}, {"acc": [0.85]}).holds
     # within epsilon of the threshold is not "greater"
-    assert not judge(gate("acc_delta", ">", 0.05), {"acc": [0.9]}, {"acc": [0.85]}).holds
+    assert not judge(gate("acc_delta[0]", ">", 0.05), {"acc": [0.9]}, {"acc": [0.85]}).holds
 
 
 @pytest.mark.parametrize(
@@ -81,13 +82,13 @@ def test_operators_and_epsilon_are_the_train_triggers() -> None:
         ("acc", {}, None, "has no metric acc"),
         ("acc", {"loss": [1.0]}, None, "reported: loss"),
         ("acc_delta", {"loss": [1.0]}, {"acc": [0.5]}, "has no metric acc_delta"),
-        ("acc_delta", {"acc": [0.9]}, {"loss": [1.0]}, "deployed model has no usable acc"),
-        ("acc_delta", {"acc": [0.9]}, {"acc": ["high"]}, "deployed model has no usable acc"),
-        ("acc", {"acc": ["0.9"]}, None, "not a number"),
-        ("acc", {"acc": [True]}, None, "not a number"),
+        ("acc_delta[0]", {"acc": [0.9]}, {"loss": [1.0]}, "deployed model has no usable acc"),
+        ("acc_delta[0]", {"acc": [0.9]}, {"acc": ["high"]}, "deployed model has no usable acc"),
+        ("acc[0]", {"acc": ["0.9"]}, None, "not a number"),
+        ("acc[0]", {"acc": [True]}, None, "not a number"),
         ("acc", {"acc": {"x": 1}}, None, "not a number"),
         ("acc_delta[1]", {"acc": [0.9, 0.8]}, {"acc": [0.5]}, "2 values for the new model"),
-        ("acc_delta", {"acc": [0.9]}, {"acc": [0.5, 0.4]}, "1 values for the new model"),
+        ("acc_delta[0]", {"acc": [0.9]}, {"acc": [0.5, 0.4]}, "1 values for the new model"),
         ("acc[", {"acc": [0.9]}, None, "cannot be read"),
     ],
 )
@@ -122,7 +123,7 @@ def test_a_non_finite_value_read_holds_back_and_one_not_read_does_not_matter(
 
 
 def test_a_difference_that_overflows_holds_back() -> None:
-    verdict = judge(gate("acc_delta", ">", 0), {"acc": [1.7e308]}, {"acc": [-1.7e308]})
+    verdict = judge(gate("acc_delta[0]", ">", 0), {"acc": [1.7e308]}, {"acc": [-1.7e308]})
     assert not verdict.holds and "not a finite number" in verdict.reason
 
 

@@ -18,7 +18,7 @@ from tests.core.test_deploy_gate import (
     to_eval,
 )
 
-GATE = GateSpec(operator=">", threshold=0.0, metric="accuracy_delta")
+GATE = GateSpec(operator=">", threshold=0.0, metric="accuracy_delta[0]")
 
 
 def rollback(d: Driver, version: int | None = None) -> tuple[object, ...]:

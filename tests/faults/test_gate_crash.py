@@ -32,7 +32,7 @@ from tests.wait import wait_until
 
 JOB = "gated-crash"
 DATASET = "gated-crash-data"
-CONDITION = {"operator": ">", "threshold": 0, "metric": "accuracy_delta"}
+CONDITION = {"operator": ">", "threshold": 0, "metric": "accuracy_delta[0]"}
 
 
 def model(out: Path, version: int) -> str:

@@ -58,7 +58,7 @@ def test_demo_completes_two_rounds_within_budget() -> None:
     assert float(match["acc"]) >= 0.7
     assert int(match["samples"]) >= 2 * 200
     # not a TTY: plain progress lines, every round's deploy decision in order; the gate
-    # (accuracy_delta > 0.05) deploys round 1 (nothing to beat) and holds back the rounds
+    # (accuracy_delta[0] > 0.05) deploys round 1 (nothing to beat) and holds back the rounds
     # trained within the same season of the drifting data
     decided = [m for m in map(DECIDED.match, lines) if m is not None]
     assert [int(m["version"]) for m in decided] == list(range(1, len(decided) + 1))
@@ -67,13 +67,13 @@ def test_demo_completes_two_rounds_within_budget() -> None:
     assert len(held) >= 1, "the demo shows a round held back by the deploy gate"
     assert (int(match["rounds"]), int(match["held"])) == (len(decided), len(held))
     assert int(match["deployed"]) + int(match["held"]) == int(match["rounds"])
-    assert decided[0].string.endswith("(accuracy_delta: nothing deployed to beat)")
+    assert decided[0].string.endswith("(accuracy_delta[0]: nothing deployed to beat)")
     assert any(
         line.startswith("round 2: eval accuracy") and "(deployed model 0." in line
         for line in lines
     )
     held_line = held[0].string
-    assert re.search(r"\(accuracy_delta = [+-]0\.\d\d, needs > 0\.05\)$", held_line), held_line
+    assert re.search(r"\(accuracy_delta\[0\] = [+-]0\.\d\d, needs > 0\.05\)$", held_line), held_line
     assert time.monotonic() - started < BUDGET_S
 
 
@@ -105,12 +105,12 @@ def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
     def status(content: dict[str, object]) -> str | None:
         return progress.update({"header": {}, "content": content})
 
-    gate = {"metric": "accuracy_delta", "operator": ">", "threshold": 0.05, "version": 1}
+    gate = {"metric": "accuracy_delta[0]", "operator": ">", "threshold": 0.05, "version": 1}
     status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/1"}})
     status({"phase": "eval", "status": "ready", "input": {"outputDir": "/o/eval/1"}})
     assert status({"phase": "deploy", "status": "ready", "input": {},
                    "gate": {**gate, "holds": True}}) == (
-        "round 1: deployed (accuracy_delta: nothing deployed to beat)"
+        "round 1: deployed (accuracy_delta[0]: nothing deployed to beat)"
     )  # fmt: skip
     status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/2"}})
     evaluating = status({"phase": "eval", "status": "ready",
@@ -124,11 +124,11 @@ def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
     held = {**gate, "holds": False, "value": 0.01, "version": 2}
     assert status({"phase": "deploy", "status": "completed", "output": {"models": models},
                    "gate": held}) == (
-        "round 2: held back by the deploy gate (accuracy_delta = +0.01, needs > 0.05)"
+        "round 2: held back by the deploy gate (accuracy_delta[0] = +0.01, needs > 0.05)"
     )  # fmt: skip
     assert (progress.finished, progress.deployed, progress.held_back) == (2, 1, 1)
     console = Console(width=140, record=True)
     console.print(progress.table(3, 5.0))
     view = " ".join(console.export_text().split())  # the caption wraps
     assert "│ 2 │ held back │" in view
-    assert "1/3 rounds deployed, 1 held back by the deploy gate (accuracy_delta > 0.05)" in view
+    assert "1/3 rounds deployed, 1 held back by the deploy gate (accuracy_delta[0] > 0.05)" in view

@@ -38,7 +38,7 @@ DATASET = "gated-data"
 ROOT = Path(__file__).resolve().parents[2]
 #: each round's model scores this on every eval (the deployed model too, by its round)
 SCORES = {1: 0.7, 2: 0.6, 3: 0.9}
-CONDITION = {"operator": ">", "threshold": 0, "metric": "accuracy_delta"}
+CONDITION = {"operator": ">", "threshold": 0, "metric": "accuracy_delta[0]"}
 
 # Train: a model file whose bytes name its round (and differ in length from round to round).
 TRAIN = """
@@ -146,11 +146,12 @@ def test_gate_holds_back_a_worse_model_and_rollback_restores_the_previous(
     held = next_round(stack, data, 2)
     assert held["status"] == "completed"
     assert held["reason"] == (
-        "held back by the deploy gate: accuracy_delta = -0.1: accuracy_delta > 0 does not hold"
+        "held back by the deploy gate: accuracy_delta[0] = -0.1: "
+        "accuracy_delta[0] > 0 does not hold"
     )
     assert held["gate"] == {
-        "metric": "accuracy_delta", "operator": ">", "threshold": 0.0, "value": pytest.approx(-0.1),
-        "holds": False, "version": 2, "deployedVersion": 1,
+        "metric": "accuracy_delta[0]", "operator": ">", "threshold": 0.0,
+        "value": pytest.approx(-0.1), "holds": False, "version": 2, "deployedVersion": 1,
     }  # fmt: skip
     assert [m["metrics"] for m in held["output"]["models"]] == [
         {"accuracy": [0.6]}, {"accuracy": [0.7]}
@@ -216,7 +217,7 @@ def _describe_and_get_show_it_all(stack: Stack) -> None:
         (1, "rollback", "rolled_back"),
         (3, "rollback", "refused"),
     ]
-    assert data["mainMetric"] == "accuracy"
+    assert data["mainMetric"] == "accuracy[0]"
     assert data["mainMetricValues"] == [0.7, 0.6, 0.9, 0.7, None]
     assert data["deployed"]["version"] == 1
     for record in data["rounds"][:3]:
@@ -225,12 +226,12 @@ def _describe_and_get_show_it_all(stack: Stack) -> None:
         assert record["trainSamples"] == 8 + 8 * (record["version"] == 3)
     text = cli(stack, "describe", "job", JOB)
     assert text.returncode == 0, text.stderr
-    assert "Deploy gate:    deploy when accuracy_delta > 0" in text.stdout
+    assert "Deploy gate:    deploy when accuracy_delta[0] > 0" in text.stdout
     assert "Deployed:       version 1 " in text.stdout
-    assert "Rounds (last 5, oldest first), accuracy: ▃▁█▃·" in text.stdout
+    assert "Rounds (last 5, oldest first), accuracy[0]: ▃▁█▃·" in text.stdout
     table = cli(stack, "get", "jobs", "-o", "json")
     [row] = json.loads(table.stdout)
-    assert (row["deployed"], row["metric"]) == (1, "accuracy=0.7")
+    assert (row["deployed"], row["metric"]) == (1, "accuracy[0]=0.7")
 
 
 def _metrics_show_it(controller: Controller) -> None:
