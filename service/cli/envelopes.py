@@ -7,6 +7,7 @@ from typing import Any
 
 from service import messages
 from service.errors import InvalidMessage
+from service.runtime.accept import downstream_event
 
 
 def insert_envelope(kind: str, namespace: str, name: str, content: dict[str, Any]) -> bytes:
@@ -29,11 +30,12 @@ def _envelope(kind: str, namespace: str, name: str, operation: str, content: obj
 def envelope_problems(
     envelope: bytes, kind: str, namespace: str, name: str
 ) -> list[InvalidMessage]:
-    """The header rules of insert and delete, checked by the controller's own decoder."""
+    """The header rules of insert and delete and the rules across fields (a job's deploy
+    condition given twice, say), checked by the controller's own decoder and intake."""
     problems = []
     for data in (envelope, delete_envelope(kind, namespace, name)):
         try:
-            messages.decode_envelope(data)
+            downstream_event(messages.decode_envelope(data))
         except InvalidMessage as e:
             problems.append(e)
     return problems

@@ -79,7 +79,7 @@ def job_state_word(state: JobState) -> str:
     """STATE of `get jobs`: the step, unless the job cannot progress for want of its dataset
     or waits out the backoff after failed rounds."""
     if state.dataset is None:
-        return "no-dataset"
+        return "binding" if state.gm is not None else "no-dataset"
     if not state.dataset.present:
         return "paused"
     if state.step == "waiting" and state.retry_at_ms is not None:
@@ -231,12 +231,35 @@ def describe_job(
         _field("Last error", state.last_error or "-"),
         _field("Failures", _failures(state, now_ms)),
     ]  # fmt: skip
+    if state.gm is not None:
+        lines.append(_field("Sedna GM", gm_summary(state)))
     files = round_files(state, records)
     if files:
         lines.append(f"Files of round {state.version}:")
         width = max(len(label) for label, _ in files) + 2
         lines += [f"  {label:<{width}}{path}" for label, path in files]
     return lines
+
+
+def gm_summary(state: JobState) -> str:
+    """What Sedna's GM shows of a job it manages, and what the job waits for from it."""
+    gm = state.gm
+    assert gm is not None
+    shown = f"{gm.stage.capitalize()}/{gm.type.capitalize()}" if gm.type else "no condition yet"
+    text = f"shows {shown} ({gm.count} conditions)"
+    if state.dataset is None:
+        return text + "; not the dataset node here: binds and forwards its workers' reports"
+    if state.step == "staged":
+        text += f"; {state.phase} waits for the GM to show {state.phase.capitalize()}/Waiting"
+    if state.gm_rollback is not None:
+        text += (
+            f"; the rollback to version {state.gm_rollback.to_version} is copied, its deploy "
+            "ready waits for the GM to show Train/Waiting"
+        )
+    if state.gm_sent is not None:
+        sent = state.gm_sent
+        text += f"; sent round {sent.version}'s {sent.stage} status, not yet seen by the GM"
+    return text
 
 
 def _failures(state: JobState, now_ms: int) -> str:

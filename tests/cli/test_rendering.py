@@ -10,7 +10,7 @@ import pytest
 
 from service import messages
 from service.cli import rendering
-from service.core.state import DatasetInfo, DatasetState, JobSpec, JobState, ModelRef
+from service.core.state import DatasetInfo, DatasetState, GmView, JobSpec, JobState, ModelRef
 from service.core.triggers import TriggerSpec
 from tests.cli.documents import JOB, RECORDS
 
@@ -157,3 +157,16 @@ def test_describe_job_shows_the_failures_in_a_row_and_the_next_try() -> None:
     assert "Failures:       none in a row" in "\n".join(
         rendering.describe_job(job_state(), None, [], 10_000)
     )
+
+
+def test_a_gm_managed_job_says_what_the_gm_shows_and_what_it_waits_for() -> None:
+    binding = job_state(dataset=None, gm=GmView(stage="train", type="running", count=4))
+    assert rendering.job_state_word(binding) == "binding"
+    assert "binds and forwards its workers' reports" in rendering.gm_summary(binding)
+    waiting = job_state(
+        phase="train", step="waiting", gm=GmView(stage="deploy", type="ready", count=9),
+        gm_rollback=messages.RollbackResult(to_version=2, from_version=3),
+    )  # fmt: skip
+    summary = rendering.gm_summary(waiting)
+    assert summary.startswith("shows Deploy/Ready (9 conditions)")
+    assert "the rollback to version 2 is copied, its deploy ready waits" in summary

@@ -110,3 +110,43 @@ def test_misspelt_fields_are_rejected_with_a_hint(tmp_path: Path) -> None:
     applied = run_cli(env, "apply", "-f", str(manifest))
     assert applied.returncode == 1
     assert applied.stderr.splitlines()[:3] == result.stdout.splitlines()
+
+
+GATED = """\
+apiVersion: sedna.io/v1alpha1
+kind: LifelongLearningJob
+metadata:
+  name: gated
+  annotations:
+    lifelong.sedna.io/deploy-trigger: {annotation}
+spec:
+  dataset: {{name: ds, trainProb: 0.8}}
+  trainSpec: {{template: {{spec: {{nodeName: edge-node}}}}}}
+  evalSpec: {{}}
+  deploySpec: {deploy}
+  outputDir: /output/gated
+"""
+TRIGGER = '{condition: {operator: ">", threshold: 0.01, metric: "accuracy_delta[0]"}}'
+
+
+def test_the_deploy_gate_by_annotation_is_checked_like_the_spec(tmp_path: Path) -> None:
+    env = cli_env("mqtt://127.0.0.1:1", "redis://127.0.0.1:1/0")
+    cases = {
+        "annotation-only": (repr(TRIGGER), "{}", 0, "is valid"),
+        "same-in-both": (repr(TRIGGER), f"{{trigger: {TRIGGER}}}", 0, "is valid"),
+        "different": (
+            repr(TRIGGER), f"{{trigger: {TRIGGER.replace('0.01', '0.2')}}}", 1,
+            "set different deploy conditions: keep one of them",
+        ),
+        "alias": ("'{a: &x [1], b: *x}'", "{}", 1, "YAML anchors and aliases are not allowed"),
+        "bad-operator": (
+            repr(TRIGGER.replace('">"', '"~"')), "{}", 1,
+            "$.metadata.annotations['lifelong.sedna.io/deploy-trigger'].condition.operator",
+        ),
+    }  # fmt: skip
+    for name, (annotation, deploy, code, words) in cases.items():
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(GATED.format(annotation=annotation, deploy=deploy))
+        result = run_cli(env, "validate", "-f", str(manifest))
+        assert result.returncode == code, (name, result.stdout, result.stderr)
+        assert words in result.stdout, (name, result.stdout)

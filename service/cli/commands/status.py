@@ -54,8 +54,10 @@ GET_EXAMPLES = (
   lifelong get datasets -n default
   lifelong get jobs -o json | jq '.[].phase'
 
-STATE is the job's step (waiting, preparing, running, copying), or no-dataset when its
-dataset is unknown, paused when its dataset was deleted, backoff while it waits to retry after
+STATE is the job's step (waiting, preparing, running, copying, staged: due, waiting for
+Sedna's GM to show the stage Waiting), or no-dataset when its dataset is unknown, binding on
+a node that only forwards the reports of a GM-managed job's workers (its dataset lives on
+another node), paused when its dataset was deleted, backoff while it waits to retry after
 failed rounds (describe says until when). A dataset's STATUS is ok once read, unreadable while
 its source cannot be read (describe says why). DEPLOYED is the round whose model a job's
 deploy file holds, METRIC its main metric (the deploy condition's, else the first reported)
