@@ -27,9 +27,9 @@ node and reported there), the models come from the GM's condition data, bound to
 like a report's. A controller without the job's dataset is not its dataset node: it only
 binds and forwards its workers' reports (`reports` reads the round from `round_dir`).
 
-Only statuses the GM accepts go to it (`gm_bound`): ready, completed, failed and waiting of
-the train, eval and deploy phases, and dataset statuses; everything else (worker `running`
-reports, inference and deploy-worker reports) goes to the MQTT upstream topic only.
+Only statuses the GM accepts go to it (`Publish.to_gm`): ready, completed, failed and
+waiting of the train, eval and deploy phases, and dataset statuses; everything else (worker
+`running` reports, inference and deploy-worker reports) goes to the MQTT upstream topic only.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from service.core import deploys, reports, training
-from service.core.effects import Publish
+from service.core.effects import GM_PHASES, Publish
 from service.core.events import Tick, WorkerReported
 from service.core.outcome import Recorder
 from service.core.state import GmSent, GmView, JobState, Phase
@@ -48,9 +48,6 @@ from service.messages import DatasetStatus, JobCondition, JobStatus
 
 replace = msgspec.structs.replace
 
-#: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
-GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})
-GM_PHASES: frozenset[str] = frozenset({"train", "eval", "deploy"})
 #: How many models of a condition's data a view keeps (as a report's models are kept).
 _MODELS_KEPT = reports.MAX_MODELS_KEPT
 #: The stages whose condition makes a running stage's end: the GM went past it, or back.
@@ -58,13 +55,6 @@ _FAILED = "failed"
 
 _status_decoder = msgspec.json.Decoder(JobStatus)
 _encoder = msgspec.json.Encoder()
-
-
-def gm_bound(status: JobStatus | DatasetStatus) -> bool:
-    """Whether Sedna's GM takes this status in (the rest goes to MQTT only)."""
-    if isinstance(status, DatasetStatus):
-        return True
-    return status.phase in GM_PHASES and status.status.lower() in GM_STATUSES
 
 
 # ================================================================= the GM's copy
@@ -151,7 +141,7 @@ def managed(job: JobState) -> bool:
 
 def published_to_gm(out: Recorder) -> bool:
     """Whether this transition already said something the GM appends as a condition."""
-    return any(isinstance(e, Publish) and gm_bound(e.status) for e in out.effects)
+    return any(isinstance(e, Publish) and e.to_gm for e in out.effects)
 
 
 def newer(job: JobState) -> bool:
@@ -271,7 +261,7 @@ def after(job: JobState, out: Recorder) -> JobState:
     mark; a ready it sent is remembered (and its resend timer set)."""
     if job.gm is None:
         return job
-    sent = [e.status for e in out.effects if isinstance(e, Publish) and gm_bound(e.status)]
+    sent = [e.status for e in out.effects if isinstance(e, Publish) and e.to_gm]
     if sent:
         job = replace(job, gm_mark=job.gm.count)
     stage_ready = [s for s in _job_statuses(sent) if _resendable(s)]

@@ -76,9 +76,7 @@ def eval_completed(job: JobState, event: Event, out: Recorder) -> JobState:
     return job
 
 
-def decide(job: JobState, out: Recorder, results: list[dict[str, Any]] | None = None) -> (
-    JobState
-):
+def decide(job: JobState, out: Recorder, results: list[dict[str, Any]] | None = None) -> JobState:
     """The evaluated model is deployed, unless the deploy gate held it back (`results`: the
     eval's, shown with the held-back status; by default those the job kept)."""
     gate = job.current.gate if job.current is not None else None
@@ -154,9 +152,7 @@ def _copy(
     )
 
 
-def _hold_back(
-    job: JobState, why: str, results: list[dict[str, Any]], out: Recorder
-) -> JobState:
+def _hold_back(job: JobState, why: str, results: list[dict[str, Any]], out: Recorder) -> JobState:
     """No copy: the deploy file keeps its model; the samples wait for the next round. The
     cloud hears the values compared: `gate`, and the eval's `results` as `output.models`."""
     reason = f"held back by the deploy gate: {why}"
@@ -207,9 +203,9 @@ def model_copied(job: JobState, event: Event, out: Recorder) -> JobState:
 
 
 # ================================================================= rollback
-def rollback_requested(state: JobState | None, event: RollbackRequested, out: Recorder) -> (
-    JobState | None
-):
+def rollback_requested(
+    state: JobState | None, event: RollbackRequested, out: Recorder
+) -> JobState | None:
     what = f"rollback of job {event.namespace}/{event.name}"
     if state is None:
         reason = f"{what} refused: unknown job {event.namespace}/{event.name}"

@@ -16,15 +16,29 @@ from service.core.state import DatasetInfo, RoundPhase
 from service.errors import RejectCode
 from service.messages import DatasetStatus, JobStatus
 
+#: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
+GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})
+GM_PHASES = frozenset({"train", "eval", "deploy"})
+
+
+def gm_accepts(status: JobStatus | DatasetStatus) -> bool:
+    """Whether Sedna's GM takes this status in: dataset statuses, and job statuses ready,
+    completed, failed and waiting of the train, eval and deploy phases."""
+    if isinstance(status, DatasetStatus):
+        return True
+    return status.phase in GM_PHASES and status.status.lower() in GM_STATUSES
+
 
 class Publish(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="publish"):
     """An upstream status message of the resource; `id` is stable, so receivers can drop
-    duplicates. Never decoded: `status` is one of two untagged wire types."""
+    duplicates; `to_gm`: Sedna's GM gets it too (when there is a GM link), else only the
+    MQTT upstream topic does. Never decoded: `status` is one of two untagged wire types."""
 
     id: str
     namespace: str
     name: str
     status: JobStatus | DatasetStatus
+    to_gm: bool = True
 
 
 class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="reject"):
@@ -165,9 +179,7 @@ Work = (
     | DetachDataset
     | ReleaseOutputDir
 )
-Effect = (
-    Publish | Reject | Refused | DatasetUnreadable | RecordRound | Note | ScheduleCheck | Work
-)
+Effect = Publish | Reject | Refused | DatasetUnreadable | RecordRound | Note | ScheduleCheck | Work
 
 _encoder = msgspec.msgpack.Encoder()
 _work_decoder = msgspec.msgpack.Decoder(Work)

@@ -220,9 +220,12 @@ def _account(job: JobState, available: int, out: Recorder) -> tuple[JobState, bo
 
 
 def _forward(job: JobState, event: WorkerReported, out: Recorder) -> None:
-    """Every worker message for a known job goes upstream as it came."""
+    """Every worker message for a known job goes upstream as it came; Sedna's GM gets the
+    train and eval workers' (those it takes in: not `running`), never the inference
+    worker's, whose `completed` it would take for the end of the deploy stage."""
     output = JobOutput(models=list(event.results), owner_info=msgspec.Raw(event.owner_info))
-    training.publish(job, out, JobStatus(phase=event.kind, status=event.status, output=output))
+    status = JobStatus(phase=event.kind, status=event.status, output=output)
+    training.publish(job, out, status, to_gm=event.kind in ("train", "eval"))
 
 
 JobHandler = Callable[[JobState, Event, Recorder], JobState]

@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from service.core.effects import Effect, Note, Publish, Reject, ScheduleCheck
+from service.core.effects import Effect, Note, Publish, Reject, ScheduleCheck, gm_accepts
 from service.core.state import State
 from service.messages import DatasetStatus, JobStatus
 
@@ -61,8 +61,20 @@ class Recorder:
     def note(self, reason: str) -> None:
         self.add(Note(reason=reason))
 
-    def publish(self, namespace: str, name: str, status: JobStatus | DatasetStatus) -> None:
-        self.add(Publish(id=self.next_id(), namespace=namespace, name=name, status=status))
+    def publish(
+        self,
+        namespace: str,
+        name: str,
+        status: JobStatus | DatasetStatus,
+        *,
+        to_gm: bool = True,
+    ) -> None:
+        """An upstream status; Sedna's GM gets it too when it accepts it and `to_gm`."""
+        publish = Publish(
+            id=self.next_id(), namespace=namespace, name=name, status=status,
+            to_gm=to_gm and gm_accepts(status),
+        )  # fmt: skip
+        self.add(publish)
 
     def schedule(self, due_ms: int) -> None:
         self.add(ScheduleCheck(due_ms=due_ms))

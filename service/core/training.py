@@ -29,8 +29,8 @@ def active(job: JobState) -> bool:
     return job.dataset is not None and job.dataset.present
 
 
-def publish(job: JobState, out: Recorder, status: JobStatus) -> None:
-    out.publish(job.namespace, job.name, status)
+def publish(job: JobState, out: Recorder, status: JobStatus, *, to_gm: bool = True) -> None:
+    out.publish(job.namespace, job.name, status, to_gm=to_gm)
 
 
 # ================================================================= the train trigger

@@ -19,7 +19,6 @@ import msgspec
 from service import history, messages
 from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
-from service.core.conditions import gm_bound
 from service.core.effects import (
     DatasetUnreadable,
     Note,
@@ -133,7 +132,7 @@ class _Fold:
             elif isinstance(effect, Publish):
                 entry = _upstream(self.rkey, effect, config)
                 self.outbox.append(entry)
-                if config.gm_address and gm_bound(effect.status):
+                if config.gm_address and effect.to_gm:
                     self.gm.append((entry.id, entry.payload))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)

@@ -12,8 +12,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.conditions import gm_bound, view_of
-from service.core.effects import CopyModel, Publish, WriteRound
+from service.core.conditions import view_of
+from service.core.effects import CopyModel, Publish, WriteRound, gm_accepts
 from service.core.events import JobApplied, ModelCopied, RollbackRequested
 from service.core.gate import GateSpec
 from service.core.state import GmView
@@ -241,10 +241,19 @@ def test_a_rollbacks_ready_waits_for_train_waiting() -> None:
 
 
 def test_only_statuses_the_gm_accepts_go_to_it() -> None:
-    assert gm_bound(JobStatus(phase="train", status="ready"))
-    assert gm_bound(JobStatus(phase="deploy", status="completed"))
-    assert not gm_bound(JobStatus(phase="train", status="running"))
-    assert not gm_bound(JobStatus(phase="inference", status="completed"))
+    assert gm_accepts(JobStatus(phase="train", status="ready"))
+    assert gm_accepts(JobStatus(phase="deploy", status="completed"))
+    assert not gm_accepts(JobStatus(phase="train", status="running"))
+    assert not gm_accepts(JobStatus(phase="inference", status="completed"))
+    driver, _gm = started()
+    driver.written("train")
+    running = driver.apply(report("train", "running"))
+    trained = driver.apply(report("train", "completed", f"{OUT}/train/1/m.pkl"))
+    inference = driver.apply(report("deploy", "completed", "/output/deploy/index.pkl"))
+    forwarded = [e for e in (*running, *trained, *inference) if isinstance(e, Publish)]
+    assert [(content(e)["status"], e.to_gm) for e in forwarded] == [
+        ("running", False), ("completed", True), ("completed", False),
+    ]  # fmt: skip
 
 
 def test_a_node_without_the_dataset_only_binds_reports_to_the_gms_round() -> None:
@@ -311,6 +320,6 @@ def test_a_ready_never_goes_out_in_the_same_breath_as_another_status_to_the_gm(
             effects = driver.tick()
         else:
             continue
-        to_gm = [content(e) for e in effects if isinstance(e, Publish) and gm_bound(e.status)]
+        to_gm = [content(e) for e in effects if isinstance(e, Publish) and e.to_gm]
         if any(c["status"] == "ready" for c in to_gm):
             assert len(to_gm) == 1, to_gm
