@@ -131,7 +131,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "data_roots", "LIFELONG_DATA_ROOTS", "--data-roots", values.parse_data_roots,
         "':'-separated directories a job's local files (datasets, output dirs, models) must "
-        "lie under", "the volume prefix if set, else /", "DIRS",
+        "lie under (resolved once at start; a root in a directory others can change is "
+        "refused)", "/data:/output:/models under the volume prefix", "DIRS",
     ),
     Setting(
         "max_model_bytes", "LIFELONG_MAX_MODEL_BYTES", "--max-model-bytes",

@@ -147,7 +147,8 @@ class DetachDataset(
 class ReleaseOutputDir(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="release-output-dir"
 ):
-    """The job no longer writes to `output_dir`: give up its claim on it (if still its)."""
+    """The job no longer writes to `output_dir` (as it lies on disk: `paths.claim_dir`):
+    give up its claim on it (if still its)."""
 
     id: str
     namespace: str

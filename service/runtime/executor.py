@@ -146,7 +146,16 @@ class Executor:
         except TransientError as e:
             return msgspec.structs.replace(polled, error=redact(str(e)))
         if poll.missing:
-            return msgspec.structs.replace(polled, unreadable=f"{work.url} does not exist")
+            # one reason for missing and forbidden alike: the errors topic must not tell
+            # whoever named the dataset which files exist; the log says which
+            log.info(
+                "dataset %s/%s cannot be read: %s",
+                work.namespace,
+                work.name,
+                redact(poll.why),
+                extra={"dataset": f"{work.namespace}/{work.name}", "effect": "poll-dataset"},
+            )
+            return msgspec.structs.replace(polled, unreadable=unreadable(work.url))
         # The byte count shows a poll reads only what was appended (Sedna's bug 13,
         # docs/lifecycle.md); a poll that found nothing new is not worth an info line every
         # period.
@@ -188,3 +197,8 @@ class Executor:
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
         self._store.append_ingress(shard_of(rkey), encode_accepted(accepted))
+
+
+def unreadable(url: str) -> str:
+    """What the errors topic says of a dataset source that is missing or may not be read."""
+    return f"cannot read {url} (missing, or not readable by the controller)"

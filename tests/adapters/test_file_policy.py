@@ -23,7 +23,7 @@ import pytest
 
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients
 from service.core.paths import DataRoots
 from service.errors import PermanentError, Refused
@@ -72,7 +72,12 @@ class Layout:
         )
 
     def poll(self, source: Path, fmt: str = "txt") -> int:
-        return self.reader.poll(str(source), fmt, Cursor(), None).num_samples
+        """The samples of a poll; a source the reader may not read (which it reports like a
+        missing one, the reason in `why`) raises ``NotAllowed`` with that reason."""
+        polled = self.reader.poll(str(source), fmt, Cursor(), None)
+        if polled.missing and polled.why:
+            raise NotAllowed(polled.why)
+        return polled.num_samples
 
     def leftovers(self) -> set[Path]:
         """Temporary files anywhere under the root or the staging dir."""
@@ -424,8 +429,8 @@ def test_system_directories_are_refused_at_effect_time(tmp_path: Path) -> None:
                 dest_cred=None,
             )
     passwd = rootfs / "etc" / "passwd"
-    with pytest.raises(Refused, match="'/etc/passwd' is in the system directory /etc"):
-        DatasetReader(S3Clients(), files=files).poll(str(passwd), "txt", Cursor(), None)
+    polled = DatasetReader(S3Clients(), files=files).poll(str(passwd), "txt", Cursor(), None)
+    assert polled.missing and "'/etc/passwd' is in the system directory /etc" in polled.why
     assert sorted(p.name for p in rootfs.iterdir()) == ["data"]
 
 

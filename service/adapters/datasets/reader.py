@@ -20,7 +20,7 @@ from service.adapters.datasets.sources import (
     open_source,
     read_exact,
 )
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients, S3CredentialLike
 
 
@@ -42,6 +42,9 @@ class Poll(msgspec.Struct, frozen=True, kw_only=True):
     bytes_read: int
     rewritten: bool
     missing: bool = False
+    #: why a missing source cannot be read (for the log: it does not exist, permission
+    #: denied, or the file access policy forbids it)
+    why: str = ""
 
 
 class DatasetReader:
@@ -67,15 +70,20 @@ class DatasetReader:
     ) -> Poll:
         """Count the samples of ``url`` reading only what was appended since ``cursor``.
 
-        Raises BlobUnavailable (retry later) or PermanentError (``Refused`` for a source the
-        file access policy forbids or a line over the cap); a missing source is not an error
-        but ``Poll(missing=True)`` with the cursor unchanged.
+        Raises BlobUnavailable (retry later) or PermanentError (``Refused`` for a line over the
+        cap or a dataset over the size cap); a missing source is not an error but
+        ``Poll(missing=True)`` with the cursor unchanged, and so is one that may not be read
+        (permission denied, or the file access policy): whoever names a dataset cannot tell
+        a file that exists from one that does not.
         """
         try:
             with open_source(self._clients, self._files, url, cred) as source:
                 return self._poll_open(source, url, fmt, cursor)
-        except SourceMissing:
-            return Poll(cursor=cursor, num_samples=0, bytes_read=0, rewritten=False, missing=True)
+        except (SourceMissing, NotAllowed) as e:
+            return Poll(
+                cursor=cursor, num_samples=0, bytes_read=0, rewritten=False, missing=True,
+                why=str(e),
+            )  # fmt: skip
 
     def _poll_open(
         self, source: LocalSource | S3Source, url: str, fmt: str, cursor: Cursor

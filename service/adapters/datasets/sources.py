@@ -21,7 +21,7 @@ import boto3.exceptions
 import botocore.exceptions
 
 from service.adapters import s3
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients, S3CredentialLike
 from service.errors import BlobUnavailable, PermanentError, ServiceError
 
@@ -181,7 +181,7 @@ def open_source(
     clients: S3Clients, files: LocalFiles, url: str, cred: S3CredentialLike | None
 ) -> Iterator[LocalSource | S3Source]:
     """Open a dataset or model source; a missing one raises ``SourceMissing``, one the file
-    access policy (``files``) forbids raises ``Refused``."""
+    access policy (``files``) or the file's permissions forbid raises ``NotAllowed``."""
     context = f"reading {url}"
     if s3.is_s3_url(url):
         with io_errors(context):
@@ -203,6 +203,8 @@ def open_local(files: LocalFiles, path: str) -> io.BufferedReader:
         fd = files.open_regular(path)
     except FileNotFoundError as e:
         raise SourceMissing(f"{path} does not exist") from e
+    except PermissionError as e:
+        raise NotAllowed(f"{path}: permission denied") from e
     except OSError as e:
         raise translate_io(e, f"reading {path}") from e
     return os.fdopen(fd, "rb")
