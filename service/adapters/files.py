@@ -150,7 +150,7 @@ class LocalFiles:
         return root, parts[len(root_parts) :]
 
     def _walk(self, root: str, names: tuple[str, ...], *, create: bool) -> int:
-        fd = self._open_root(root)
+        fd = self._open_root(root, create=create)
         try:
             for depth, name in enumerate(names):
                 try:
@@ -168,15 +168,16 @@ class LocalFiles:
             raise
         return fd
 
-    def _open_root(self, root: str) -> int:
+    def _open_root(self, root: str, *, create: bool) -> int:
         """A descriptor of the root, reached from "/" along its resolved path without
-        following a link: one swapped in since start-up is refused."""
+        following a link (one swapped in since start-up is refused), the missing part of
+        that path made first if ``create`` (an output root that does not exist yet)."""
         real = self._real[root]
         fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for name in segments(real) or ():
                 try:
-                    inner = _open_dir(fd, name, create=False)
+                    inner = _open_dir(fd, name, create=create)
                 except OSError as e:
                     if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                         raise

@@ -44,6 +44,9 @@ class Config:
     data_roots: str = ""  # ':'-separated; empty: SEDNA_DATA_ROOTS under the volume prefix
     max_model_bytes: int = 4 << 30
     max_line_bytes: int = 1 << 20
+    max_dataset_bytes: int = 64 << 30
+    max_round_bytes: int = 16 << 30
+    rounds_kept: int = 3
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""

@@ -144,4 +144,21 @@ SETTINGS: tuple[Setting, ...] = (
         "longest dataset line (1MiB..1GiB); a longer one stops the dataset with a reason",
         "1MiB", "SIZE",
     ),
+    Setting(
+        "max_dataset_bytes", "LIFELONG_MAX_DATASET_BYTES", "--max-dataset-bytes",
+        values.parse_model_bytes,
+        "largest dataset (its size, holes included); a larger one is reported unreadable",
+        "64GiB", "SIZE",
+    ),
+    Setting(
+        "max_round_bytes", "LIFELONG_MAX_ROUND_BYTES", "--max-round-bytes",
+        values.parse_model_bytes,
+        "most bytes one round's data files may hold; a larger round fails with the reason",
+        "16GiB", "SIZE",
+    ),
+    Setting(
+        "rounds_kept", "LIFELONG_ROUNDS_KEPT", "--rounds-kept", values.parse_rounds_kept,
+        "rounds whose local data files are kept (the newest; the deployed round's and those "
+        "a rollback can restore are kept too)", "3", "N",
+    ),
 )  # fmt: skip

@@ -88,6 +88,9 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     data_url: str  # disk path or s3 URL
     index_url: str | None = None
     index_prefix: str | None = None
+    #: versions whose data files stay however old they are: the deployed round's and those
+    #: a rollback can restore
+    keep: tuple[int, ...] = ()
 
 
 class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):

@@ -13,10 +13,12 @@ import msgspec
 
 from service.adapters.datasets.scanner import DEFAULT_MAX_LINE_BYTES, SampleScanner
 from service.adapters.datasets.sources import (
+    DEFAULT_MAX_DATASET_BYTES,
     LocalSource,
     ReadInto,
     S3Source,
     SourceMissing,
+    check_dataset_size,
     open_source,
     read_exact,
 )
@@ -51,7 +53,7 @@ class DatasetReader:
     """Polls dataset sources incrementally (local files and S3 objects).
 
     ``files`` is the file access policy for local sources (default: any path outside the
-    system directories); ``max_line_bytes`` the line cap.
+    system directories); ``max_line_bytes`` the line cap, ``max_dataset_bytes`` the size cap.
     """
 
     def __init__(
@@ -60,10 +62,12 @@ class DatasetReader:
         *,
         files: LocalFiles | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES,
     ) -> None:
         self._clients = clients
         self._files = files or LocalFiles()
         self._max_line = max_line_bytes
+        self._max_dataset = max_dataset_bytes
 
     def poll(
         self, url: str, fmt: str, cursor: Cursor, cred: S3CredentialLike | None
@@ -88,6 +92,7 @@ class DatasetReader:
     def _poll_open(
         self, source: LocalSource | S3Source, url: str, fmt: str, cursor: Cursor
     ) -> Poll:
+        check_dataset_size(url, source.size, self._max_dataset)
         replaced = bool(cursor.identity) and cursor.identity != source.identity
         if not replaced and source.size >= cursor.offset:
             with source.range(cursor.offset - len(cursor.tail)) as read_into:
