@@ -198,6 +198,8 @@ class Controller:
             "LIFELONG_LEASE_SECONDS": "3",
             "LIFELONG_DATASET_POLL_SECONDS": "1",
             "LIFELONG_LOG_FORMAT": "text",
+            # every dataset and output dir of a bench lies in its working directory
+            "LIFELONG_DATA_ROOTS": str(s.workdir),
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from service.core.paths import canonical_dir
-
 NUM_SHARDS = 16
 DEFAULT_PREFIX = "lifelong"
 
@@ -174,13 +172,11 @@ class Keys:
         """What the GM link's holder last said of the link (a JSON value with a TTL)."""
         return f"{self.prefix}:gm-link"
 
-    def output_claim(self, output_dir: str) -> tuple[str, str]:
-        """Which job writes to an outputDir: the hash and field holding its claim. The field
-        is the outputDir's canonical spelling, digested; the hash one of 256, picked by the
-        digest's first two hex digits (a field in a small hash costs about half what a key
-        of its own does, and each claim still touches a single slot)."""
-        digest = _digest(canonical_dir(output_dir))
-        return f"{self.prefix}:claims:{digest[:2]}", digest
+    def output_claims(self) -> str:
+        """Which job writes to which outputDir: one sorted set of every claim (see
+        ``claim.lua``), so one script sees a directory's claims, those inside it and those on
+        the directories above it, in a single slot."""
+        return f"{self.prefix}:output-claims"
 
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"

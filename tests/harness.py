@@ -56,6 +56,8 @@ class Controller:
             "LIFELONG_LEASE_SECONDS": "2",
             "LIFELONG_DATASET_POLL_SECONDS": "1",
             "LIFELONG_LOG_FORMAT": "text",
+            # a test's datasets and output dirs lie in its temporary directory, beside this
+            "LIFELONG_DATA_ROOTS": str(workdir.parent),
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -16,6 +16,11 @@ from service.core.paths import DataRoots
 from service.errors import ConfigError
 from service.urls import parse_redis_url
 
+#: The default data roots, as the host sees them: the directories Sedna's examples keep
+#: datasets (``/data``), output dirs (``/output``) and models (``/models``) in. Anything else,
+#: "/" included, must be named in LIFELONG_DATA_ROOTS.
+SEDNA_DATA_ROOTS = ("/data", "/output", "/models")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
@@ -37,9 +42,12 @@ class Config:
     gm_resend_s: float = 30
     http_token: str = dataclasses.field(default="", repr=False)
     http_token_file: str = ""
-    data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"
+    data_roots: str = ""  # ':'-separated; empty: SEDNA_DATA_ROOTS under the volume prefix
     max_model_bytes: int = 4 << 30
     max_line_bytes: int = 1 << 20
+    max_dataset_bytes: int = 64 << 30
+    max_round_bytes: int = 16 << 30
+    rounds_kept: int = 3
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""
@@ -76,12 +84,12 @@ class Config:
         return cls(**values)  # type: ignore[arg-type]
 
     def path_policy(self) -> DataRoots:
-        """Where a job's local files may lie: the data roots (default: the volume prefix,
-        the host's root as mounted, else "/") with the volume prefix."""
+        """Where a job's local files may lie: the data roots (default: Sedna's directories,
+        ``SEDNA_DATA_ROOTS``, under the volume prefix) with the volume prefix."""
         if self.data_roots:
             roots = tuple(self.data_roots.split(":"))
         else:
-            roots = (self.volume_prefix or "/",)
+            roots = tuple(self.volume_prefix + root for root in SEDNA_DATA_ROOTS)
         return DataRoots(roots=roots, prefix=self.volume_prefix)
 
     def min_replicas(self) -> int:

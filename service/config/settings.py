@@ -137,7 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "data_roots", "LIFELONG_DATA_ROOTS", "--data-roots", values.parse_data_roots,
         "':'-separated directories a job's local files (datasets, output dirs, models) must "
-        "lie under", "the volume prefix if set, else /", "DIRS",
+        "lie under (resolved once at start; a root in a directory others can change is "
+        "refused)", "/data:/output:/models under the volume prefix", "DIRS",
     ),
     Setting(
         "max_model_bytes", "LIFELONG_MAX_MODEL_BYTES", "--max-model-bytes",
@@ -148,5 +149,22 @@ SETTINGS: tuple[Setting, ...] = (
         "max_line_bytes", "LIFELONG_MAX_LINE_BYTES", "--max-line-bytes", values.parse_line_bytes,
         "longest dataset line (1MiB..1GiB); a longer one stops the dataset with a reason",
         "1MiB", "SIZE",
+    ),
+    Setting(
+        "max_dataset_bytes", "LIFELONG_MAX_DATASET_BYTES", "--max-dataset-bytes",
+        values.parse_model_bytes,
+        "largest dataset (its size, holes included); a larger one is reported unreadable",
+        "64GiB", "SIZE",
+    ),
+    Setting(
+        "max_round_bytes", "LIFELONG_MAX_ROUND_BYTES", "--max-round-bytes",
+        values.parse_model_bytes,
+        "most bytes one round's data files may hold; a larger round fails with the reason",
+        "16GiB", "SIZE",
+    ),
+    Setting(
+        "rounds_kept", "LIFELONG_ROUNDS_KEPT", "--rounds-kept", values.parse_rounds_kept,
+        "rounds whose local data files are kept (the newest; the deployed round's and those "
+        "a rollback can restore are kept too)", "3", "N",
     ),
 )  # fmt: skip

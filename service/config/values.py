@@ -269,5 +269,12 @@ def parse_model_bytes(value: str, source: str) -> int:
     return _parse_bytes(value, source, 1, 2**63 - 1)
 
 
+def parse_rounds_kept(value: str, source: str) -> int:
+    """A count of rounds, at least 1 (the round being written)."""
+    if not value.strip().isdecimal() or int(value) < 1:
+        raise ConfigError(f"{source}: {value!r} is not a whole number of rounds >= 1")
+    return int(value)
+
+
 def parse_line_bytes(value: str, source: str) -> int:
     return _parse_bytes(value, source, _MIN_LINE_BYTES, _MAX_LINE_BYTES)

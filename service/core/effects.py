@@ -102,6 +102,9 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     data_url: str  # disk path or s3 URL
     index_url: str | None = None
     index_prefix: str | None = None
+    #: versions whose data files stay however old they are: the deployed round's and those
+    #: a rollback can restore
+    keep: tuple[int, ...] = ()
 
 
 class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
@@ -161,7 +164,8 @@ class DetachDataset(
 class ReleaseOutputDir(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="release-output-dir"
 ):
-    """The job no longer writes to `output_dir`: give up its claim on it (if still its)."""
+    """The job no longer writes to `output_dir` (as it lies on disk: `paths.claim_dir`):
+    give up its claim on it (if still its)."""
 
     id: str
     namespace: str

@@ -178,8 +178,9 @@ def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> J
 def _release(job: JobState, out: Recorder) -> ReleaseOutputDir:
     """Give up the job's claim on its outputDir (the shell claims one for each job)."""
     return ReleaseOutputDir(
-        id=out.next_id(), namespace=job.namespace, name=job.name, output_dir=job.spec.output_dir
-    )
+        id=out.next_id(), namespace=job.namespace, name=job.name,
+        output_dir=paths.claim_dir(out.ctx.volume_prefix, job.spec.output_dir),
+    )  # fmt: skip
 
 
 def _dataset_changed(job: JobState, event: DatasetChanged, out: Recorder) -> JobState:

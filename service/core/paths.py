@@ -100,6 +100,23 @@ def canonical_dir(url: str) -> str:
     return "/" + "/".join(part for part in url.split("/") if part not in ("", "."))
 
 
+def claim_dir(prefix: str, url: str) -> str:
+    """The one spelling of an outputDir as it lies on disk: the volume prefix added (local
+    paths), then ``canonical_dir``. Claims are keyed by it, so ``/output/v`` and
+    ``/rootfs/output/v`` (prefix ``/rootfs``) are one directory, as they are on disk."""
+    return canonical_dir(add_prefix(prefix, url))
+
+
+def ancestors(directory: str) -> list[str]:
+    """The directories ``directory`` (a ``claim_dir``) lies in, outermost first, down to its
+    parent: ``/a/b/c`` -> ``/a``, ``/a/b``; ``s3://bkt/a/b`` -> ``s3://bkt``, ``s3://bkt/a``.
+    "/" is left out (nothing may claim it)."""
+    head = S3_SCHEME if is_remote(directory) else ""
+    rest = directory[len(head) :]
+    cuts = [i for i, char in enumerate(rest) if char == "/" and i > 0]
+    return [head + rest[:i] for i in cuts if rest[:i] != ""]
+
+
 def output_dir_of(deploy_url: str) -> str:
     """The output dir whose deploy model ``deploy_url`` is (``deploy_model``'s inverse).
 
@@ -235,6 +252,12 @@ class DataRoots:
         used, or None; S3 URLs are not local paths and have no problem here."""
         if is_remote(url):
             return None
+        if self.prefix and is_beneath(url, self.prefix):
+            # adding the prefix leaves it as it is: a second spelling of a directory
+            return (
+                f"{url!r} already carries the volume prefix {self.prefix} (LIFELONG_VOLUME_"
+                f"PREFIX); name it as workers see it: {host_path(self.prefix, url)!r}"
+            )
         return self.disk_problem(add_prefix(self.prefix, url))
 
     def disk_problem(self, path: str) -> str | None:

@@ -109,6 +109,7 @@ def write_round(
         data_url=paths.add_prefix(prefix, files.data_url),
         index_url=None if index_url is None else paths.add_prefix(prefix, index_url),
         index_prefix=None if index_url is None else paths.index_prefix(dataset.url),
+        keep=tuple(sorted({d.version for d in (job.deployed, *job.deployments) if d})),
     )
 
 

@@ -85,6 +85,8 @@ def _run_in(
             "LIFELONG_NODE_NAME": NODE,
             "LIFELONG_LEASE_SECONDS": "2",
             "LIFELONG_DATASET_POLL_SECONDS": str(pace.dataset_poll_s),
+            # the demo's dataset and output dir lie in its temporary directory
+            "LIFELONG_DATA_ROOTS": str(workdir),
         }
         cfg = config_mod.Config.from_env(env)
         with controllers(workdir, env) as replicas, _client(cfg) as client, _worker(

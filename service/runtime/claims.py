@@ -1,13 +1,16 @@
 """Which job writes to an outputDir: two jobs (in different namespaces, say) given the same
-one would overwrite each other's round files and deployed model.
+one, or one inside the other's, would overwrite each other's round files and deployed model
+(a job whose outputDir is another's `deploy/index.pkl` makes that file a directory).
 
-Each job claims its outputDir when an insert leaves it with one (a key per outputDir:
-`RedisStore.claim_output_dir`); the second job to claim a taken outputDir has its insert
-refused, naming the holder. A job gives its claim up when it is deleted or moves to another
-outputDir (a `ReleaseOutputDir` effect, committed with the state, so a crash cannot lose it).
-A claim whose job is gone, or has moved elsewhere, is stale and taken over, but only once it
-is older than two lease periods: a new job's claim precedes its first commit by a moment,
-and that commit may wait for a shard's next owner.
+Each job claims its outputDir when an insert leaves it with one (`RedisStore.claim_output_dir`);
+the second job to claim a directory that is taken, inside one that is taken or above one,
+has its insert refused, naming the holder. Claims are keyed by the directory as it lies on
+disk (the volume prefix added, canonical: `paths.claim_dir`), so two spellings of one
+directory meet. A job gives its claim up when it is deleted or moves to another outputDir
+(a `ReleaseOutputDir` effect, committed with the state, so a crash cannot lose it). A claim
+whose job is gone, or has moved elsewhere, is stale and taken over, but only once it is
+older than two lease periods: a new job's claim precedes its first commit by a moment, and
+that commit may wait for a shard's next owner.
 """
 
 from __future__ import annotations
@@ -20,35 +23,40 @@ from service.core import paths
 from service.core.state import JobState, decode_state
 from service.keys import parse_rkey
 
+#: How many stale holders one claim takes over before it gives up and names the next.
+_MAX_TAKEOVERS = 8
+
 
 class ClaimStore(Protocol):
     def claim_output_dir(
         self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
-    ) -> str | None: ...
+    ) -> tuple[str, str] | None: ...
 
     def load(self, rkeys: list[str]) -> dict[str, bytes | None]: ...
 
 
 class OutputDirs:
-    def __init__(self, store: ClaimStore, grace_ms: int) -> None:
+    def __init__(self, store: ClaimStore, grace_ms: int, volume_prefix: str = "") -> None:
         self._store = store
         self._grace_ms = grace_ms
+        self._prefix = volume_prefix
 
     def claim(self, job_rkey: str, output_dir: str, now_ms: int) -> str | None:
-        """Claim the outputDir for the job: None when it is the job's, else the job that
-        holds it, as `namespace/name`."""
-        holder = self._store.claim_output_dir(
-            output_dir, job_rkey, now_ms, grace_ms=self._grace_ms
-        )
-        if holder is not None and self._stale(holder, output_dir):
-            holder = self._store.claim_output_dir(
-                output_dir, job_rkey, now_ms, stale=holder, grace_ms=self._grace_ms
+        """Claim the (worker-visible) outputDir for the job: None when it is the job's, else
+        the job in the way, as `namespace/name` and what it holds."""
+        directory = paths.claim_dir(self._prefix, output_dir)
+        found = self._store.claim_output_dir(directory, job_rkey, now_ms, grace_ms=self._grace_ms)
+        for _ in range(_MAX_TAKEOVERS):
+            if found is None or not self._stale(*found):
+                break
+            found = self._store.claim_output_dir(
+                directory, job_rkey, now_ms, stale=found[0], grace_ms=self._grace_ms
             )
-        return None if holder is None else _named(holder)
+        return None if found is None else self._described(directory, *found)
 
-    def _stale(self, holder: str, output_dir: str) -> bool:
-        """Whether the holder no longer writes there: gone, or moved to another outputDir.
-        A holder whose state cannot be read (quarantined) keeps its claim."""
+    def _stale(self, holder: str, held: str) -> bool:
+        """Whether the holder no longer writes to ``held``: gone, or moved to another
+        outputDir. A holder whose state cannot be read (quarantined) keeps its claim."""
         raw = self._store.load([holder]).get(holder)
         if raw is None:
             return True
@@ -58,7 +66,18 @@ class OutputDirs:
             return False
         if not isinstance(state, JobState):
             return True
-        return paths.canonical_dir(state.spec.output_dir) != paths.canonical_dir(output_dir)
+        return paths.claim_dir(self._prefix, state.spec.output_dir) != held
+
+    def _described(self, directory: str, holder: str, held: str) -> str:
+        """The holder as `namespace/name`, and how its outputDir meets this one when it is
+        not the same directory (paths as workers see them)."""
+        name = _named(holder)
+        if held == directory:
+            return name
+        shown = paths.trim_prefix(self._prefix, held)
+        if paths.is_beneath(directory, held):
+            return f"{name}, whose outputDir {shown} contains it"
+        return f"{name}, whose outputDir {shown} lies inside it"
 
 
 def _named(rkey: str) -> str:

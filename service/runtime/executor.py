@@ -9,6 +9,7 @@ reports `failed` upstream); a store outage is raised so the caller retries the i
 from __future__ import annotations
 
 import logging
+import threading
 
 import msgspec
 
@@ -36,6 +37,8 @@ from service.runtime.ports import ExecutorStore
 
 log = logging.getLogger(__name__)
 
+#: How many datasets' reasons `Executor` remembers (each is logged again once forgotten).
+_MAX_WHYS = 4096
 _cursor_encoder = msgspec.msgpack.Encoder()
 _cursor_decoder = msgspec.msgpack.Decoder(Cursor)
 
@@ -43,10 +46,16 @@ _cursor_decoder = msgspec.msgpack.Decoder(Cursor)
 class Executor:
     """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
 
-    def __init__(self, store: ExecutorStore, blobs: BlobStore, reader: DatasetReader) -> None:
+    def __init__(
+        self, store: ExecutorStore, blobs: BlobStore, reader: DatasetReader, rounds_kept: int = 3
+    ) -> None:
         self._store = store
         self._blobs = blobs
         self._reader = reader
+        self._rounds_kept = rounds_kept
+        #: why each dataset whose source cannot be read now cannot, as last logged
+        self._whys: dict[str, str] = {}
+        self._whys_lock = threading.Lock()
 
     def run(self, work: Work, now_ms: int) -> Event | None:
         """Do the work; return the event reporting its outcome (None: nothing to report)."""
@@ -109,6 +118,8 @@ class Executor:
             )
         except (PermanentError, TransientError) as e:
             error = redact(f"writing {work.phase} data of round {work.version} failed: {e}")
+        else:
+            self._prune(work)
         return RoundWritten(
             namespace=work.namespace,
             name=work.name,
@@ -116,6 +127,21 @@ class Executor:
             version=work.version,
             error=error,
         )
+
+    def _prune(self, work: WriteRound) -> None:
+        """Remove the data files of this phase's rounds older than the newest
+        ``rounds_kept``, but for those the job keeps (deployed, or a rollback target)."""
+        oldest = work.version - self._rounds_kept + 1
+        removed = self._blobs.prune_rounds(
+            work.data_url, lambda v: v >= oldest or v in work.keep
+        )
+        if removed:
+            log.info(
+                "removed the %s data files of rounds %s",
+                work.phase,
+                ", ".join(map(str, removed)),
+                extra={"job": f"{work.namespace}/{work.name}", "effect": "write-round"},
+            )
 
     def _copy_model(self, work: CopyModel) -> ModelCopied:
         error = None
@@ -146,7 +172,11 @@ class Executor:
         except TransientError as e:
             return msgspec.structs.replace(polled, error=redact(str(e)))
         if poll.missing:
-            return msgspec.structs.replace(polled, unreadable=f"{work.url} does not exist")
+            # one reason for missing and forbidden alike: the errors topic must not tell
+            # whoever named the dataset which files exist; the log says which, once
+            self._tell_why(work, poll.why)
+            return msgspec.structs.replace(polled, unreadable=unreadable(work.url))
+        self._tell_why(work, "")
         # The byte count shows a poll reads only what was appended (Sedna's bug 13,
         # docs/lifecycle.md); a poll that found nothing new is not worth an info line every
         # period.
@@ -163,6 +193,27 @@ class Executor:
         return msgspec.structs.replace(
             polled, num_samples=poll.num_samples, cursor=_cursor_encoder.encode(poll.cursor)
         )
+
+    def _tell_why(self, work: PollDataset, why: str) -> None:
+        """Log why a dataset's source cannot be read when that is news ("" once it can)."""
+        key = dataset_key(work.namespace, work.name)
+        with self._whys_lock:
+            if self._whys.get(key, "") == why:
+                return
+            if why:
+                if len(self._whys) >= _MAX_WHYS:  # deleted datasets leave theirs behind
+                    self._whys.clear()
+                self._whys[key] = why
+            else:
+                del self._whys[key]
+        if why:
+            log.warning(
+                "source of dataset %s/%s unreadable: %s",
+                work.namespace,
+                work.name,
+                redact(why),
+                extra={"dataset": f"{work.namespace}/{work.name}", "effect": "poll-dataset"},
+            )
 
     def _notify(self, work: NotifyJobs, now_ms: int) -> None:
         for job in self._store.dataset_jobs(dataset_key(work.namespace, work.dataset)):
@@ -188,3 +239,8 @@ class Executor:
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
         self._store.append_ingress(shard_of(rkey), encode_accepted(accepted))
+
+
+def unreadable(url: str) -> str:
+    """What the errors topic says of a dataset source that is missing or may not be read."""
+    return f"cannot read {url} (missing, or not readable by the controller)"

@@ -92,7 +92,8 @@ class Processor:
         self._quarantines = Quarantines(metrics)
         self._runner = ResourceRunner(
             config=config, clock=clock, transition=transition, quarantines=self._quarantines,
-            output_dirs=OutputDirs(store, grace_ms=int(config.lease_s * 2000)), metrics=metrics,
+            output_dirs=OutputDirs(store, int(config.lease_s * 2000), config.volume_prefix),
+            metrics=metrics,
         )  # fmt: skip
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()

@@ -158,12 +158,18 @@ class Replica:
         files = LocalFiles(self.config.path_policy())
         blobs = BlobStore(
             s3, files=files, max_model_bytes=self.config.max_model_bytes,
-            max_line_bytes=self.config.max_line_bytes, attempts=tuning.blob_attempts,
+            max_line_bytes=self.config.max_line_bytes,
+            max_dataset_bytes=self.config.max_dataset_bytes,
+            max_round_bytes=self.config.max_round_bytes, attempts=tuning.blob_attempts,
             max_backoff_s=tuning.blob_max_backoff_s,
         )  # fmt: skip
-        reader = DatasetReader(s3, files=files, max_line_bytes=self.config.max_line_bytes)
+        reader = DatasetReader(
+            s3, files=files, max_line_bytes=self.config.max_line_bytes,
+            max_dataset_bytes=self.config.max_dataset_bytes,
+        )  # fmt: skip
         self.effects = EffectRunner(
-            executor=Executor(self.store, blobs, reader), store=self.store,
+            executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
+            store=self.store,
             leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.processor = Processor(

@@ -8,6 +8,7 @@ Layout of each test: `root/` is the only data root; `root/out/` is the job's out
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -23,10 +24,10 @@ import pytest
 
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients
 from service.core.paths import DataRoots
-from service.errors import PermanentError, Refused
+from service.errors import ConfigError, PermanentError, Refused
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -72,7 +73,12 @@ class Layout:
         )
 
     def poll(self, source: Path, fmt: str = "txt") -> int:
-        return self.reader.poll(str(source), fmt, Cursor(), None).num_samples
+        """The samples of a poll; a source the reader may not read (which it reports like a
+        missing one, the reason in `why`) raises ``NotAllowed`` with that reason."""
+        polled = self.reader.poll(str(source), fmt, Cursor(), None)
+        if polled.missing and polled.why:
+            raise NotAllowed(polled.why)
+        return polled.num_samples
 
     def leftovers(self) -> set[Path]:
         """Temporary files anywhere under the root or the staging dir."""
@@ -424,8 +430,8 @@ def test_system_directories_are_refused_at_effect_time(tmp_path: Path) -> None:
                 dest_cred=None,
             )
     passwd = rootfs / "etc" / "passwd"
-    with pytest.raises(Refused, match="'/etc/passwd' is in the system directory /etc"):
-        DatasetReader(S3Clients(), files=files).poll(str(passwd), "txt", Cursor(), None)
+    polled = DatasetReader(S3Clients(), files=files).poll(str(passwd), "txt", Cursor(), None)
+    assert polled.missing and "'/etc/passwd' is in the system directory /etc" in polled.why
     assert sorted(p.name for p in rootfs.iterdir()) == ["data"]
 
 
@@ -483,3 +489,101 @@ def test_s3_models_must_be_in_the_job_output(
         copy(f"{out}/eval/2/big.pkl")
     assert deployed_body() == f"{bucket}/jobs/a/eval/1/model.pkl".encode()
     assert lay.leftovers() == set()
+
+
+# ================================================================ links, owners, roots, caps
+
+
+def test_hard_links_and_foreign_owners_are_refused_and_own_files_read(lay: Layout) -> None:
+    private = model(lay.root / "other-job" / "m.pkl", b"another job's", 0o600)
+    linked = lay.out / "eval" / "1" / "model.pkl"
+    linked.parent.mkdir(parents=True)
+    os.link(private, linked)
+    with pytest.raises(NotAllowed, match=r"model\.pkl has 2 hard links"):
+        lay.copy(linked)
+    foreign = model(lay.out / "eval" / "2" / "model.pkl", b"someone's")
+    os.chown(foreign, 4242, 4242)
+    with pytest.raises(NotAllowed, match="belongs to uid 4242"):
+        lay.copy(foreign)
+    own = model(lay.out / "eval" / "3" / "model.pkl", b"ours")  # the neighbour: one link, ours
+    lay.copy(own)
+    assert lay.deploy.read_bytes() == b"ours"
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "refused"),
+    [
+        (0o777, 0, "writable by others (mode 0777, no sticky bit)"),
+        (0o770, 0, "writable by others (mode 0770"),
+        (0o755, 4242, "owned by uid 4242"),
+        (0o1777, 0, None),  # sticky, as /tmp: only an entry's owner renames it
+        (0o755, 0, None),
+    ],
+)
+def test_roots_in_directories_others_can_change_are_refused(
+    tmp_path: Path, mode: int, owner: int, refused: str | None
+) -> None:
+    parent = tmp_path / "parent"
+    (parent / "root").mkdir(parents=True)
+    parent.chmod(mode)
+    os.chown(parent, owner, owner)
+    roots = DataRoots(roots=(str(parent / "root"),))
+    if refused is None:
+        LocalFiles(roots)
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused)):
+        LocalFiles(roots)
+
+
+def test_a_root_is_resolved_once_and_never_followed_later(tmp_path: Path) -> None:
+    real = tmp_path / "volume"
+    (real / "d.txt").parent.mkdir()
+    (real / "d.txt").write_text("s0\ns1\n")
+    mount = tmp_path / "mount"
+    mount.symlink_to(real)  # the operator's root may be a link: followed once, at start
+    reader = DatasetReader(S3Clients(), files=LocalFiles(DataRoots(roots=(str(mount),))))
+    assert reader.poll(str(mount / "d.txt"), "txt", Cursor(), None).num_samples == 2
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "d.txt").write_text("secret\n")
+    real.rename(tmp_path / "volume.old")
+    real.symlink_to(elsewhere)  # the resolved root swapped for a link later
+    polled = reader.poll(str(mount / "d.txt"), "txt", Cursor(), None)
+    assert polled.missing and "is no longer a directory there" in polled.why
+
+
+def test_datasets_and_rounds_over_their_caps_are_refused_at_the_cap_not_below(
+    tmp_path: Path,
+) -> None:
+    lay = layout_in(tmp_path, max_dataset_bytes=40, max_round_bytes=20)
+    dataset = lay.root / "d.txt"
+    dataset.write_bytes(b"0123456789\n" * 3 + b"012345\n")  # 40 bytes: at the cap
+    reader = DatasetReader(S3Clients(), files=lay.files, max_dataset_bytes=40)
+    assert reader.poll(str(dataset), "txt", Cursor(), None).num_samples == 4
+    data = lay.out / "data" / "train" / "1" / "data.txt"
+    assert lay.write_round(dataset, data, [(0, 1), (3, 4)]) == 2  # 18 bytes: under the cap
+    with pytest.raises(Refused, match=r"more than 20 bytes \(LIFELONG_MAX_ROUND_BYTES\)"):
+        lay.write_round(dataset, data, [(0, 2)])  # 22 bytes
+    assert data.read_bytes() == b"0123456789\n012345\n"  # the refused round replaced nothing
+    with open(dataset, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(Refused, match="holds 41 bytes, more than the 40 a dataset may"):
+        reader.poll(str(dataset), "txt", Cursor(), None)
+    with pytest.raises(Refused, match="holds 41 bytes"):
+        lay.write_round(dataset, data, [(0, 1)])
+
+
+def test_old_rounds_are_pruned_but_kept_ones_and_foreign_content_stay(lay: Layout) -> None:
+    phase = lay.out / "data" / "train"
+    for version in range(1, 7):
+        (phase / str(version)).mkdir(parents=True)
+        (phase / str(version) / "data.txt").write_text("s\n")
+    (phase / "2" / "notes.txt").write_text("a worker's")  # not ours: the directory stays
+    (phase / "latest").mkdir()
+    (phase / "3" / "dataIndex.txt").write_text("s3://b/\n")
+    keep = {1}
+    removed = lay.store.prune_rounds(str(phase / "6" / "data.txt"), lambda v: v >= 5 or v in keep)
+    assert removed == [3, 4]
+    assert sorted(p.name for p in phase.iterdir()) == ["1", "2", "5", "6", "latest"]
+    assert sorted(p.name for p in (phase / "2").iterdir()) == ["notes.txt"]
+    assert lay.store.prune_rounds("s3://b/out/data/train/6/data.txt", lambda v: False) == []

@@ -42,11 +42,12 @@ def test_deleting_or_moving_a_job_releases_its_output_dir() -> None:
     d = Driver()
     d.create(spec(output_dir="/output/"))
     moved = d.apply(JobApplied(namespace=NS, name=JOB, spec=spec(output_dir="/new"), digest="2"))
-    assert [e.output_dir for e in moved if isinstance(e, ReleaseOutputDir)] == ["/output/"]
+    # the directory released as it lies on disk (canonical), as the shell claimed it
+    assert [e.output_dir for e in moved if isinstance(e, ReleaseOutputDir)] == ["/output"]
     same = d.apply(JobApplied(namespace=NS, name=JOB, spec=spec(output_dir="/new/"), digest="3"))
     assert not any(isinstance(e, ReleaseOutputDir) for e in same), "the same dir, spelled anew"
     deleted = d.apply(JobDeleted(namespace=NS, name=JOB))
-    assert [e.output_dir for e in deleted if isinstance(e, ReleaseOutputDir)] == ["/new/"]
+    assert [e.output_dir for e in deleted if isinstance(e, ReleaseOutputDir)] == ["/new"]
 
 
 @given(st.lists(st.sampled_from(["a", "b", "", ".", "x y"]), max_size=5), st.booleans())
@@ -63,3 +64,12 @@ def test_the_holder_is_not_on_the_wire() -> None:
     """Set by the shell only: an ingress entry never carries it unless the shell put it."""
     plain = JobApplied(namespace=NS, name=JOB, spec=spec(), digest="d")
     assert b"output_dir_holder" not in msgspec.msgpack.encode(plain)
+
+
+def test_a_release_names_the_directory_on_disk() -> None:
+    """With a volume prefix the shell claims `/rootfs/output/v`: that is what is released."""
+    d = Driver(prefix="/rootfs")
+    d.create(spec(output_dir="/output/v/"))
+    deleted = d.apply(JobDeleted(namespace=NS, name=JOB))
+    released = [e.output_dir for e in deleted if isinstance(e, ReleaseOutputDir)]
+    assert released == ["/rootfs/output/v"]

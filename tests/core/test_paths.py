@@ -150,7 +150,10 @@ def test_outside_roots(
 def test_data_roots_check_worker_visible_urls() -> None:
     mounted = DataRoots(roots=("/rootfs",), prefix="/rootfs")
     assert mounted.problem("/output/job") is None  # becomes /rootfs/output/job on disk
-    assert mounted.problem("/rootfs/output/job") is None  # already prefixed
+    # already prefixed: a second spelling of /output/job, refused so each has one
+    twice = mounted.problem("/rootfs/output/job") or ""
+    assert "already carries the volume prefix /rootfs" in twice and "'/output/job'" in twice
+    assert mounted.problem("/rootfsx/job") is None  # a neighbour whose name merely starts so
     assert "system directory /etc" in (mounted.problem("/etc") or "")
     assert "file system root" in (mounted.problem("/") or "")
     assert mounted.problem("s3://bkt/etc") is None  # not a local path
@@ -159,6 +162,20 @@ def test_data_roots_check_worker_visible_urls() -> None:
     assert nested.root_of("/data/jobs/j/x") == "/data/jobs"
     assert nested.root_of("/database") == "/"
     assert DataRoots(roots=("/data",)).root_of("/srv") is None
+
+
+def test_claim_dir_is_the_one_spelling_on_disk() -> None:
+    assert paths.claim_dir("/rootfs", "/output/v") == "/rootfs/output/v"
+    assert paths.claim_dir("/rootfs", "/rootfs/output/v/") == "/rootfs/output/v"
+    assert paths.claim_dir("", "//output/./v/") == "/output/v"
+    assert paths.claim_dir("/rootfs", "s3://b/out/") == "s3://b/out"
+
+
+def test_ancestors_are_the_directories_a_claim_lies_in() -> None:
+    assert paths.ancestors("/rootfs/output/v") == ["/rootfs", "/rootfs/output"]
+    assert paths.ancestors("/output") == []
+    assert paths.ancestors("s3://bkt/jobs/a") == ["s3://bkt", "s3://bkt/jobs"]
+    assert paths.ancestors("s3://bkt") == []
 
 
 @given(PARTS)

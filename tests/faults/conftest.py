@@ -401,6 +401,8 @@ def replica_on(
             "LIFELONG_HTTP_ADDR": f"127.0.0.1:{http_port}",
             "LIFELONG_LEASE_SECONDS": "2",
             "LIFELONG_DATASET_POLL_SECONDS": "1",
+            # the test's datasets and output dirs lie in its temporary directory
+            "LIFELONG_DATA_ROOTS": str(stack.workdir),
         }
     )
     replica = Replica(

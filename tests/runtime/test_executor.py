@@ -25,7 +25,7 @@ from service.core.events import DatasetChanged, DatasetPolled, ModelCopied, Roun
 from service.core.state import DatasetInfo, DatasetState, encode_state
 from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
 from service.runtime.accept import decode_accepted
-from service.runtime.executor import Executor
+from service.runtime.executor import Executor, unreadable
 from tests.conftest import DeniedS3
 from tests.harness import dataset_resource
 from tests.servers import Server, free_port
@@ -150,11 +150,14 @@ def _poll(executor: Executor, url: str, fmt: str = "txt") -> DatasetPolled:
 
 
 def test_poll_of_a_missing_or_unreadable_file_says_why(executor: Executor, tmp_path: Path) -> None:
+    """Missing and forbidden alike: "cannot read", so whoever named the dataset cannot tell
+    which files exist."""
     missing = _poll(executor, str(tmp_path / "trainData.csv"), "csv")
-    assert missing.unreadable == f"{tmp_path / 'trainData.csv'} does not exist"
+    assert missing.unreadable == unreadable(str(tmp_path / "trainData.csv"))
+    assert missing.unreadable.startswith("cannot read ")
     assert missing.error is None and missing.cursor == b""
     directory = _poll(executor, str(tmp_path))
-    assert directory.unreadable == f"{tmp_path} is a directory, not a regular file"
+    assert directory.unreadable == unreadable(str(tmp_path))
     (tmp_path / "trainData.csv").write_text("a,b\n1,2\n")
     readable = _poll(executor, str(tmp_path / "trainData.csv"), "csv")
     assert (readable.unreadable, readable.error, readable.num_samples) == (None, None, 1)
@@ -179,9 +182,9 @@ def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
 ) -> None:
     _with_credential(store, s3_endpoint.removeprefix("http://"), "testing", "testing")
     absent = _poll(executor, f"s3://{bucket}/no/such/key.txt")
-    assert absent.unreadable == f"s3://{bucket}/no/such/key.txt does not exist"
+    assert absent.unreadable == unreadable(f"s3://{bucket}/no/such/key.txt")
     no_bucket = _poll(executor, "s3://no-such-bucket-here/k.txt")
-    assert no_bucket.unreadable == "s3://no-such-bucket-here/k.txt does not exist"
+    assert no_bucket.unreadable == unreadable("s3://no-such-bucket-here/k.txt")
 
     denied = S3Clients()  # a fresh cache: the credential below is another client
     executor = Executor(store, BlobStore(denied, attempts=1, max_backoff_s=0.1),

@@ -18,6 +18,7 @@ import redis
 
 from service.core.state import DatasetState, decode_state
 from service.keys import Keys, dataset_key
+from service.runtime.executor import unreadable
 from tests.conftest import DeniedS3
 from tests.harness import (
     NODE,
@@ -106,10 +107,13 @@ def test_unreadable_datasets_are_reported_once_and_clear(
     names = (MISSING, LOCKED, FORBIDDEN)
     assert set(by_name) == {f"dataset {NS}/{n} cannot be read" for n in names}
     first = by_name[f"dataset {NS}/{MISSING} cannot be read"]
-    assert first["reason"].endswith(f"{missing} does not exist")
+    assert first["reason"].endswith(unreadable(str(missing)))
     assert first["topic"] == f"{PREFIX}/{NODE}/downstream"
     assert base64.b64decode(first["payload"]) == str(missing).encode()
-    assert "Permission denied" in by_name[f"dataset {NS}/{LOCKED} cannot be read"]["reason"]
+    # missing and forbidden read alike on the errors topic; the log says which
+    locked_reason = by_name[f"dataset {NS}/{LOCKED} cannot be read"]["reason"]
+    assert locked_reason.endswith(unreadable(str(locked)))
+    assert "permission denied" in controller.log()
     forbidden = by_name[f"dataset {NS}/{FORBIDDEN} cannot be read"]["reason"]
     assert "HTTP 403" in forbidden and s3_denied.secret_access_key not in forbidden
 
@@ -120,7 +124,7 @@ def test_unreadable_datasets_are_reported_once_and_clear(
     for name in (MISSING, LOCKED, FORBIDDEN):
         assert unreadable_now(controller, name) == 1
         assert reports(controller, name) == 1
-    assert dataset_state(stack, MISSING).unreadable == f"{missing} does not exist"
+    assert dataset_state(stack, MISSING).unreadable == unreadable(str(missing))
     assert dataset_state(stack, MISSING).num_samples == -1, "not 'Samples: 0'"
     assert cloud.samples(MISSING) == [] and cloud.upstream(JOB) == []
 

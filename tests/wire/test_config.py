@@ -41,9 +41,14 @@ def test_defaults() -> None:
 def test_file_access_defaults_follow_the_volume_prefix() -> None:
     config = Config.from_env(BASE)
     assert (config.max_model_bytes, config.max_line_bytes) == (4 << 30, 1 << 20)
-    assert config.path_policy() == DataRoots(roots=("/",), prefix="")
+    # an allow-list of Sedna's directories, never "/" unless named
+    assert config.path_policy() == DataRoots(roots=("/data", "/output", "/models"), prefix="")
     mounted = Config.from_env({**BASE, "ROOTFS_MOUNT_DIR": "/rootfs"})
-    assert mounted.path_policy() == DataRoots(roots=("/rootfs",), prefix="/rootfs")
+    assert mounted.path_policy() == DataRoots(
+        roots=("/rootfs/data", "/rootfs/output", "/rootfs/models"), prefix="/rootfs"
+    )
+    everything = Config.from_env({**BASE, "LIFELONG_DATA_ROOTS": "/"})
+    assert everything.path_policy() == DataRoots(roots=("/",), prefix="")
     given = Config.from_env({**BASE, "LIFELONG_DATA_ROOTS": "/data:/srv", "ROOTFS_MOUNT_DIR": "/r"})
     assert given.path_policy() == DataRoots(roots=("/data", "/srv"), prefix="/r")
 

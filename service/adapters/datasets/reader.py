@@ -13,14 +13,16 @@ import msgspec
 
 from service.adapters.datasets.scanner import DEFAULT_MAX_LINE_BYTES, SampleScanner
 from service.adapters.datasets.sources import (
+    DEFAULT_MAX_DATASET_BYTES,
     LocalSource,
     ReadInto,
     S3Source,
     SourceMissing,
+    check_dataset_size,
     open_source,
     read_exact,
 )
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients, S3CredentialLike
 
 
@@ -42,13 +44,16 @@ class Poll(msgspec.Struct, frozen=True, kw_only=True):
     bytes_read: int
     rewritten: bool
     missing: bool = False
+    #: why a missing source cannot be read (for the log: it does not exist, permission
+    #: denied, or the file access policy forbids it)
+    why: str = ""
 
 
 class DatasetReader:
     """Polls dataset sources incrementally (local files and S3 objects).
 
     ``files`` is the file access policy for local sources (default: any path outside the
-    system directories); ``max_line_bytes`` the line cap.
+    system directories); ``max_line_bytes`` the line cap, ``max_dataset_bytes`` the size cap.
     """
 
     def __init__(
@@ -57,29 +62,37 @@ class DatasetReader:
         *,
         files: LocalFiles | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES,
     ) -> None:
         self._clients = clients
         self._files = files or LocalFiles()
         self._max_line = max_line_bytes
+        self._max_dataset = max_dataset_bytes
 
     def poll(
         self, url: str, fmt: str, cursor: Cursor, cred: S3CredentialLike | None
     ) -> Poll:
         """Count the samples of ``url`` reading only what was appended since ``cursor``.
 
-        Raises BlobUnavailable (retry later) or PermanentError (``Refused`` for a source the
-        file access policy forbids or a line over the cap); a missing source is not an error
-        but ``Poll(missing=True)`` with the cursor unchanged.
+        Raises BlobUnavailable (retry later) or PermanentError (``Refused`` for a line over the
+        cap or a dataset over the size cap); a missing source is not an error but
+        ``Poll(missing=True)`` with the cursor unchanged, and so is one that may not be read
+        (permission denied, or the file access policy): whoever names a dataset cannot tell
+        a file that exists from one that does not.
         """
         try:
             with open_source(self._clients, self._files, url, cred) as source:
                 return self._poll_open(source, url, fmt, cursor)
-        except SourceMissing:
-            return Poll(cursor=cursor, num_samples=0, bytes_read=0, rewritten=False, missing=True)
+        except (SourceMissing, NotAllowed) as e:
+            return Poll(
+                cursor=cursor, num_samples=0, bytes_read=0, rewritten=False, missing=True,
+                why=str(e),
+            )  # fmt: skip
 
     def _poll_open(
         self, source: LocalSource | S3Source, url: str, fmt: str, cursor: Cursor
     ) -> Poll:
+        check_dataset_size(url, source.size, self._max_dataset)
         replaced = bool(cursor.identity) and cursor.identity != source.identity
         if not replaced and source.size >= cursor.offset:
             with source.range(cursor.offset - len(cursor.tail)) as read_into:

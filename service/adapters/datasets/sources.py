@@ -21,9 +21,9 @@ import boto3.exceptions
 import botocore.exceptions
 
 from service.adapters import s3
-from service.adapters.files import LocalFiles
+from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients, S3CredentialLike
-from service.errors import BlobUnavailable, PermanentError, ServiceError
+from service.errors import BlobUnavailable, PermanentError, Refused, ServiceError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -47,6 +47,9 @@ BOTO_ERRORS = (
     botocore.exceptions.ClientError,
     boto3.exceptions.Boto3Error,
 )
+
+#: The default cap on a dataset's size (``LIFELONG_MAX_DATASET_BYTES``): 64 GiB.
+DEFAULT_MAX_DATASET_BYTES = 64 << 30
 
 ReadInto = Callable[[memoryview], int]
 """Fills a prefix of the view with the next bytes of a range; returns how many (0 at the
@@ -181,7 +184,7 @@ def open_source(
     clients: S3Clients, files: LocalFiles, url: str, cred: S3CredentialLike | None
 ) -> Iterator[LocalSource | S3Source]:
     """Open a dataset or model source; a missing one raises ``SourceMissing``, one the file
-    access policy (``files``) forbids raises ``Refused``."""
+    access policy (``files``) or the file's permissions forbid raises ``NotAllowed``."""
     context = f"reading {url}"
     if s3.is_s3_url(url):
         with io_errors(context):
@@ -203,6 +206,8 @@ def open_local(files: LocalFiles, path: str) -> io.BufferedReader:
         fd = files.open_regular(path)
     except FileNotFoundError as e:
         raise SourceMissing(f"{path} does not exist") from e
+    except PermissionError as e:
+        raise NotAllowed(f"{path}: permission denied") from e
     except OSError as e:
         raise translate_io(e, f"reading {path}") from e
     return os.fdopen(fd, "rb")
@@ -215,3 +220,12 @@ def read_exact(read_into: ReadInto, n: int) -> bytes:
     while got < n and (part := read_into(view[got:])):
         got += part
     return bytes(view[:got])
+
+
+def check_dataset_size(url: str, size: int, max_bytes: int) -> None:
+    """``Refused`` when a dataset holds more than ``max_bytes``."""
+    if size > max_bytes:
+        raise Refused(
+            f"{url} holds {size} bytes, more than the {max_bytes} a dataset may "
+            "(LIFELONG_MAX_DATASET_BYTES)"
+        )

@@ -8,6 +8,7 @@ from typing import Any
 
 from service.adapters.redis_links import Routed
 from service.adapters.redis_store.calls import Commands, as_str, field_map
+from service.core.paths import ancestors, canonical_dir
 
 DLQ_MAXLEN = 10_000
 
@@ -34,14 +35,18 @@ class Records:
 
     def claim_output_dir(
         self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str, grace_ms: int
-    ) -> str | None:
-        """Claim an outputDir for a job: None when the job holds it now, else the rkey of the
-        job that does (`stale`: a holder found gone, taken over once its claim is older than
-        `grace_ms`)."""
-        holder = self._claim(
+    ) -> tuple[str, str] | None:
+        """Claim an outputDir (as it lies on disk) for a job: None when the job holds it now,
+        else the rkey of another job and the directory it holds: the same one, one inside it
+        or one above it (`stale`: a holder found gone, whose claims in the way are taken over
+        once older than `grace_ms`)."""
+        found = self._claim(
             output_dir, ("claim", job_rkey, now_ms, stale, grace_ms), "claim_output_dir"
         )
-        return None if holder is None else as_str(holder)
+        if not found:
+            return None
+        holder, held = found
+        return as_str(holder), as_str(held)
 
     def release_output_dir(self, output_dir: str, job_rkey: str) -> bool:
         """Give up a job's claim on an outputDir; False when the job did not hold it."""
@@ -49,9 +54,10 @@ class Records:
 
     def _claim(self, output_dir: str, args: tuple[str | int, ...], what: str) -> Any:
         """The claim script's reply for ``args`` (operation, job, now, stale, grace) on the
-        outputDir's field."""
-        key, field = self._keys.output_claim(output_dir)
-        call = self._redis.call("claim", (key,), (field, *args))
+        outputDir, canonical, with the directories above it."""
+        directory = canonical_dir(output_dir)
+        key = self._keys.output_claims()
+        call = self._redis.call("claim", (key,), (*args, directory, *ancestors(directory)))
         return self._redis.eval([call], what=what, confirm=self._redis.confirm)[0]
 
     def dataset_jobs_add(self, dataset: str, job_rkey: str) -> None:

@@ -209,7 +209,7 @@ class RedisStore:
 
     def claim_output_dir(
         self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
-    ) -> str | None:
+    ) -> tuple[str, str] | None:
         return self._records.claim_output_dir(
             output_dir, job_rkey, now_ms, stale=stale, grace_ms=grace_ms
         )
