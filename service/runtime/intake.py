@@ -15,6 +15,7 @@ from service import failpoints
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.config import Config
 from service.errors import InvalidMessage, StoreUnavailable
+from service.heartbeat import progress
 from service.keys import shard_of
 from service.runtime.accept import (
     Accepted,
@@ -173,6 +174,7 @@ class Intake:
         failpoints.hit("intake-before-durable")
         retry = False
         while not self._stop.is_set():
+            progress()  # waiting for Redis is not a stall of this thread
             try:
                 # the token fences a holder frozen past its lease: messages the new holder
                 # already took in are dropped by their marker, not taken in twice. A retry
