@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import DatasetReader
 from service.adapters.files import LocalFiles
-from service.adapters.gm import GmLinkSettings
 from service.adapters.http import HttpServer
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
@@ -155,9 +154,6 @@ class Replica:
                 replica=self.replica, store=self.store, inbound=inbound,
                 rejections=self.rejections, metrics=self.metrics, clock=self.clock,
                 report_ttl_ms=int(self.config.lease_s * 3000), heartbeats=self.heartbeats,
-                settings=GmLinkSettings(
-                    send_timeout_s=min(GmLinkSettings.send_timeout_s, self.call_timeout_s)
-                ),
             )  # fmt: skip
 
         return build

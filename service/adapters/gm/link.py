@@ -198,7 +198,7 @@ class GmLink:
             write.close()
             return False
         try:
-            future.result(self._settings.send_timeout_s)
+            self._wait_written(future)
         except TimeoutError:
             # Drop the connection with whatever of the frame is still unsent: the GM reads no
             # partial frame, so the caller's resend after the redial is unlikely to duplicate.
@@ -217,6 +217,25 @@ class GmLink:
             self._state = replace(self._state, frames_out=self._state.frames_out + 1)
         self._observer.frame("out")
         return True
+
+    def _wait_written(self, future: concurrent.futures.Future[None]) -> None:
+        """Wait up to ``send_timeout_s`` for the write, in slices after each of which the
+        caller's thread beats its heartbeat: waiting on the GM is not a stall of it."""
+        deadline = time.monotonic() + self._settings.send_timeout_s
+        slice_s = (
+            self._heartbeats.check_interval_s
+            if self._heartbeats is not None
+            else self._settings.send_timeout_s
+        )
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                future.result(max(0.0, min(slice_s, remaining)))
+                return
+            except TimeoutError:
+                if remaining <= slice_s:
+                    raise
+                progress()
 
     # -- the link's thread ------------------------------------------------------------------
 
