@@ -26,9 +26,7 @@ def healthz(controller: Controller) -> tuple[int, str]:
 
 
 def test_a_hung_thread_is_reported_fails_liveness_and_its_shards_move(stack: Stack) -> None:
-    hung = stack.controller(
-        "hung", env={"LIFELONG_FAILPOINTS": f"process-before-commit:{STALL_S}"}
-    )
+    hung = stack.controller("hung", env={"LIFELONG_FAILPOINTS": f"process-before-commit:{STALL_S}"})
     assert healthz(hung) == (200, "ok")
     # an event for the processor: it stops right before committing it
     stack.cloud.downstream("lifelonglearningjob", "delete", None, name="probe")
@@ -43,9 +41,7 @@ def test_a_hung_thread_is_reported_fails_liveness_and_its_shards_move(stack: Sta
     assert metric_sum(hung, "lifelong_thread_stalls_total", thread="processor") == 1
     assert metric_sum(hung, "lifelong_thread_beat_age_seconds", thread="processor") > LEASE_S / 2
 
-    status, body = wait_until(
-        lambda: (seen := healthz(hung))[0] == 503 and seen, 20, "/healthz 503"
-    )
+    _, body = wait_until(lambda: (seen := healthz(hung))[0] == 503 and seen, 20, "/healthz 503")
     assert body.startswith("thread processor silent for ") and body.endswith(
         f"(limit {LEASE_S:g} s)"
     ), body
@@ -56,7 +52,7 @@ def test_a_hung_thread_is_reported_fails_liveness_and_its_shards_move(stack: Sta
     wait_until(lambda: metric_sum(other, "lifelong_ingress_held") == 1, 20, "the ingress moved")
     wait_until(lambda: metric_sum(other, "lifelong_events_total", type="JobDeleted") >= 1, 20,
                "the other replica committing the event")  # fmt: skip
-    wait_until(lambda: metric_sum(hung, "lifelong_leases_held") == 0, 20, "the hung one holding none")
+    wait_until(lambda: metric_sum(hung, "lifelong_leases_held") == 0, 20, "the hung one at 0")
 
     # the stall ends: the thread beats again and the replica is live again
     wait_until(lambda: healthz(hung) == (200, "ok"), STALL_S + 20, "/healthz 200 again")
