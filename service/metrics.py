@@ -10,6 +10,7 @@ node hold the ingress" however the scraper labels its targets.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -113,6 +114,19 @@ MQTT_UP = Family(
     "1 when this replica's publishing MQTT client is connected to the broker.",
     ("node",),
 )
+# -- this replica's threads -----------------------------------------------------------------
+THREAD_STALLS = Family(
+    "lifelong_thread_stalls",
+    "Stalls of this replica's threads: no heartbeat for half the lease, or the thread "
+    "ended; each stall is counted once and logged with the thread's stack.",
+    ("thread",),
+)
+THREAD_BEAT_AGE = Family(
+    "lifelong_thread_beat_age_seconds",
+    "Seconds since each watched thread of this replica last beat, as of the watchdog's "
+    "last look; past the lease /healthz fails.",
+    ("thread",),
+)
 # -- jobs ------------------------------------------------------------------------------------
 JOBS = Family(
     "lifelong_jobs", "Jobs on the shards this replica holds, by phase and step.", ("phase", "step")
@@ -153,6 +167,8 @@ class Metrics:
         self.dataset_unreadable = DATASET_UNREADABLE.gauge(registry)
         self.dataset_unreadable_reports = DATASET_UNREADABLE_REPORTS.counter(registry)
         self.effects = EFFECTS.counter(registry)
+        self.thread_stalls = THREAD_STALLS.counter(registry)
+        self.thread_beat_age = THREAD_BEAT_AGE.gauge(registry)
         self._health = HealthGauges(registry)
         self._jobs = JobMetrics(registry)
         self.gm = GmLinkMetrics(registry) if gm_link else None
@@ -173,6 +189,11 @@ class Metrics:
     def keep_jobs_of(self, shards: Collection[int]) -> None:
         """Forget the jobs on shards this replica no longer holds (`JobMetrics.keep`)."""
         self._jobs.keep(shards)
+
+    def thread_forgotten(self, thread: str) -> None:
+        """A thread stopped on purpose: drop its silence gauge (its stall count stays)."""
+        with contextlib.suppress(KeyError):  # KeyError: the watchdog never looked at it
+            self.thread_beat_age.remove(thread)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its HTTP content type."""

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from service.core.effects import Work
 from service.errors import LeaseLost, StoreUnavailable
+from service.heartbeat import Heartbeats, progress
 from service.metrics import Metrics
 from service.runtime.accept import Accepted, encode_accepted
 from service.runtime.clock import Clock
@@ -23,7 +24,11 @@ EFFECT_RETRY_S = 1.0
 
 class EffectRunner:
     """Each intent runs once per process at a time; its result event goes to the ingress in
-    the same script that retires the intent."""
+    the same script that retires the intent.
+
+    A pool thread is watched (`Heartbeats`) while it runs an intent, under its own name: it
+    beats at each attempt, and the work beats as it goes (`service.heartbeat.progress`). An
+    idle pool thread waits for work and is not watched."""
 
     def __init__(
         self,
@@ -34,8 +39,10 @@ class EffectRunner:
         clock: Clock,
         metrics: Metrics,
         stop: threading.Event,
+        heartbeats: Heartbeats,
     ) -> None:
         self._executor = executor
+        self._heartbeats = heartbeats
         self._store = store
         self._leases = leases
         self._clock = clock
@@ -58,9 +65,12 @@ class EffectRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, shard: int, effect_id: str, work: Work) -> None:
+        beat = self._heartbeats.watch(threading.current_thread().name)
         try:
-            self._run_until_done(shard, effect_id, work)
+            with beat:
+                self._run_until_done(shard, effect_id, work)
         finally:
+            beat.close()  # idle in the pool from now on, whatever happened
             with self._lock:
                 self._running.discard(effect_id)
 
@@ -74,6 +84,7 @@ class EffectRunner:
         """
         kind = type(work).__name__
         while not self._stop.is_set():
+            progress()
             try:
                 self._complete(shard, effect_id, work)
                 self._metrics.effects.labels(type=kind, outcome="done").inc()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -32,6 +33,7 @@ from service.adapters.gm import (
 )
 from service.adapters.mqtt import Inbound
 from service.errors import StoreUnavailable
+from service.heartbeat import Heartbeats, progress
 from service.keys import NUM_SHARDS
 from service.metrics import Metrics
 from service.runtime.clock import Clock
@@ -76,6 +78,7 @@ class GmBridge:
         metrics: Metrics,
         clock: Clock,
         report_ttl_ms: int,
+        heartbeats: Heartbeats,
         settings: GmLinkSettings | None = None,
     ) -> None:
         self._address = address
@@ -85,10 +88,12 @@ class GmBridge:
         self._rejections = rejections
         self._clock = clock
         self._report_ttl_ms = report_ttl_ms
+        self._heartbeats = heartbeats
         self._stop = threading.Event()
         self._link = GmLink(
             parse_gm_address(address), node, self._on_frame,
             on_reject=self._on_reject, observer=metrics.gm, settings=settings,
+            heartbeats=heartbeats,
         )  # fmt: skip
         self._thread = threading.Thread(target=self._forward, name="gm-outbox", daemon=True)
 
@@ -122,10 +127,15 @@ class GmBridge:
 
     # ------------------------------------------------------------ messages out
     def _forward(self) -> None:
-        """Send what waits in the GM outbox streams while the link is up; no exception ever
-        leaves this thread."""
+        """Send what waits in the GM outbox streams while the link is up, beating each time
+        round; no exception ever leaves this thread."""
+        with self._heartbeats.watch("gm-outbox") as beat:
+            self._forward_until_stopped(beat)
+
+    def _forward_until_stopped(self, beat: Callable[[], None]) -> None:
         reported_at, reported = 0.0, ""
         while not self._stop.is_set():
+            beat()
             try:
                 status = self._link.state.status
                 if status != reported or self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
@@ -148,6 +158,7 @@ class GmBridge:
             done: list[str] = []
             refused = False
             for stream_id, payload in entries:
+                progress()
                 if self._stop.is_set() or not self._send(payload):
                     refused = True
                     break

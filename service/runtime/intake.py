@@ -15,6 +15,7 @@ from service import failpoints
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.config import Config
 from service.errors import InvalidMessage, StoreUnavailable
+from service.heartbeat import progress
 from service.keys import shard_of
 from service.runtime.accept import (
     Accepted,
@@ -93,7 +94,12 @@ class Intake:
     # ------------------------------------------------------------ the subscription
     def on_ingress_lease(self, held: bool) -> None:
         """Subscribe while the ingress lease is held; stop for good once it is gone, so a
-        displaced holder never fights the next one for the fixed client id."""
+        displaced holder never fights the next one for the fixed client id.
+
+        Called by one thread at a time (the lease keeper's, or the stopping one once no
+        lease is taken any more). Stopping the client and the GM link waits for their
+        threads (seconds, when the broker or the GM is slow to answer): that happens after
+        the lock is let go, so acknowledging, `state` and readiness never wait for it."""
         with self._lock:
             if held and self._client is None and not self._stop.is_set():
                 self._client = self._client_factory(self._inbound)
@@ -101,12 +107,14 @@ class Intake:
                 if self._gm_factory is not None:
                     self._gm = self._gm_factory(self._inbound)
                     self._gm.start()
-            elif not held and self._client is not None:
-                self._client.stop()
-                self._client = None
-                if self._gm is not None:
-                    self._gm.stop()
-                    self._gm = None
+                return
+            if held or self._client is None:
+                return
+            client, gm = self._client, self._gm
+            self._client, self._gm = None, None
+        client.stop()
+        if gm is not None:
+            gm.stop()
 
     @property
     def state(self) -> str:
@@ -173,6 +181,7 @@ class Intake:
         failpoints.hit("intake-before-durable")
         retry = False
         while not self._stop.is_set():
+            progress()  # waiting for Redis is not a stall of this thread
             try:
                 # the token fences a holder frozen past its lease: messages the new holder
                 # already took in are dropped by their marker, not taken in twice. A retry

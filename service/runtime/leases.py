@@ -57,6 +57,7 @@ class LeaseKeeper:
         on_acquired: Callable[[int], None],
         on_ingress: Callable[[bool], None],
         ingress_subscribed: Callable[[], bool] = lambda: False,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._replica = replica
@@ -65,6 +66,8 @@ class LeaseKeeper:
         self._on_acquired = on_acquired
         self._on_ingress = on_ingress
         self._ingress_subscribed = ingress_subscribed
+        self._live = live
+        self._stepped_down = False
         self._ready_elsewhere = False
         self._lock = threading.Lock()
         self._tokens: dict[int, str] = {}
@@ -106,7 +109,14 @@ class LeaseKeeper:
         return self._ingress_token or ""
 
     def tick(self) -> None:
-        """One round of heartbeat, renewal, rebalancing and the ingress lease."""
+        """One round of heartbeat, renewal, rebalancing and the ingress lease; or, while the
+        replica is not live (a thread of it stalled past the lease), none of that."""
+        if not self._live():
+            self._step_down()
+            return
+        if self._stepped_down:
+            self._stepped_down = False
+            log.warning("live again: taking a fair share of the shards")
         try:
             live = self._store.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
             self._renew_all()
@@ -132,6 +142,25 @@ class LeaseKeeper:
             log.warning("leases given up: not renewed for %d ms", self._ttl_ms)
         if self._ingress_token is not None:
             self._ingress_token = None
+            self._on_ingress(False)
+
+    def _step_down(self) -> None:
+        """Not live: release every lease and leave the registry of live replicas, so the
+        others take every shard at once (staying registered would keep their fair share at
+        what it was). A thread stuck mid-commit cannot write after this: its token is gone."""
+        if self._stepped_down:
+            return
+        log.error("not live (a thread stalled past the lease): giving up every lease")
+        had_ingress = self._ingress_token is not None
+        try:
+            self.release_all()
+        except StoreUnavailable as e:
+            log.warning("could not release the leases (they expire): %s", e)
+            with self._lock:
+                self._tokens.clear()
+            self._ingress_token = None
+        self._stepped_down = True
+        if had_ingress:
             self._on_ingress(False)
 
     def _renew_all(self) -> None:

@@ -18,6 +18,7 @@ from service.config import Config
 from service.core.effects import decode_work
 from service.core.state import DatasetState, decode_state
 from service.errors import LeaseLost, StoreUnavailable
+from service.heartbeat import progress
 from service.keys import shard_of
 from service.metrics import Metrics
 from service.runtime.claims import OutputDirs
@@ -182,6 +183,7 @@ class Processor:
         try:
             self._quarantines.load(self._store.quarantine_marks(self._still_ours(shards)))
             while True:
+                progress()
                 # only shards still ours: a lost one's entries stay pending for its new owner
                 readable = [s for s in self._still_ours(shards) if s not in stuck]
                 entries = self._store.read_ingress(

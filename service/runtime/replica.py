@@ -8,6 +8,8 @@ collaborators and supervises their threads.
     outbox    committed upstream messages -> broker, forgotten after PUBACK
     presence  the retained online/offline topic, and the replica's gauges
     effects   a small pool running effect intents, results back as events
+    watchdog  every thread above beats a heartbeat; a silent one is logged with its stack,
+              counted, and past the lease fails /healthz and costs the replica its leases
 
 Nothing here decides anything about a job or a dataset: that is `service.core`.
 """
@@ -32,6 +34,7 @@ from service.adapters.s3 import S3Clients
 from service.config import Config
 from service.core.transition import transition
 from service.errors import ServiceError, StoreUnavailable
+from service.heartbeat import Heartbeats
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.clock import Clock, SystemClock
@@ -56,6 +59,10 @@ OUTBOX_FINISH_S = 2.0
 PRESENCE_INTERVAL_S = 0.5
 THREAD_JOIN_S = 10.0
 LOOP_FAILURE_PAUSE_S = 0.5
+#: Each blocking call on a watched thread waits at most this fraction of the lease, so the
+#: thread beats well within half of it (the stall limit) even when a call times out.
+CALL_TIMEOUT_FRACTION = 0.4
+REDIS_SOCKET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,11 @@ class Replica:
         self.replica = replica_id or default_replica_id()
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics(gm_link=bool(config.gm_address))
+        self.heartbeats = Heartbeats(self.clock.monotonic_s, config.lease_s, metrics=self.metrics)
         self.store = RedisStore(
-            config.redis_url, Keys(config.key_prefix), min_replicas=config.min_replicas()
-        )
+            config.redis_url, Keys(config.key_prefix), min_replicas=config.min_replicas(),
+            socket_timeout_s=min(REDIS_SOCKET_TIMEOUT_S, self.call_timeout_s),
+        )  # fmt: skip
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._build_messaging()
@@ -97,6 +106,7 @@ class Replica:
             self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
             ingress_subscribed=lambda: self.intake.subscribed,
+            live=lambda: self.heartbeats.live()[0],
         )  # fmt: skip
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
@@ -111,7 +121,7 @@ class Replica:
         host, port = config.http_host_port()
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
-            token=config.http_bearer_token(),
+            token=config.http_bearer_token(), live=self.heartbeats.live,
         )  # fmt: skip
 
     def _build_messaging(self) -> None:
@@ -143,7 +153,7 @@ class Replica:
                 address=self.config.gm_address, node=self.config.node_name,
                 replica=self.replica, store=self.store, inbound=inbound,
                 rejections=self.rejections, metrics=self.metrics, clock=self.clock,
-                report_ttl_ms=int(self.config.lease_s * 3000),
+                report_ttl_ms=int(self.config.lease_s * 3000), heartbeats=self.heartbeats,
             )  # fmt: skip
 
         return build
@@ -171,6 +181,7 @@ class Replica:
             executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
             store=self.store,
             leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
+            heartbeats=self.heartbeats,
         )  # fmt: skip
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
@@ -179,6 +190,11 @@ class Replica:
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
         self.timers = Timers(self.store, self.leases, self.clock)
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The longest a blocking call on a watched thread may wait."""
+        return self.config.lease_s * CALL_TIMEOUT_FRACTION
 
     # ================================================================ lifecycle
     def start(self) -> None:
@@ -202,6 +218,11 @@ class Replica:
             )
             thread.start()
             self._threads.append(thread)
+        watchdog = threading.Thread(
+            target=self.heartbeats.run, args=(self._stop,), name="watchdog", daemon=True
+        )
+        watchdog.start()
+        self._threads.append(watchdog)
         log.info("replica %s started on node %s", self.replica, self.config.node_name)
 
     def stop(self) -> None:
@@ -232,18 +253,25 @@ class Replica:
         self._stop.wait()
 
     def _guarded(self, name: str, loop: Callable[[], None], interval_s: float) -> None:
-        """Run one loop until stop; no exception ever escapes a thread's top."""
-        while not self._stop.is_set():
-            try:
-                loop()
-            except StoreUnavailable as e:
-                log.warning("%s: redis unavailable: %s", name, e)
-                self._stop.wait(LOOP_FAILURE_PAUSE_S)
-            except Exception:
-                log.exception("%s loop failed; continuing", name)
-                self._stop.wait(LOOP_FAILURE_PAUSE_S)
-            if interval_s:
-                self._stop.wait(interval_s)
+        """Run one loop until stop, beating each time round; no exception ever escapes a
+        thread's top. Should the thread end otherwise, its beat stays watched: the watchdog
+        then reports it ended."""
+        with self.heartbeats.watch(name) as beat:
+            while not self._stop.is_set():
+                beat()  # before and after the work: silent for the longer of it and the pause
+                try:
+                    loop()
+                except StoreUnavailable as e:
+                    log.warning("%s: redis unavailable: %s", name, e)
+                    beat()
+                    self._stop.wait(LOOP_FAILURE_PAUSE_S)
+                except Exception:
+                    log.exception("%s loop failed; continuing", name)
+                    beat()
+                    self._stop.wait(LOOP_FAILURE_PAUSE_S)
+                beat()
+                if interval_s:
+                    self._stop.wait(interval_s)
 
     # ================================================================ health
     def ready(self) -> tuple[bool, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from service import failpoints
+from service import failpoints, heartbeat
 from service.adapters import s3
 from service.adapters.blobs.pipelined import PipelinedWriter
 from service.adapters.blobs.staging import Staging
@@ -79,7 +79,10 @@ class ModelCopier:
         location = s3.parse_s3_url(dst_url)
         with file, io_errors(f"uploading {src_url} to {dst_url}"):
             self._check_model_size(src_url, os.fstat(file.fileno()).st_size)
-            self._s3.client(cred).upload_fileobj(file, location.bucket, location.key)
+            beat = heartbeat.current_beat()  # the transfer's threads report its progress
+            self._s3.client(cred).upload_fileobj(
+                file, location.bucket, location.key, Callback=lambda _sent: beat()
+            )
 
     def _check_model_size(self, url: str, size: int) -> None:
         if size > self._max_bytes:

@@ -11,6 +11,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
+from service import heartbeat
 from service.adapters.datasets.scanner import BLOCK_BYTES, Chunk
 
 #: Writes at least this big go to the blob writer's helper thread.
@@ -55,6 +56,7 @@ class PipelinedWriter:
                 self._helper = None
 
     def write(self, data: Chunk) -> int:
+        heartbeat.progress()  # a big copy is many writes: each one shows it moves
         size = len(data)
         if size < PIPELINED_MIN_BYTES:
             self.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from service import heartbeat
 from service.adapters.datasets.scanner import DEFAULT_MAX_LINE_BYTES, SampleScanner
 from service.adapters.datasets.sources import (
     DEFAULT_MAX_DATASET_BYTES,
@@ -122,6 +123,7 @@ def _scan(read_into: ReadInto, scanner: SampleScanner) -> int:
     """Scan the whole range (counting only); return the number of bytes read."""
     total = 0
     while size := scanner.read_from(read_into)[0]:
+        heartbeat.progress()  # a first poll of a big dataset is many reads
         total += size
     return total
 

@@ -51,6 +51,7 @@ from service.adapters.gm.address import GmEndpoint, ssl_context
 from service.adapters.gm.frames import HELLO_FRAME, GmFrame, GmRejected, encode_frame
 from service.adapters.gm.reporting import GmObserver, LinkState, LinkStatus, NoObserver
 from service.errors import ConfigError, PermanentError
+from service.heartbeat import Heartbeats, progress
 
 log = logging.getLogger("service.gm")
 
@@ -103,6 +104,7 @@ class GmLink:
         on_reject: Callable[[GmRejected], None] | None = None,
         observer: GmObserver | None = None,
         settings: GmLinkSettings | None = None,
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         if not node:
             raise ConfigError("the GM link needs a node name (the Node-Name header)")
@@ -113,6 +115,7 @@ class GmLink:
         self._observer: GmObserver = observer if observer is not None else NoObserver()
         self._settings = settings if settings is not None else GmLinkSettings()
         self._ssl = ssl_context(endpoint.tls) if endpoint.tls is not None else None
+        self._heartbeats = heartbeats
         self._lock = threading.Lock()
         self._state = LinkState(status="disabled", since=time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -195,7 +198,7 @@ class GmLink:
             write.close()
             return False
         try:
-            future.result(self._settings.send_timeout_s)
+            self._wait_written(future)
         except TimeoutError:
             # Drop the connection with whatever of the frame is still unsent: the GM reads no
             # partial frame, so the caller's resend after the redial is unlikely to duplicate.
@@ -215,10 +218,41 @@ class GmLink:
         self._observer.frame("out")
         return True
 
+    def _wait_written(self, future: concurrent.futures.Future[None]) -> None:
+        """Wait up to ``send_timeout_s`` for the write, in slices after each of which the
+        caller's thread beats its heartbeat: waiting on the GM is not a stall of it."""
+        deadline = time.monotonic() + self._settings.send_timeout_s
+        slice_s = (
+            self._heartbeats.check_interval_s
+            if self._heartbeats is not None
+            else self._settings.send_timeout_s
+        )
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                future.result(max(0.0, min(slice_s, remaining)))
+                return
+            except TimeoutError:
+                if remaining <= slice_s:
+                    raise
+                progress()
+
     # -- the link's thread ------------------------------------------------------------------
 
+    def _thread_main(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+        """Run the link until it is cancelled, watched by ``heartbeats`` when given: a task
+        beats every `Heartbeats.check_interval_s`, so the beat stops when the event loop is
+        blocked (a callback or a send that does not yield)."""
+        heartbeats = self._heartbeats
+        if heartbeats is None:
+            self._run_loop(loop, task)
+            return
+        with heartbeats.watch("gm-link"):
+            loop.create_task(_beat_every(heartbeats.check_interval_s))
+            self._run_loop(loop, task)
+
     @staticmethod
-    def _thread_main(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    def _run_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
         """Run the link until it is cancelled, then end every task and close the loop (as
         ``asyncio.run`` does) so no socket or task outlives the thread."""
         try:
@@ -343,6 +377,13 @@ class GmLink:
         """Record a status change; the caller holds ``self._lock``."""
         if self._state.status != status:
             self._state = replace(self._state, status=status, since=time.time())
+
+
+async def _beat_every(interval_s: float) -> None:
+    """Beat the link thread's heartbeat while its event loop runs (cancelled at its end)."""
+    while True:
+        progress()
+        await asyncio.sleep(interval_s)
 
 
 def _too_big(error: Exception) -> bool:

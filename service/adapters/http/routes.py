@@ -42,6 +42,7 @@ JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 
 ReadyFn = Callable[[], tuple[bool, str]]
+LiveFn = Callable[[], tuple[bool, str]]
 MetricsFn = Callable[[], tuple[bytes, str]]
 WorkerInfoFn = Callable[[str, bytes], tuple[int, str]]
 
@@ -54,14 +55,20 @@ class Routes:
     metrics: MetricsFn
     worker_info: WorkerInfoFn
     token_digest: bytes | None  # SHA-256 of the bearer token, None when none is required
+    live: LiveFn
 
     @classmethod
     def of(
-        cls, ready: ReadyFn, metrics: MetricsFn, worker_info: WorkerInfoFn, token: str
+        cls,
+        ready: ReadyFn,
+        metrics: MetricsFn,
+        worker_info: WorkerInfoFn,
+        token: str,
+        live: LiveFn,
     ) -> Routes:
         """The routes answering with these callbacks; ``token``, unless empty, is required."""
         digest = hashlib.sha256(token.encode("latin-1")).digest() if token else None
-        return cls(ready, metrics, worker_info, digest)
+        return cls(ready, metrics, worker_info, digest, live)
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,9 @@ def _unauthorized(routes: Routes, environ: WSGIEnvironment) -> _Reply | None:
 
 def _get(routes: Routes, path: str, environ: WSGIEnvironment) -> _Reply:
     if path == "/healthz":
-        return _Reply(HTTPStatus.OK, b"ok", TEXT)
+        live, detail = routes.live()
+        status = HTTPStatus.OK if live else HTTPStatus.SERVICE_UNAVAILABLE
+        return _Reply(status, detail.encode(), TEXT)
     if path == "/readyz":
         ready, detail = routes.ready()
         status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE

@@ -34,6 +34,7 @@ from waitress.utilities import RequestEntityTooLarge
 from service.adapters.http.routes import (
     JSON,
     App,
+    LiveFn,
     MetricsFn,
     ReadyFn,
     Routes,
@@ -208,8 +209,14 @@ class _Server(TcpWSGIServer):
         cast(Trigger, self.trigger).close()
 
 
+def always_live() -> tuple[bool, str]:
+    return True, "ok"
+
+
 class HttpServer:
     """Serves /healthz, /readyz, /metrics and POST /sedna/workers/{worker}/info on a thread.
+
+    `live` answers /healthz (200 with "ok", or 503 with its reason): by default always live.
 
     `token`, when not empty, is required as `Authorization: Bearer <token>` on the worker
     endpoint and on /metrics (which names every job and dataset); the probes stay open.
@@ -223,6 +230,7 @@ class HttpServer:
         ready: ReadyFn,
         metrics: MetricsFn,
         worker_info: WorkerInfoFn,
+        live: LiveFn = always_live,
         max_body_bytes: int = 1 << 20,
         token: str = "",
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -231,7 +239,7 @@ class HttpServer:
     ) -> None:
         self._host = host
         self._port = port
-        self._routes = Routes.of(ready, metrics, worker_info, token)
+        self._routes = Routes.of(ready, metrics, worker_info, token, live)
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._request_timeout_s = request_timeout_s
