@@ -129,6 +129,7 @@ class Heartbeats:
         self._metrics = metrics
         self._lock = threading.Lock()
         self._watched: dict[str, _Watched] = {}
+        self._checked_s: float | None = None  # when the watchdog last looked
 
     @property
     def check_interval_s(self) -> float:
@@ -168,10 +169,25 @@ class Heartbeats:
 
     def check(self) -> None:
         """One look at every beat: report new stalls (with their stacks) and ended
-        threads, note stalls that ended, and set the silence gauges."""
+        threads, note stalls that ended, and set the silence gauges.
+
+        When the watchdog itself looks again only after more than the stall limit, the whole
+        process was paused (SIGSTOP, a frozen VM): every beat is old for that reason alone,
+        so no thread is blamed; the beats count from now."""
         now = self.monotonic()
         with self._lock:
             watched = list(self._watched.values())
+            gap = 0.0 if self._checked_s is None else now - self._checked_s
+            self._checked_s = now
+            if gap > self.stall_after_s:
+                for w in watched:
+                    w.last_s = max(w.last_s, now)
+        if gap > self.stall_after_s:
+            log.warning(
+                "the whole process was paused for %.1f s (every thread at once, the watchdog "
+                "too): no thread is blamed", gap,
+            )  # fmt: skip
+            return
         frames = None
         for w in watched:
             age = now - w.last_s

@@ -117,7 +117,8 @@ def test_nothing_is_sent_to_a_node_no_controller_serves(stack: Stack) -> None:
 
 def test_a_node_is_served_while_a_controller_says_online(stack: Stack) -> None:
     env = cli_env(stack.mqtt_url, stack.redis_url)
-    dataset = json.dumps({**DATASET, "spec": {**DATASET["spec"], "nodeName": NODE}})
+    url = str(stack.workdir / "data" / "d.txt")  # beneath the controllers' data root
+    dataset = json.dumps({**DATASET, "spec": {**DATASET["spec"], "nodeName": NODE, "url": url}})
     before = run_cli(env, "apply", "-f", "-", stdin=dataset)
     assert before.returncode == 1, before.stderr
     assert f"serves node {NODE} (nodes served: none on sedna/+/controllers/+)" in before.stderr

@@ -61,6 +61,16 @@ def sleeper() -> Iterator[Sleeper]:
     s.thread.join(5)
 
 
+def advance(clock: StepClock, heartbeats: Heartbeats, seconds: float) -> None:
+    """Time passes under a running watchdog: it looks every check interval on the way."""
+    step = heartbeats.check_interval_s
+    while seconds > step:
+        clock.now += step
+        seconds -= step
+        heartbeats.check()
+    clock.now += seconds
+
+
 def value(metrics: Metrics, name: str, thread: str) -> float | None:
     return metrics.registry.get_sample_value(name, {"thread": thread})
 
@@ -79,13 +89,13 @@ def test_a_stall_is_logged_once_with_its_stack_counted_and_fails_liveness_past_t
     caplog.set_level(logging.INFO, logger="service.heartbeat")
     beat = heartbeats.watch("processor", sleeper.thread)
 
-    clock.now += LEASE_S / 2  # exactly half the lease: not yet a stall
+    advance(clock, heartbeats, LEASE_S / 2)  # exactly half the lease: not yet a stall
     heartbeats.check()
     assert stall_lines(caplog) == []
     assert value(metrics, "lifelong_thread_stalls_total", "processor") is None
     assert value(metrics, "lifelong_thread_beat_age_seconds", "processor") == LEASE_S / 2
 
-    clock.now += 0.5
+    advance(clock, heartbeats, 0.5)
     heartbeats.check()
     heartbeats.check()  # the same stall, seen again: not logged or counted again
     [line] = stall_lines(caplog)
@@ -94,7 +104,7 @@ def test_a_stall_is_logged_once_with_its_stack_counted_and_fails_liveness_past_t
     assert value(metrics, "lifelong_thread_stalls_total", "processor") == 1
     assert heartbeats.live() == (True, "ok")  # stalled, but not past the lease yet
 
-    clock.now += LEASE_S / 2
+    advance(clock, heartbeats, LEASE_S / 2)
     live, why = heartbeats.live()
     assert not live
     assert why == "thread processor silent for 10.5 s (limit 10 s)"
@@ -104,7 +114,9 @@ def test_a_stall_is_logged_once_with_its_stack_counted_and_fails_liveness_past_t
     heartbeats.check()
     assert any("processor beats again after 10.5 s" in r.getMessage() for r in caplog.records)
 
-    clock.now += LEASE_S / 2 + 1  # a second stall is a new one: logged and counted again
+    advance(
+        clock, heartbeats, LEASE_S / 2 + 1
+    )  # a second stall is a new one: logged and counted again
     heartbeats.check()
     assert len(stall_lines(caplog)) == 2
     assert value(metrics, "lifelong_thread_stalls_total", "processor") == 2
@@ -117,7 +129,7 @@ def test_a_loop_that_beats_each_time_round_is_never_stalled(
     each time round: however long it idles, it is never stalled."""
     beat = heartbeats.watch("intake")
     for _ in range(100):
-        clock.now += LEASE_S / 2 - 0.01
+        advance(clock, heartbeats, LEASE_S / 2 - 0.01)
         beat()
         heartbeats.check()
     assert heartbeats.live() == (True, "ok")
@@ -137,7 +149,7 @@ def test_a_thread_that_ended_counts_as_stalled_at_once(
     thread = threading.Thread(target=crashes)
     thread.start()
     thread.join(5)
-    clock.now += 0.1
+    advance(clock, heartbeats, 0.1)
     live, why = heartbeats.live()
     assert not live
     assert why == "thread timers ended for 0.1 s (limit 10 s)"
@@ -159,7 +171,7 @@ def test_a_thread_that_stops_on_purpose_is_no_longer_watched(
     thread = threading.Thread(target=returns)
     thread.start()
     thread.join(5)
-    clock.now += LEASE_S * 2
+    advance(clock, heartbeats, LEASE_S * 2)
     heartbeats.check()
     assert heartbeats.live() == (True, "ok")
     assert value(metrics, "lifelong_thread_beat_age_seconds", "outbox") is None
@@ -171,18 +183,18 @@ def test_progress_beats_the_calling_threads_beat_and_nothing_elsewhere(
     progress()  # a thread that holds no beat: nothing happens
     current_beat()()
     with heartbeats.watch("effects_0"):
-        clock.now += LEASE_S - 1
+        advance(clock, heartbeats, LEASE_S - 1)
         progress()  # deep inside a long copy
-        clock.now += LEASE_S - 1
+        advance(clock, heartbeats, LEASE_S - 1)
         assert heartbeats.live() == (True, "ok")
         on_behalf = current_beat()  # handed to a transfer's own threads
-        clock.now += LEASE_S - 1
+        advance(clock, heartbeats, LEASE_S - 1)
         helper = threading.Thread(target=on_behalf)
         helper.start()
         helper.join(5)
-        clock.now += LEASE_S - 1
+        advance(clock, heartbeats, LEASE_S - 1)
         assert heartbeats.live() == (True, "ok")
-        clock.now += 2
+        advance(clock, heartbeats, 2)
         assert heartbeats.live() == (False, "thread effects_0 silent for 11.0 s (limit 10 s)")
 
 
@@ -194,7 +206,27 @@ def test_a_name_watched_again_takes_over_and_the_old_beat_forgets_nothing(
     old = heartbeats.watch("effects_1")
     new = heartbeats.watch("effects_1")
     old.close()
-    clock.now += LEASE_S + 1
+    advance(clock, heartbeats, LEASE_S + 1)
     assert heartbeats.live() == (False, "thread effects_1 silent for 11.0 s (limit 10 s)")
     new.close()
     assert heartbeats.live() == (True, "ok")
+
+
+def test_a_paused_process_blames_no_thread(
+    heartbeats: Heartbeats, clock: StepClock, metrics: Metrics, sleeper: Sleeper,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """SIGSTOP or a frozen VM: the watchdog itself looked last long ago, every beat is old
+    for that reason alone; a thread that then stays silent is a stall again."""
+    caplog.set_level(logging.INFO, logger="service.heartbeat")
+    heartbeats.watch("processor", sleeper.thread)
+    heartbeats.check()
+    clock.now += LEASE_S * 3  # nobody ran, the watchdog neither
+    heartbeats.check()
+    assert stall_lines(caplog) == []
+    assert any("whole process was paused" in r.getMessage() for r in caplog.records)
+    assert heartbeats.live() == (True, "ok")
+    advance(clock, heartbeats, LEASE_S / 2 + 1)
+    heartbeats.check()
+    assert len(stall_lines(caplog)) == 1
+    assert value(metrics, "lifelong_thread_stalls_total", "processor") == 1
