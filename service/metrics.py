@@ -76,6 +76,12 @@ QUARANTINED_ENTRIES = Family(
     "(state: the resource's state cannot be decoded; entry: the entry cannot).",
     ("cause",),
 )
+SET_ASIDE = Family(
+    "lifelong_set_aside_entries",
+    "Entries of the outbox, the GM outbox or the effect intents that could not be decoded, "
+    "moved to the dead-letter stream with the reason so the rest goes on, by queue.",
+    ("queue",),
+)
 # -- datasets --------------------------------------------------------------------------------
 DATASET_SAMPLES = Family(
     "lifelong_dataset_samples", "Samples last counted in each dataset.", ("namespace", "name")
@@ -150,6 +156,7 @@ class Metrics:
         self.dataset_samples = DATASET_SAMPLES.gauge(registry)
         self.quarantined = QUARANTINED.gauge(registry)
         self.quarantined_entries = QUARANTINED_ENTRIES.counter(registry)
+        self.set_aside = SET_ASIDE.counter(registry)
         self.dataset_unreadable = DATASET_UNREADABLE.gauge(registry)
         self.dataset_unreadable_reports = DATASET_UNREADABLE_REPORTS.counter(registry)
         self.effects = EFFECTS.counter(registry)

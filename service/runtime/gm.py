@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
 
 import msgspec
 
@@ -31,6 +30,7 @@ from service.adapters.gm import (
     parse_gm_address,
 )
 from service.adapters.mqtt import Inbound
+from service.adapters.redis_store import Unreadable
 from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
 from service.metrics import Metrics
@@ -57,7 +57,25 @@ class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
     link: LinkState
 
 
-_header_decoder = msgspec.json.Decoder(dict[str, Any])
+class _Envelope(msgspec.Struct, frozen=True):
+    """An upstream envelope as the GM outbox holds it: the header's values are strings."""
+
+    header: dict[str, str]
+    content: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+
+
+def _frame_of(payload: bytes | Unreadable) -> tuple[dict[str, str], bytes] | Unreadable:
+    """The header and content JSON of a GM outbox entry, or why it is not an envelope."""
+    if isinstance(payload, Unreadable):
+        return payload
+    try:
+        envelope = _envelope_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return Unreadable(f"not an upstream envelope: {e}", payload)
+    return envelope.header, bytes(envelope.content)
 
 
 class GmBridge:
@@ -142,13 +160,20 @@ class GmBridge:
 
     def _send_pending(self) -> bool:
         """Send one batch per shard, in order; False when there was nothing to send or the
-        link refused a message (the rest then waits, in order)."""
+        link refused a message (the rest then waits, in order). An entry that is not an
+        upstream envelope is set aside and the next one goes on."""
         sent_any = False
         for shard, entries in self._store.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
             done: list[str] = []
             refused = False
             for stream_id, payload in entries:
-                if self._stop.is_set() or not self._send(payload):
+                frame = _frame_of(payload)
+                if isinstance(frame, Unreadable):
+                    self._rejections.unreadable(
+                        "gm-outbox", f"shard {shard} entry {stream_id}", frame.reason,
+                        frame.raw, self._clock.now_ms(),
+                    )  # fmt: skip
+                elif self._stop.is_set() or not self._link.send(*frame):
                     refused = True
                     break
                 done.append(stream_id)
@@ -158,14 +183,8 @@ class GmBridge:
                 return False
         return sent_any
 
-    def _send(self, payload: bytes) -> bool:
-        envelope = _header_decoder.decode(payload)
-        header = {str(k): str(v) for k, v in envelope.get("header", {}).items()}
-        return self._link.send(header, msgspec.json.encode(envelope.get("content")))
-
     def _report(self) -> None:
         record = GmLinkRecord(
             replica=self._replica, address=self._link.endpoint.shown, link=self._link.state
         )
         self._store.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Literal
 
 from service import masking, messages
 from service.errors import RejectCode, ServiceError, StoreUnavailable
@@ -12,6 +13,9 @@ from service.metrics import Metrics
 from service.runtime.ports import DeadLetters, Publisher
 
 log = logging.getLogger(__name__)
+
+#: The internal queues whose unreadable entries are set aside (`Rejections.unreadable`).
+Queue = Literal["outbox", "gm-outbox", "effects"]
 
 
 def rejection_record(topic: str, reason: str, payload: bytes, at_ms: int) -> bytes:
@@ -63,6 +67,15 @@ class Rejections:
             self._dead_letters.dead_letter(rejection_record(topic, reason, payload, at_ms))
         except StoreUnavailable as e:
             log.warning("dead-letter stream unavailable: %s", e)
+
+    def unreadable(self, queue: Queue, where: str, reason: str, raw: bytes, at_ms: int) -> None:
+        """An entry of an internal queue that cannot be decoded (``where`` names it: shard
+        and id), taken out by the caller so the entries after it go on: a log line, a count
+        by queue and the dead-letter stream (its record's topic is ``{queue} {where}``)."""
+        log.warning("set aside an unreadable %s entry (%s): %s", queue, where, reason,
+                    extra={"outcome": "set-aside"})  # fmt: skip
+        self._metrics.set_aside.labels(queue=queue).inc()
+        self.set_aside(f"{queue} {where}", reason, raw, at_ms)
 
     def recorded(self, topic: str, code: RejectCode, reason: str, record: bytes) -> None:
         """Log, count and dead-letter a rejection whose record is already built (its reason

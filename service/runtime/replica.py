@@ -152,7 +152,8 @@ class Replica:
         """The processor and what it hands its results to: effects, outbox, timers."""
         self.outbox = OutboxPublisher(
             self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
-            puback_timeout_s=tuning.puback_timeout_s, on_depth=self.metrics.outbox_depth.set,
+            rejections=self.rejections, puback_timeout_s=tuning.puback_timeout_s,
+            on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
         s3 = S3Clients()
         files = LocalFiles(self.config.path_policy())
@@ -164,7 +165,8 @@ class Replica:
         reader = DatasetReader(s3, files=files, max_line_bytes=self.config.max_line_bytes)
         self.effects = EffectRunner(
             executor=Executor(self.store, blobs, reader), store=self.store,
-            leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
+            leases=self.leases, clock=self.clock, metrics=self.metrics,
+            rejections=self.rejections, stop=self._stop,
         )  # fmt: skip
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
