@@ -269,6 +269,7 @@ class Replica:
 
     def _presence_once(self) -> None:
         self.presence.announce()
+        self.rejections.flush_log()
         self.metrics.leases_held.set(len(self.leases.held()))
         self.metrics.set_health(
             self.config.node_name,
