@@ -39,6 +39,9 @@ class Config:
     data_roots: str = ""  # ':'-separated; empty: the volume prefix, else "/"
     max_model_bytes: int = 4 << 30
     max_line_bytes: int = 1 << 20
+    max_resources: int = 20_000
+    max_namespace_resources: int = 20_000
+    max_resource_bytes: int = 512 << 10
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""

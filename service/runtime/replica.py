@@ -34,6 +34,7 @@ from service.core.transition import transition
 from service.errors import ServiceError, StoreUnavailable
 from service.keys import Keys
 from service.metrics import Metrics
+from service.runtime.admission import Admission
 from service.runtime.clock import Clock, SystemClock
 from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
@@ -101,6 +102,7 @@ class Replica:
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
+            admission=Admission(config=config, index=self.store, clock=self.clock),
             gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)

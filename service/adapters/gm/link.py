@@ -19,7 +19,8 @@ The connection, as Sedna's own code has it (kubeedge/sedna: the local controller
   So this link sends websocket pings (every ``ping_interval_s``) to find a GM that died
   without closing the connection, which Sedna's local controller never notices.
 
-How this link differs from Sedna's client, on purpose: a frame that is not a valid message
+How this link differs from Sedna's client, on purpose: it follows no HTTP redirect (the dial
+fails with the reason), and a frame that is not a valid message
 does not end the connection (Sedna's ``ReadJSON`` error does): every received frame goes to
 ``on_frame`` as bytes, unparsed, and the caller's decoder rejects it with a reason. Only a
 frame larger than ``max_frame_bytes`` ends the connection (close code 1009, the bytes
@@ -44,7 +45,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidStatus,
+    SecurityError,
+    WebSocketException,
+)
 from websockets.frames import CloseCode
 
 from service.adapters.gm.address import GmEndpoint, ssl_context
@@ -271,7 +277,7 @@ class GmLink:
         options: dict[str, Any] = {}
         if self._ssl is not None:
             options["ssl"] = self._ssl
-        async with connect(
+        async with _Dial(
             self._endpoint.url,
             additional_headers={NODE_NAME_HEADER: self._node},
             compression=None,  # gorilla's default, and Sedna's GM does not enable it
@@ -343,6 +349,21 @@ class GmLink:
         """Record a status change; the caller holds ``self._lock``."""
         if self._state.status != status:
             self._state = replace(self._state, status=status, since=time.time())
+
+
+class _Dial(connect):
+    """websockets' ``connect``, refusing every redirect: the GM is dialed where configured
+    and nowhere else (``connect`` follows up to 10, across hosts and ports, with our
+    Node-Name header)."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        if isinstance(exc, InvalidStatus) and 300 <= exc.response.status_code < 400:
+            location = exc.response.headers.get("Location", "")
+            return SecurityError(
+                f"the GM answered HTTP {exc.response.status_code} redirecting to "
+                f"{location!r}; redirects are not followed"
+            )
+        return exc
 
 
 def _too_big(error: Exception) -> bool:
