@@ -377,6 +377,12 @@ class GmLinkMetrics:
             "1 while this replica's link to Sedna's GM is connected, else 0.",
             registry=registry,
         )
+        self.paused = Gauge(
+            "lifelong_gm_link_reading_paused",
+            "1 while the link to Sedna's GM reads nothing because the frames it handed on "
+            "and the intake has not yet taken in are at their cap (backpressure), else 0.",
+            registry=registry,
+        )
 
     def frame(self, direction: Literal["in", "out"]) -> None:
         self.frames.labels(direction=direction).inc()
@@ -386,6 +392,9 @@ class GmLinkMetrics:
 
     def link_up(self, up: bool) -> None:
         self.up.set(1 if up else 0)
+
+    def reading_paused(self, paused: bool) -> None:
+        self.paused.set(1 if paused else 0)
 
 
 def _has_series(entry: tuple[int, str, str, int]) -> bool:

@@ -2,8 +2,11 @@
 
 Frames the GM sends go into the intake's queue as downstream messages (topic `GM_TOPIC`):
 decoded, validated, made durable and rejected with a reason like any MQTT downstream
-message. Upstream messages reach the GM from the per-shard GM outbox streams the commits
-write beside the MQTT outbox: in stream order per shard, each removed once the link wrote it.
+message. The link hands on only so many frames the intake has not finished with
+(`GmInbound.taken`), then stops reading: a flooding GM is slowed down, not buffered.
+
+Upstream messages reach the GM from the per-shard GM outbox streams the commits write beside
+the MQTT outbox: in stream order per shard, each removed once the link wrote it.
 While the link is down they wait, and go out in order once it is back.
 
 What the GM gets: websocket has no acknowledgement, so a message counts as sent once it was
@@ -18,6 +21,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -47,6 +52,21 @@ POLL_S = 0.2
 REPORT_EVERY_S = 2.0
 STORE_RETRY_S = 0.5
 BATCH = 100
+
+
+@dataclass(frozen=True)
+class GmInbound(Inbound):
+    """A GM frame in the intake's queue; the intake calls ``taken`` once it holds the frame
+    no more, which frees its place in the link's bounded hand-off."""
+
+    taken: Callable[[], None] = lambda: None
+
+
+def frames_taken(batch: Iterable[Inbound]) -> None:
+    """Free the hand-off places of the GM frames of an intake batch that is done with."""
+    for msg in batch:
+        if isinstance(msg, GmInbound):
+            msg.taken()
 
 
 class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,9 +148,9 @@ class GmBridge:
     def _on_frame(self, frame: GmFrame) -> None:
         """On the link's thread: hand the frame to the intake, nothing more."""
         self._inbound.put(
-            Inbound(
+            GmInbound(
                 topic=GM_TOPIC, payload=frame.data, qos=0, dup=False, mid=0,
-                received_at=frame.received_at,
+                received_at=frame.received_at, taken=frame.taken,
             )
         )  # fmt: skip
 

@@ -26,7 +26,7 @@ from service.runtime.accept import (
 )
 from service.runtime.admission import Admission
 from service.runtime.clock import Clock
-from service.runtime.gm import GM_TOPIC, GmBridge
+from service.runtime.gm import GM_TOPIC, GmBridge, frames_taken
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
@@ -147,7 +147,10 @@ class Intake:
                 batch.append(self._inbound.get_nowait())
             except queue.Empty:
                 break
-        self._take_in(batch)
+        try:
+            self._take_in(batch)
+        finally:
+            frames_taken(batch)
 
     def _take_in(self, batch: list[Inbound]) -> None:
         accepted: list[tuple[Inbound, int, bytes, str | None]] = []

@@ -9,10 +9,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from service.adapters.gm.link import DEFAULT_MAX_PENDING_BYTES
 from service.embedded import free_port
-from tests.gm_standin import GmStandIn
-from tests.harness import NODE, dataset_resource, metric_sum
+from tests.gm_standin import GmStandIn, go_frame, resource_json
+from tests.harness import NODE, NS, dataset_resource, metric_sum
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -76,3 +78,41 @@ def test_a_dataset_for_another_node_from_the_gm_is_refused(stack: Stack, gm: GmS
     assert error["topic"] == "gm"
     assert "the dataset is for node 'other-node'" in error["reason"]
     assert metric_sum(controller, "lifelong_rejections_total", reason="wrong_node") == 1
+
+
+FLOOD = 400
+
+
+def test_a_flooding_gm_is_slowed_down_while_redis_stalls(stack: Stack, gm: GmStandIn) -> None:
+    # a long lease: the controller keeps its leases while Redis takes no writes
+    controller = stack.controller(
+        env={"LIFELONG_GM_ADDRESS": gm.address, "LIFELONG_LEASE_SECONDS": "60"}
+    )
+    assert gm.wait(lambda: gm.connections(NODE) == 1), "the link is up"
+    frames = []
+    for i in range(FLOOD):  # deletes of datasets nobody has, each ~80 KB on the wire
+        resource = dataset_resource(f"flood-{i}", "/data/none.txt")
+        resource["metadata"]["annotations"] = {"note": "x" * 60_000}
+        frames.append(go_frame(NS, "dataset", f"flood-{i}", "delete", resource_json(resource)))
+    raw = redis.Redis.from_url(stack.redis_url)
+    raw.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # Redis stalls: nothing is durable
+    try:
+        gm.flood(NODE, frames)
+        wait_until(
+            lambda: metric_sum(controller, "lifelong_gm_link_reading_paused") == 1, 20,
+            "the link to stop reading",
+        )  # fmt: skip
+        handed = metric_sum(controller, "lifelong_gm_frames_total", direction="in")
+        assert handed <= DEFAULT_MAX_PENDING_BYTES // len(frames[0]) + 1, handed
+        assert gm.queued(NODE) > 0, "the rest waits at the GM"
+        assert "reading paused until it does" in controller.log()
+    finally:
+        raw.execute_command("CLIENT", "UNPAUSE")
+        raw.close()
+    # nothing is lost: once Redis is back every frame is taken in
+    wait_until(
+        lambda: metric_sum(controller, "lifelong_events_total", type="DatasetDeleted") == FLOOD,
+        60, "every frame taken in",
+    )  # fmt: skip
+    assert gm.queued(NODE) == 0
+    assert metric_sum(controller, "lifelong_gm_link_reading_paused") == 0
