@@ -196,6 +196,9 @@ class RedisStore:
     def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:
         return self._leases.heartbeat(replica, now_ms, ttl_ms)
 
+    def live_replicas(self, now_ms: int) -> list[str]:
+        return self._leases.live_replicas(now_ms)
+
     def leave(self, replica: str) -> None:
         self._leases.leave(replica)
 
