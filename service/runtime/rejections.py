@@ -165,5 +165,5 @@ class Rejections:
             self._warn("dead-letter stream", "dead-letter stream unavailable: %s", e)
 
     def _warn(self, kind: str, message: str, error: ServiceError) -> None:
-        if self._log.admit(kind, f"{message % error}"):
+        if self._log.admit(kind, message % error):
             log.warning(message, error)
