@@ -35,6 +35,7 @@ RejectCode = Literal[
     "outside_round",
     "output_dir_taken",
     "quarantined",
+    "wrong_node",
 ]
 
 

@@ -77,6 +77,12 @@ QUARANTINED_ENTRIES = Family(
     "(state: the resource's state cannot be decoded; entry: the entry cannot).",
     ("cause",),
 )
+SET_ASIDE = Family(
+    "lifelong_set_aside_entries",
+    "Entries of the outbox, the GM outbox or the effect intents that could not be decoded, "
+    "moved to the dead-letter stream with the reason so the rest goes on, by queue.",
+    ("queue",),
+)
 # -- datasets --------------------------------------------------------------------------------
 DATASET_SAMPLES = Family(
     "lifelong_dataset_samples", "Samples last counted in each dataset.", ("namespace", "name")
@@ -164,6 +170,7 @@ class Metrics:
         self.dataset_samples = DATASET_SAMPLES.gauge(registry)
         self.quarantined = QUARANTINED.gauge(registry)
         self.quarantined_entries = QUARANTINED_ENTRIES.counter(registry)
+        self.set_aside = SET_ASIDE.counter(registry)
         self.dataset_unreadable = DATASET_UNREADABLE.gauge(registry)
         self.dataset_unreadable_reports = DATASET_UNREADABLE_REPORTS.counter(registry)
         self.effects = EFFECTS.counter(registry)
@@ -391,6 +398,12 @@ class GmLinkMetrics:
             "1 while this replica's link to Sedna's GM is connected, else 0.",
             registry=registry,
         )
+        self.paused = Gauge(
+            "lifelong_gm_link_reading_paused",
+            "1 while the link to Sedna's GM reads nothing because the frames it handed on "
+            "and the intake has not yet taken in are at their cap (backpressure), else 0.",
+            registry=registry,
+        )
 
     def frame(self, direction: Literal["in", "out"]) -> None:
         self.frames.labels(direction=direction).inc()
@@ -400,6 +413,9 @@ class GmLinkMetrics:
 
     def link_up(self, up: bool) -> None:
         self.up.set(1 if up else 0)
+
+    def reading_paused(self, paused: bool) -> None:
+        self.paused.set(1 if paused else 0)
 
 
 def _has_series(entry: tuple[int, str, str, int]) -> bool:

@@ -19,9 +19,10 @@ websocket 1.5) wherever a local controller can tell:
 
 Test controls beyond the GM's own behaviour: `stop` then `start` on the same port (a GM
 restart: connections dropped without a close frame, as when the process dies, and the queue
-lost), `send_raw` (garbage frames), `freeze` (stop reading a node's connections, so pings
-go unanswered: a hung GM), and `close_connections` (the GM closes the node's connections
-with a close frame). It stays silent unless told to send.
+lost), `send_raw` (garbage frames), `flood` (many frames, written as fast as they are
+read), `freeze` (stop reading a node's connections, so pings go unanswered: a hung GM), and
+`close_connections` (the GM closes the node's connections with a close frame). It stays
+silent unless told to send.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class GmStandIn:
         self._refused = 0
         self._connects: dict[str, int] = {}
         self._raw_keys = 0
+        self._flushing: asyncio.Future[None] | None = None  # a flood's writer, kept alive
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -187,6 +189,15 @@ class GmStandIn:
         """Queue any frame as is: str as a text frame, bytes as a binary one."""
         self._raw_keys += 1
         self._call(self._enqueue(node, ("raw", self._raw_keys), data))
+
+    def flood(self, node: str, frames: list[str]) -> None:
+        """Queue many frames and return at once; they go out as fast as the node reads them
+        (`queued` tells how many wait)."""
+        self._call(self._flood(node, frames))
+
+    def queued(self, node: str) -> int:
+        """Frames queued for ``node`` and not yet written to a connection."""
+        return self._call(self._queued(node))
 
     def send_text_bytes(self, node: str, data: bytes) -> None:
         """Queue a text frame with exactly these bytes (invalid UTF-8 included)."""
@@ -285,6 +296,16 @@ class GmStandIn:
             except ConnectionClosed:
                 state.queue.setdefault(key, frame)
                 await asyncio.sleep(0.05)  # the handler is removing the dead connection
+
+    async def _flood(self, node: str, frames: list[str]) -> None:
+        state = self._nodes.setdefault(node, _Node())
+        for frame in frames:
+            self._raw_keys += 1
+            state.queue[("raw", self._raw_keys)] = frame
+        self._flushing = asyncio.ensure_future(self._flush(node))
+
+    async def _queued(self, node: str) -> int:
+        return len(self._nodes.get(node, _Node()).queue)
 
     async def _send_text_bytes(self, node: str, data: bytes) -> None:
         for connection in self._nodes[node].connections:

@@ -6,6 +6,11 @@ Every replica keeps a retained `{"replica", "state": "online"|"offline", "since"
 of every node at once. A node is served when one of its replicas says online. `apply` and
 `delete` check it before sending: a resource sent to a node nobody serves waits unread, and
 the user would otherwise be told "sent".
+
+Anyone allowed to publish there could leave a retained `online` behind, so a presence counts
+only when its payload names the replica of its topic and that replica is live in Redis (its
+heartbeat in the replicas' registry has not expired); and every replica publishes its
+presence again periodically, so one overwritten on its own topic is put right.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Iterable
 import msgspec
 
 from service.adapters.mqtt import Inbound
+from service.cli.connections import store_session
 from service.config import Config
-from service.errors import PermanentError
+from service.errors import PermanentError, StoreUnavailable
 from service.messages import Presence
 
 #: How long to wait for the presence of every node: retained messages follow the SUBACK at
@@ -31,9 +37,13 @@ _decoder = msgspec.json.Decoder(Presence)
 def online_replicas(
     cfg: Config, inbound: queue.SimpleQueue[Inbound], wanted: Iterable[str], wait_s: float
 ) -> dict[str, set[str]]:
-    """Node -> its replicas that say online, from the presence messages arriving on `inbound`
-    (subscribed to `cfg.presence_filter_all_nodes()`), until every wanted node has one or
-    `wait_s` passed. Unreadable presence messages count as no presence."""
+    """Node -> its replicas that say online and are live in Redis, from the presence
+    messages arriving on `inbound` (subscribed to `cfg.presence_filter_all_nodes()`), until
+    every wanted node has one or `wait_s` passed. Unreadable presence messages, and those
+    whose payload names another replica than their topic, count as no presence.
+
+    Raises `StoreUnavailable` (saying --force sends anyway) when Redis cannot be read."""
+    live = _live_replicas(cfg)
     states: dict[tuple[str, str], bool] = {}
     missing = set(wanted)
     deadline = time.monotonic() + wait_s
@@ -46,7 +56,7 @@ def online_replicas(
         if node is None:
             continue
         replica = msg.topic.rpartition("/")[2]
-        states[node, replica] = _says_online(msg.payload)
+        states[node, replica] = replica in live and _says_online(msg.payload, replica)
         if states[node, replica]:
             missing.discard(node)
     online: dict[str, set[str]] = {}
@@ -56,11 +66,22 @@ def online_replicas(
     return online
 
 
-def _says_online(payload: bytes) -> bool:
+def _live_replicas(cfg: Config) -> set[str]:
     try:
-        return _decoder.decode(payload).state == "online"
+        with store_session(cfg) as store:
+            return set(store.live_replicas(int(time.time() * 1000)))
+    except StoreUnavailable as e:
+        raise StoreUnavailable(
+            f"{e}; the live controllers are not known without it (--force sends anyway)"
+        ) from e
+
+
+def _says_online(payload: bytes, replica: str) -> bool:
+    try:
+        presence = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return False  # an empty payload clears a retained presence
+    return presence.state == "online" and presence.replica == replica
 
 
 def require_served(cfg: Config, nodes: Iterable[str], online: dict[str, set[str]]) -> None:

@@ -48,6 +48,9 @@ class Config:
     max_dataset_bytes: int = 64 << 30
     max_round_bytes: int = 16 << 30
     rounds_kept: int = 3
+    max_resources: int = 20_000
+    max_namespace_resources: int = 20_000
+    max_resource_bytes: int = 512 << 10
 
     def __post_init__(self) -> None:
         """Validate again so a Config built directly (tests, tools) is as sound as a parsed one."""

@@ -167,4 +167,21 @@ SETTINGS: tuple[Setting, ...] = (
         "rounds whose local data files are kept (the newest; the deployed round's and those "
         "a rollback can restore are kept too)", "3", "N",
     ),
+    Setting(
+        "max_resources", "LIFELONG_MAX_RESOURCES", "--max-resources",
+        values.parse_resource_count,
+        "most jobs, datasets and other resources the node keeps; an insert of a new one "
+        "beyond is refused (an update is not)", "20000", "N",
+    ),
+    Setting(
+        "max_namespace_resources", "LIFELONG_MAX_NAMESPACE_RESOURCES",
+        "--max-namespace-resources", values.parse_resource_count,
+        "most resources the node keeps of one namespace, the same way", "20000", "N",
+    ),
+    Setting(
+        "max_resource_bytes", "LIFELONG_MAX_RESOURCE_BYTES", "--max-resource-bytes",
+        values.parse_resource_bytes,
+        "largest resource kept (its JSON; bytes, or with KiB/MiB); a larger one is refused",
+        "512KiB", "SIZE",
+    ),
 )  # fmt: skip

@@ -39,6 +39,8 @@ _SIZE_RE = re.compile(r"([0-9]+)\s*([KMGT]iB)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "kib": _KIB, "mib": _KIB**2, "gib": _KIB**3, "tib": _KIB**4}
 _MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span blocks
 _MAX_LINE_BYTES = 1 << 30
+_MIN_RESOURCE_BYTES = 1 << 10
+_MAX_RESOURCE_BYTES = 1 << 30
 
 
 def parse_mqtt_url(value: str, source: str) -> str:
@@ -278,3 +280,15 @@ def parse_rounds_kept(value: str, source: str) -> int:
 
 def parse_line_bytes(value: str, source: str) -> int:
     return _parse_bytes(value, source, _MIN_LINE_BYTES, _MAX_LINE_BYTES)
+
+
+def parse_resource_count(value: str, source: str) -> int:
+    """How many resources may be kept: a whole number, at least 1."""
+    text = value.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{source}: {value!r} is not a whole number of resources (1 or more)")
+    return int(text)
+
+
+def parse_resource_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, _MIN_RESOURCE_BYTES, _MAX_RESOURCE_BYTES)

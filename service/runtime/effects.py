@@ -1,4 +1,7 @@
-"""Runs effect intents on a small thread pool and completes each under the shard's lease."""
+"""Runs effect intents on a small thread pool and completes each under the shard's lease.
+
+An intent found in Redis that cannot be decoded (not written by this service) is set aside
+(`Rejections.unreadable`) and retired, so the intents after it still run."""
 
 from __future__ import annotations
 
@@ -6,7 +9,9 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from service.core.effects import Work
+import msgspec
+
+from service.core.effects import Work, decode_work
 from service.errors import LeaseLost, StoreUnavailable
 from service.heartbeat import Heartbeats, progress
 from service.metrics import Metrics
@@ -15,6 +20,7 @@ from service.runtime.clock import Clock
 from service.runtime.executor import Executor
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import EffectStore
+from service.runtime.rejections import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class EffectRunner:
         leases: LeaseKeeper,
         clock: Clock,
         metrics: Metrics,
+        rejections: Rejections,
         stop: threading.Event,
         heartbeats: Heartbeats,
     ) -> None:
@@ -47,6 +54,7 @@ class EffectRunner:
         self._leases = leases
         self._clock = clock
         self._metrics = metrics
+        self._rejections = rejections
         self._stop = stop
         self._pool = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
         self._running: set[str] = set()
@@ -60,6 +68,23 @@ class EffectRunner:
                 return  # recovery found an intent this process is already running
             self._running.add(effect_id)
         self._pool.submit(self._run, shard, effect_id, work)
+
+    def resubmit(self, shard: int, effect_id: str, intent: bytes) -> None:
+        """Run a pending intent as stored in Redis (`submit`); one that cannot be decoded is
+        set aside and retired under the shard's lease (left for the next owner without it)."""
+        try:
+            work = decode_work(intent)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            token = self._leases.token(shard)
+            if token is None:
+                return
+            self._rejections.unreadable(
+                "effects", f"shard {shard} intent {effect_id}", f"not an effect intent: {e}",
+                intent, self._clock.now_ms(),
+            )  # fmt: skip
+            self._store.complete_effect(shard, token, effect_id, None)
+            return
+        self.submit(shard, effect_id, work)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

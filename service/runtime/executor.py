@@ -162,7 +162,7 @@ class Executor:
         )  # fmt: skip
 
     def _poll(self, work: PollDataset) -> DatasetPolled:
-        cursor = _cursor_decoder.decode(work.cursor) if work.cursor else Cursor()
+        cursor = _cursor_of(work)
         cred = self._credential(dataset_key(work.namespace, work.name), work.url)
         polled = DatasetPolled(namespace=work.namespace, name=work.name, url=work.url)
         try:
@@ -244,3 +244,16 @@ class Executor:
 def unreadable(url: str) -> str:
     """What the errors topic says of a dataset source that is missing or may not be read."""
     return f"cannot read {url} (missing, or not readable by the controller)"
+
+
+def _cursor_of(work: PollDataset) -> Cursor:
+    """Where the last poll stopped; the start when none is known or the intent's cursor
+    cannot be decoded (a full read then counts the dataset again, from its first sample)."""
+    if not work.cursor:
+        return Cursor()
+    try:
+        return _cursor_decoder.decode(work.cursor)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        log.warning("dataset %s/%s: its poll cursor cannot be decoded (%s); reading it whole",
+                    work.namespace, work.name, e)  # fmt: skip
+        return Cursor()

@@ -2,8 +2,11 @@
 
 Frames the GM sends go into the intake's queue as downstream messages (topic `GM_TOPIC`):
 decoded, validated, made durable and rejected with a reason like any MQTT downstream
-message. Upstream messages reach the GM from the per-shard GM outbox streams the commits
-write beside the MQTT outbox: in stream order per shard, each removed once the link wrote it.
+message. The link hands on only so many frames the intake has not finished with
+(`GmInbound.taken`), then stops reading: a flooding GM is slowed down, not buffered.
+
+Upstream messages reach the GM from the per-shard GM outbox streams the commits write beside
+the MQTT outbox: in stream order per shard, each removed once the link wrote it.
 While the link is down they wait, and go out in order once it is back.
 
 What the GM gets: websocket has no acknowledgement, so a message counts as sent once it was
@@ -18,8 +21,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -32,6 +35,7 @@ from service.adapters.gm import (
     parse_gm_address,
 )
 from service.adapters.mqtt import Inbound
+from service.adapters.redis_store import Unreadable
 from service.errors import StoreUnavailable
 from service.heartbeat import Heartbeats, progress
 from service.keys import NUM_SHARDS
@@ -51,6 +55,21 @@ STORE_RETRY_S = 0.5
 BATCH = 100
 
 
+@dataclass(frozen=True)
+class GmInbound(Inbound):
+    """A GM frame in the intake's queue; the intake calls ``taken`` once it holds the frame
+    no more, which frees its place in the link's bounded hand-off."""
+
+    taken: Callable[[], None] = lambda: None
+
+
+def frames_taken(batch: Iterable[Inbound]) -> None:
+    """Free the hand-off places of the GM frames of an intake batch that is done with."""
+    for msg in batch:
+        if isinstance(msg, GmInbound):
+            msg.taken()
+
+
 class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the link's holder says of the link in Redis, for `describe` and `get`."""
 
@@ -59,7 +78,25 @@ class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
     link: LinkState
 
 
-_header_decoder = msgspec.json.Decoder(dict[str, Any])
+class _Envelope(msgspec.Struct, frozen=True):
+    """An upstream envelope as the GM outbox holds it: the header's values are strings."""
+
+    header: dict[str, str]
+    content: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+
+
+def _frame_of(payload: bytes | Unreadable) -> tuple[dict[str, str], bytes] | Unreadable:
+    """The header and content JSON of a GM outbox entry, or why it is not an envelope."""
+    if isinstance(payload, Unreadable):
+        return payload
+    try:
+        envelope = _envelope_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return Unreadable(f"not an upstream envelope: {e}", payload)
+    return envelope.header, bytes(envelope.content)
 
 
 class GmBridge:
@@ -115,9 +152,9 @@ class GmBridge:
     def _on_frame(self, frame: GmFrame) -> None:
         """On the link's thread: hand the frame to the intake, nothing more."""
         self._inbound.put(
-            Inbound(
+            GmInbound(
                 topic=GM_TOPIC, payload=frame.data, qos=0, dup=False, mid=0,
-                received_at=frame.received_at,
+                received_at=frame.received_at, taken=frame.taken,
             )
         )  # fmt: skip
 
@@ -152,14 +189,21 @@ class GmBridge:
 
     def _send_pending(self) -> bool:
         """Send one batch per shard, in order; False when there was nothing to send or the
-        link refused a message (the rest then waits, in order)."""
+        link refused a message (the rest then waits, in order). An entry that is not an
+        upstream envelope is set aside and the next one goes on."""
         sent_any = False
         for shard, entries in self._store.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
             done: list[str] = []
             refused = False
             for stream_id, payload in entries:
                 progress()
-                if self._stop.is_set() or not self._send(payload):
+                frame = _frame_of(payload)
+                if isinstance(frame, Unreadable):
+                    self._rejections.unreadable(
+                        "gm-outbox", f"shard {shard} entry {stream_id}", frame.reason,
+                        frame.raw, self._clock.now_ms(),
+                    )  # fmt: skip
+                elif self._stop.is_set() or not self._link.send(*frame):
                     refused = True
                     break
                 done.append(stream_id)
@@ -169,14 +213,8 @@ class GmBridge:
                 return False
         return sent_any
 
-    def _send(self, payload: bytes) -> bool:
-        envelope = _header_decoder.decode(payload)
-        header = {str(k): str(v) for k, v in envelope.get("header", {}).items()}
-        return self._link.send(header, msgspec.json.encode(envelope.get("content")))
-
     def _report(self) -> None:
         record = GmLinkRecord(
             replica=self._replica, address=self._link.endpoint.shown, link=self._link.state
         )
         self._store.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)
-

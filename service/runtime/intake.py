@@ -25,8 +25,9 @@ from service.runtime.accept import (
     target_of,
     worker_topic_name,
 )
+from service.runtime.admission import Admission
 from service.runtime.clock import Clock
-from service.runtime.gm import GM_TOPIC, GmBridge
+from service.runtime.gm import GM_TOPIC, GmBridge, frames_taken
 from service.runtime.leases import LeaseKeeper
 from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
@@ -74,6 +75,7 @@ class Intake:
         clock: Clock,
         stop: threading.Event,
         client_factory: ClientFactory,
+        admission: Admission,
         gm_factory: GmFactory | None = None,
     ) -> None:
         self._downstream_topic = config.downstream_topic()
@@ -84,6 +86,7 @@ class Intake:
         self._clock = clock
         self._stop = stop
         self._client_factory = client_factory
+        self._admission = admission
         self._inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self._gm_factory = gm_factory
         self._client: MqttClient | None = None
@@ -152,7 +155,10 @@ class Intake:
                 batch.append(self._inbound.get_nowait())
             except queue.Empty:
                 break
-        self._take_in(batch)
+        try:
+            self._take_in(batch)
+        finally:
+            frames_taken(batch)
 
     def _take_in(self, batch: list[Inbound]) -> None:
         accepted: list[tuple[Inbound, int, bytes, str | None]] = []
@@ -160,6 +166,7 @@ class Intake:
             now_ms = self._clock.now_ms()
             try:
                 event = self._accept(msg, now_ms)
+                self._admission.check(event)
             except InvalidMessage as e:
                 self._rejections.refuse(msg.topic, e.code, e.detail, msg.payload, now_ms)
                 self._ack(msg)

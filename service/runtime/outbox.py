@@ -5,7 +5,9 @@ upstream message exists if and only if its transition happened. The processor ha
 commit's entries (with the stream ids the commit returned) to `send`, which publishes them
 at QoS 1 at once; the publisher thread deletes acknowledged entries in batches. After a
 crash, a timeout or a lease move, a sweep of the outbox stream sends the rest again with the
-same `id`, which is how receivers drop duplicates.
+same `id`, which is how receivers drop duplicates. An entry the sweep cannot read as an
+upstream message (not written by this service) is set aside (`Rejections.unreadable`) and
+deleted, so the entries after it still go out.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Callable, Sequence
 
 from service import failpoints
 from service.adapters.mqtt import PublishTicket
-from service.adapters.redis_store import OutboxEntry
+from service.adapters.redis_store import OutboxEntry, Unreadable
 from service.errors import ServiceError
 from service.runtime.clock import Clock
 from service.runtime.ports import OutboxStore, Publisher
+from service.runtime.rejections import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class OutboxPublisher:
         held_shards: Callable[[], list[int]],
         *,
         clock: Clock,
+        rejections: Rejections,
         puback_timeout_s: float = 10.0,
         on_depth: Callable[[int], None] = lambda _depth: None,
     ) -> None:
@@ -43,6 +47,7 @@ class OutboxPublisher:
         self._mqtt = mqtt
         self._held_shards = held_shards
         self._clock = clock
+        self._rejections = rejections
         self._timeout_s = puback_timeout_s
         self._on_depth = on_depth
         self._wake = threading.Event()
@@ -181,5 +186,14 @@ class OutboxPublisher:
         if not shards:
             return
         for shard, entries in self._store.outbox_read(sorted(shards)).items():
+            unreadable: list[str] = []
             for stream_id, entry in entries:
-                self._publish((shard, stream_id), entry, now)
+                if isinstance(entry, Unreadable):
+                    self._rejections.unreadable(
+                        "outbox", f"shard {shard} entry {stream_id}", entry.reason, entry.raw,
+                        self._clock.now_ms(),
+                    )  # fmt: skip
+                    unreadable.append(stream_id)
+                else:
+                    self._publish((shard, stream_id), entry, now)
+            self._store.outbox_done(shard, unreadable)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from service.adapters.mqtt import PublishTicket
-from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
+from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine, Unreadable
 from service.errors import LeaseLost
 from service.keys import Keys
 
@@ -81,7 +81,7 @@ class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
 class OutboxStore(Protocol):
     def outbox_read(
         self, shards: Sequence[int], count: int = 1000
-    ) -> dict[int, list[tuple[str, OutboxEntry]]]: ...
+    ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]: ...
 
     def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
 
@@ -145,7 +145,7 @@ class GmOutboxStore(Protocol):
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int = 100
-    ) -> dict[int, list[tuple[str, bytes]]]: ...
+    ) -> dict[int, list[tuple[str, bytes | Unreadable]]]: ...
 
     def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
 

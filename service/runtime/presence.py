@@ -5,6 +5,9 @@ it stops (or, through its last will, when it dies).
 subscribed (SUBACK received), by this replica or by another live one. Saying `online` any
 earlier let a cloud peer that sends on first sight lose its message on a first start, when
 the broker holds no session for the ingress client id yet to queue it.
+
+`online` is published again every `REPUBLISH_LEASES` lease times while it holds: a retained
+message anyone allowed on the topic left there (a spoofed `offline`, garbage) does not last.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from service.runtime.clock import Clock
 from service.runtime.ports import Publisher
 
 OFFLINE_WAIT_S = 2.0
+REPUBLISH_LEASES = 3
 
 
 def presence_payload(replica: str, state: messages.PresenceState, now_ms: int) -> bytes:
@@ -43,6 +47,8 @@ class Presence:
         self._publisher = publisher
         self._clock = clock
         self._due = threading.Event()
+        self._republish_s = REPUBLISH_LEASES * config.lease_s
+        self._next_s = 0.0
 
     def on_connection(self, connected: bool) -> None:
         """The publisher (re)connected: say online again (the broker may have lost it)."""
@@ -50,9 +56,14 @@ class Presence:
             self._due.set()
 
     def announce(self) -> None:
-        """Publish `online` when due, the publisher is connected and messages are taken in."""
+        """Publish `online` when due (after a connection, and again every republish period),
+        the publisher is connected and messages are taken in."""
+        now_s = self._clock.monotonic_s()
+        if now_s >= self._next_s:
+            self._due.set()
         if self._due.is_set() and self._publisher.connected and self._can_take_messages():
             self._due.clear()
+            self._next_s = now_s + self._republish_s
             self._publish("online")
 
     def offline(self) -> None:

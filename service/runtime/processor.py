@@ -15,7 +15,6 @@ import msgspec
 from service import failpoints
 from service.adapters.redis_store import Commit, IngressEntry, Quarantine
 from service.config import Config
-from service.core.effects import decode_work
 from service.core.state import DatasetState, decode_state
 from service.errors import LeaseLost, StoreUnavailable
 from service.heartbeat import progress
@@ -197,7 +196,7 @@ class Processor:
                 stuck |= self._apply(entries)
             for shard, intents in self._store.pending_effects(self._still_ours(shards)).items():
                 for effect_id, data in intents.items():
-                    self._effects.submit(shard, effect_id, decode_work(data))
+                    self._effects.resubmit(shard, effect_id, data)
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)

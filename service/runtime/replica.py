@@ -37,6 +37,7 @@ from service.errors import ServiceError, StoreUnavailable
 from service.heartbeat import Heartbeats
 from service.keys import Keys
 from service.metrics import Metrics
+from service.runtime.admission import Admission
 from service.runtime.clock import Clock, SystemClock
 from service.runtime.dataset_health import DatasetHealth
 from service.runtime.effects import EffectRunner
@@ -111,6 +112,7 @@ class Replica:
         self.intake = Intake(
             config=config, store=self.store, leases=self.leases, rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
+            admission=Admission(config=config, index=self.store, clock=self.clock),
             gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
@@ -162,7 +164,8 @@ class Replica:
         """The processor and what it hands its results to: effects, outbox, timers."""
         self.outbox = OutboxPublisher(
             self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
-            puback_timeout_s=tuning.puback_timeout_s, on_depth=self.metrics.outbox_depth.set,
+            rejections=self.rejections, puback_timeout_s=tuning.puback_timeout_s,
+            on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
         s3 = S3Clients()
         files = LocalFiles(self.config.path_policy())
@@ -180,8 +183,8 @@ class Replica:
         self.effects = EffectRunner(
             executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
             store=self.store,
-            leases=self.leases, clock=self.clock, metrics=self.metrics, stop=self._stop,
-            heartbeats=self.heartbeats,
+            leases=self.leases, clock=self.clock, metrics=self.metrics,
+            rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,
         )  # fmt: skip
         self.processor = Processor(
             config=self.config, store=self.store, leases=self.leases, clock=self.clock,
@@ -301,6 +304,7 @@ class Replica:
 
     def _presence_once(self) -> None:
         self.presence.announce()
+        self.rejections.flush_log()
         self.metrics.leases_held.set(len(self.leases.held()))
         self.metrics.set_health(
             self.config.node_name,

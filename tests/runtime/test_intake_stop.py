@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from service.adapters.mqtt import Inbound, MqttClient
 from service.config import Config
+from service.runtime.admission import Admission
 from service.runtime.clock import SystemClock
 from service.runtime.intake import Intake
 from service.runtime.leases import LeaseKeeper
@@ -48,6 +49,7 @@ def test_a_slow_stop_blocks_neither_state_nor_acks() -> None:
         config=Config(node_name="edge-1"), store=cast(IngressLog, unused),
         leases=cast(LeaseKeeper, unused), rejections=cast(Rejections, unused),
         clock=SystemClock(), stop=threading.Event(), client_factory=factory,
+        admission=cast(Admission, unused),
     )  # fmt: skip
     intake.on_ingress_lease(True)
     assert intake.state == "up"

@@ -10,13 +10,21 @@ import queue
 from service.adapters.mqtt import MqttClient, MqttSettings, PublishTicket
 from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
 from service.keys import Keys, rkey, shard_of
+from service.metrics import Metrics
 from service.runtime.clock import SystemClock
 from service.runtime.outbox import OutboxPublisher
+from service.runtime.ports import DeadLetters, Publisher
+from service.runtime.rejections import Rejections
 from tests.servers import Server
 
 JOB = rkey("job", "default", "outbox-job")
 SHARD = shard_of(JOB)
 TOPIC = "sedna/node1/upstream"
+
+
+def rejections(dead_letters: DeadLetters, publisher: Publisher) -> Rejections:
+    return Rejections(dead_letters=dead_letters, publisher=publisher,
+                      errors_topic="sedna/node1/errors", metrics=Metrics())  # fmt: skip
 
 
 def test_finish_forgets_what_the_broker_acknowledged(
@@ -45,7 +53,10 @@ def test_finish_forgets_what_the_broker_acknowledged(
                 continue
         entry = OutboxEntry("m-1", TOPIC, b'{"deploy":"ready"}')
         [[ids]] = store.commit([(SHARD, token, [Commit(JOB, b"s", outbox=(entry,))])])
-        outbox = OutboxPublisher(store, publisher, lambda: [SHARD], clock=SystemClock())
+        outbox = OutboxPublisher(
+            store, publisher, lambda: [SHARD], clock=SystemClock(),
+            rejections=rejections(store, publisher),
+        )  # fmt: skip
         outbox.send(SHARD, [(stream_id, entry) for stream_id in ids])
         assert inbound.get(timeout=5).payload == entry.payload
         # acknowledged, but no outbox thread ran to delete it: a stop now would leave it
@@ -90,8 +101,9 @@ def test_an_entry_the_sweep_is_publishing_is_not_sent_again_by_the_committer() -
     entry = OutboxEntry("m-1", TOPIC, b"{}")
     mqtt = _RacingMqtt()
     outbox = OutboxPublisher(
-        _OneEntryOutbox(entry), mqtt, lambda: [SHARD], clock=SystemClock()  # type: ignore[arg-type]
-    )
+        _OneEntryOutbox(entry), mqtt, lambda: [SHARD], clock=SystemClock(),  # type: ignore[arg-type]
+        rejections=rejections(None, mqtt),  # type: ignore[arg-type]
+    )  # fmt: skip
     mqtt.meanwhile.append(lambda: outbox.send(SHARD, [("1-0", entry)]))
     outbox.run_once()  # the sweep publishes the entry; the committer's send comes meanwhile
     assert mqtt.published == [b"{}"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 # What Sedna's local controller writes first on every connection: an empty message header.
@@ -67,13 +67,22 @@ def encode_frame(header: Mapping[str, str], content_json: bytes | None) -> str:
     return f'{{"header":{{{head}}},"content":{content}}}\n'
 
 
+def _nothing_to_free() -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class GmFrame:
     """One frame received from the GM: its bytes as they came (text frames as UTF-8, never
-    decoded or checked here) and when it arrived (``time.time()``)."""
+    decoded or checked here) and when it arrived (``time.time()``).
+
+    ``taken`` frees the frame's place in the link's hand-off: the receiver calls it once,
+    from any thread, when it no longer holds the frame (made durable, refused or dropped).
+    """
 
     data: bytes
     received_at: float
+    taken: Callable[[], None] = _nothing_to_free
 
 
 @dataclass(frozen=True)

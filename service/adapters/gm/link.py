@@ -19,12 +19,18 @@ The connection, as Sedna's own code has it (kubeedge/sedna: the local controller
   So this link sends websocket pings (every ``ping_interval_s``) to find a GM that died
   without closing the connection, which Sedna's local controller never notices.
 
-How this link differs from Sedna's client, on purpose: a frame that is not a valid message
-does not end the connection (Sedna's ``ReadJSON`` error does): every received frame goes to
-``on_frame`` as bytes, unparsed, and the caller's decoder rejects it with a reason. Only a
-frame larger than ``max_frame_bytes`` ends the connection (close code 1009, the bytes
-are not kept); ``on_reject`` hears about it. A send never queues here: while the link is
-down `GmLink.send` returns False and the caller keeps the message to send again.
+How this link differs from Sedna's client, on purpose: it follows no HTTP redirect (the dial
+fails with the reason), and a frame that is not a valid message does not end the connection
+(Sedna's ``ReadJSON`` error does): every received frame goes to ``on_frame`` as bytes,
+unparsed, and the caller's decoder rejects it with a reason. Only a frame larger than
+``max_frame_bytes`` ends the connection (close code 1009, the bytes are not kept);
+``on_reject`` hears about it. The hand-off to ``on_frame`` is bounded: while the frames
+handed on and not yet `GmFrame.taken` are at ``max_pending_frames`` or
+``max_pending_bytes``, the link reads nothing more (websockets stops reading the socket
+once ``READ_QUEUE_FRAMES`` wait, and TCP slows the GM down); a pause longer than the ping
+timeout drops the connection, as a GM that stopped answering pings would, and the link
+redials. A send never queues here: while the link is down `GmLink.send` returns False and
+the caller keeps the message to send again.
 
 All I/O runs on one asyncio event loop on the link's own thread; `GmLink.send` hands the
 frame to it and waits for the write. Library errors never leave this module: they become
@@ -44,7 +50,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidStatus,
+    SecurityError,
+    WebSocketException,
+)
 from websockets.frames import CloseCode
 
 from service.adapters.gm.address import GmEndpoint, ssl_context
@@ -60,6 +71,13 @@ DEFAULT_REDIAL_S = 5.0
 # Far above the largest envelope the intake accepts, so an oversized resource is rejected
 # with a reason by the decoder instead of costing the connection.
 DEFAULT_MAX_FRAME_BYTES = 4 << 20
+# The hand-off to the intake holds at most this much: one intake batch of frames, and bytes
+# for a few of the largest resources (as the MQTT ingress is bounded by the broker's
+# in-flight window of messages of at most 1 MiB).
+DEFAULT_MAX_PENDING_FRAMES = 500
+DEFAULT_MAX_PENDING_BYTES = 16 << 20
+# Frames websockets buffers off the socket while the hand-off is full (its default is 16).
+READ_QUEUE_FRAMES = 4
 
 
 @dataclass(frozen=True)
@@ -79,12 +97,79 @@ class GmLinkSettings:
     close_timeout_s: float = 2.0
     send_timeout_s: float = 10.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_pending_frames: int = DEFAULT_MAX_PENDING_FRAMES
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
 
     def __post_init__(self) -> None:
         if self.redial_s <= 0 or self.open_timeout_s <= 0 or self.send_timeout_s <= 0:
             raise ConfigError("GM link redial_s, open_timeout_s and send_timeout_s must be > 0")
         if self.close_timeout_s < 0 or self.max_frame_bytes < 1:
             raise ConfigError("GM link close_timeout_s must be >= 0 and max_frame_bytes >= 1")
+        if self.max_pending_frames < 1 or self.max_pending_bytes < 1:
+            raise ConfigError("GM link max_pending_frames and max_pending_bytes must be >= 1")
+
+
+class _HandOff:
+    """The frames handed to ``on_frame`` and not yet `GmFrame.taken`, in count and bytes.
+
+    The reader waits (`room`) before each read while either is at its cap, so a GM sending
+    faster than the intake takes frames in is slowed down by TCP instead of growing memory;
+    `taken` (any thread) wakes it. A frame larger than the byte cap still goes alone.
+    """
+
+    def __init__(self, max_frames: int, max_bytes: int, observer: GmObserver) -> None:
+        self._max_frames = max_frames
+        self._max_bytes = max_bytes
+        self._observer = observer
+        self._lock = threading.Lock()
+        self._frames = 0
+        self._bytes = 0
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def _full(self) -> bool:
+        return self._frames >= self._max_frames or self._bytes >= self._max_bytes
+
+    async def room(self) -> None:
+        """Return once the hand-off is below both caps (on the link's loop)."""
+        with self._lock:
+            if not self._full():
+                return
+            event = asyncio.Event()
+            self._waiter = (asyncio.get_running_loop(), event)
+            held = (self._frames, self._bytes)
+        log.warning("GM link: the intake has not taken in %d frames (%d bytes) yet; reading "
+                    "paused until it does", *held)  # fmt: skip
+        self._observer.reading_paused(True)
+        paused_at = time.monotonic()
+        try:
+            await event.wait()
+        finally:
+            with self._lock:
+                self._waiter = None
+            self._observer.reading_paused(False)
+        log.info("GM link: reading again after %.1fs", time.monotonic() - paused_at)
+
+    def handed(self, size: int) -> Callable[[], None]:
+        """Count a frame of ``size`` bytes handed on; returns its `GmFrame.taken`."""
+        with self._lock:
+            self._frames += 1
+            self._bytes += size
+        done = threading.Event()
+
+        def taken() -> None:
+            if done.is_set():
+                return
+            done.set()
+            with self._lock:
+                self._frames -= 1
+                self._bytes -= size
+                waiter = None if self._full() else self._waiter
+            if waiter is not None:
+                loop, event = waiter
+                with contextlib.suppress(RuntimeError):  # the loop already ended
+                    loop.call_soon_threadsafe(event.set)
+
+        return taken
 
 
 class GmLink:
@@ -116,6 +201,9 @@ class GmLink:
         self._settings = settings if settings is not None else GmLinkSettings()
         self._ssl = ssl_context(endpoint.tls) if endpoint.tls is not None else None
         self._heartbeats = heartbeats
+        self._handoff = _HandOff(
+            self._settings.max_pending_frames, self._settings.max_pending_bytes, self._observer
+        )
         self._lock = threading.Lock()
         self._state = LinkState(status="disabled", since=time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -305,7 +393,7 @@ class GmLink:
         options: dict[str, Any] = {}
         if self._ssl is not None:
             options["ssl"] = self._ssl
-        async with connect(
+        async with _Dial(
             self._endpoint.url,
             additional_headers={NODE_NAME_HEADER: self._node},
             compression=None,  # gorilla's default, and Sedna's GM does not enable it
@@ -314,13 +402,16 @@ class GmLink:
             ping_timeout=settings.ping_timeout_s,
             close_timeout=settings.close_timeout_s,
             max_size=settings.max_frame_bytes,
+            max_queue=READ_QUEUE_FRAMES,
             **options,
         ) as connection:
             await connection.send(HELLO_FRAME)
             self._link_up(connection)
             while True:
+                await self._handoff.room()
                 data = await connection.recv(decode=False)
-                self._deliver(GmFrame(data=data, received_at=time.time()))
+                taken = self._handoff.handed(len(data))
+                self._deliver(GmFrame(data=data, received_at=time.time(), taken=taken))
 
     def _link_up(self, connection: ClientConnection) -> None:
         # The observer hears first, so metrics are current once the new status shows.
@@ -344,6 +435,7 @@ class GmLink:
             self._on_frame(frame)
         except Exception:
             log.exception("GM link: the frame handler failed")
+            frame.taken()  # it holds the frame no more
 
     def _connection_ended(self, error: Exception) -> None:
         reason = _describe(error)
@@ -384,6 +476,21 @@ async def _beat_every(interval_s: float) -> None:
     while True:
         progress()
         await asyncio.sleep(interval_s)
+
+
+class _Dial(connect):
+    """websockets' ``connect``, refusing every redirect: the GM is dialed where configured
+    and nowhere else (``connect`` follows up to 10, across hosts and ports, with our
+    Node-Name header)."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        if isinstance(exc, InvalidStatus) and 300 <= exc.response.status_code < 400:
+            location = exc.response.headers.get("Location", "")
+            return SecurityError(
+                f"the GM answered HTTP {exc.response.status_code} redirecting to "
+                f"{location!r}; redirects are not followed"
+            )
+        return exc
 
 
 def _too_big(error: Exception) -> bool:

@@ -36,6 +36,8 @@ class GmObserver(Protocol):
 
     def link_up(self, up: bool) -> None: ...
 
+    def reading_paused(self, paused: bool) -> None: ...
+
 
 class NoObserver:
     """The observer of a link nobody measures."""
@@ -47,4 +49,7 @@ class NoObserver:
         pass
 
     def link_up(self, up: bool) -> None:
+        pass
+
+    def reading_paused(self, paused: bool) -> None:
         pass

@@ -38,6 +38,12 @@ The names other code uses are importable from this package.
 """
 
 from service.adapters.redis_store.store import RedisStore
-from service.adapters.redis_store.values import Commit, IngressEntry, OutboxEntry, Quarantine
+from service.adapters.redis_store.values import (
+    Commit,
+    IngressEntry,
+    OutboxEntry,
+    Quarantine,
+    Unreadable,
+)
 
-__all__ = ["Commit", "IngressEntry", "OutboxEntry", "Quarantine", "RedisStore"]
+__all__ = ["Commit", "IngressEntry", "OutboxEntry", "Quarantine", "RedisStore", "Unreadable"]

@@ -90,6 +90,15 @@ class Leases:
         )
         return sorted(map(as_str, replies[-1]))
 
+    def live_replicas(self, now_ms: int) -> list[str]:
+        """The replicas whose last heartbeat has not expired by ``now_ms``, sorted (a read:
+        for the CLI, which is no replica)."""
+        key = self._keys.replicas()
+        [members] = self._redis.run(
+            [Routed(key, ("ZRANGEBYSCORE", key, now_ms, "+inf"))], what="live_replicas"
+        )
+        return sorted(map(as_str, members))
+
     def leave(self, replica: str) -> None:
         key = self._keys.replicas()
         self._redis.run([Routed(key, ("ZREM", key, replica))], what="leave")

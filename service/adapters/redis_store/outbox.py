@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from service.adapters.redis_links import Routed
 from service.adapters.redis_store.calls import Commands, as_str, field_map
-from service.adapters.redis_store.values import OutboxEntry
+from service.adapters.redis_store.values import OutboxEntry, Unreadable
 
 
 class Outboxes:
@@ -23,15 +23,13 @@ class Outboxes:
 
     def outbox_read(
         self, shards: Sequence[int], count: int
-    ) -> dict[int, list[tuple[str, OutboxEntry]]]:
+    ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]:
         """Per shard, unpublished upstream messages, oldest first, with their stream ids; all
-        shards in one round trip. With replicas required, only once they hold all of it."""
+        shards in one round trip. With replicas required, only once they hold all of it.
+        An entry that is not an upstream message comes as `Unreadable`, in its place."""
         read = self._read(self._keys.outbox, shards, count, "outbox_read")
         return {
-            shard: [
-                (stream_id, OutboxEntry(as_str(f[b"id"]), as_str(f[b"topic"]), f[b"payload"]))
-                for stream_id, f in entries
-            ]
+            shard: [(stream_id, _outbox_entry(f)) for stream_id, f in entries]
             for shard, entries in read.items()
         }
 
@@ -41,13 +39,13 @@ class Outboxes:
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int
-    ) -> dict[int, list[tuple[str, bytes]]]:
+    ) -> dict[int, list[tuple[str, bytes | Unreadable]]]:
         """Per shard, upstream messages not yet sent to the GM, oldest first, as (stream id,
         envelope JSON); all shards in one round trip. With replicas required, only once they
-        hold all of it."""
+        hold all of it. An entry without a payload comes as `Unreadable`, in its place."""
         read = self._read(self._keys.gm_outbox, shards, count, "gm_outbox_read")
         return {
-            shard: [(stream_id, f[b"payload"]) for stream_id, f in entries]
+            shard: [(stream_id, _gm_payload(f)) for stream_id, f in entries]
             for shard, entries in read.items()
         }
 
@@ -105,3 +103,25 @@ class Outboxes:
         return bool(
             self._redis.eval([call], what="complete_effect", confirm=self._redis.confirm)[0]
         )
+
+
+def _outbox_entry(fields: dict[bytes, bytes]) -> OutboxEntry | Unreadable:
+    try:
+        entry = OutboxEntry(as_str(fields[b"id"]), as_str(fields[b"topic"]), fields[b"payload"])
+    except KeyError as e:
+        return Unreadable(f"no {as_str(e.args[0])!r} field", _flat(fields))
+    except UnicodeDecodeError:
+        return Unreadable("its id or topic is not UTF-8", _flat(fields))
+    if not entry.topic or any(c in entry.topic for c in "+#\0"):
+        return Unreadable("its topic is not one a message can be published to", _flat(fields))
+    return entry
+
+
+def _gm_payload(fields: dict[bytes, bytes]) -> bytes | Unreadable:
+    payload = fields.get(b"payload")
+    return payload if payload is not None else Unreadable("no 'payload' field", _flat(fields))
+
+
+def _flat(fields: dict[bytes, bytes]) -> bytes:
+    """A stream entry's fields as ``name=value`` pairs, one per line, for the dead letter."""
+    return b"\n".join(name + b"=" + value for name, value in fields.items())

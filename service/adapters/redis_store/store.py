@@ -17,7 +17,13 @@ from service.adapters.redis_store.leases import Leases
 from service.adapters.redis_store.outbox import Outboxes
 from service.adapters.redis_store.records import DLQ_MAXLEN, Records
 from service.adapters.redis_store.state import ROUNDS_MAXLEN, States
-from service.adapters.redis_store.values import Commit, IngressEntry, OutboxEntry, Quarantine
+from service.adapters.redis_store.values import (
+    Commit,
+    IngressEntry,
+    OutboxEntry,
+    Quarantine,
+    Unreadable,
+)
 from service.errors import LeaseLost
 from service.keys import NUM_SHARDS, Keys
 from service.urls import parse_redis_url
@@ -145,7 +151,7 @@ class RedisStore:
 
     def outbox_read(
         self, shards: Sequence[int], count: int = 1000
-    ) -> dict[int, list[tuple[str, OutboxEntry]]]:
+    ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]:
         return self._outboxes.outbox_read(shards, count)
 
     def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
@@ -153,7 +159,7 @@ class RedisStore:
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int = 100
-    ) -> dict[int, list[tuple[str, bytes]]]:
+    ) -> dict[int, list[tuple[str, bytes | Unreadable]]]:
         return self._outboxes.gm_outbox_read(shards, count)
 
     def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
@@ -189,6 +195,9 @@ class RedisStore:
 
     def heartbeat(self, replica: str, now_ms: int, ttl_ms: int) -> list[str]:
         return self._leases.heartbeat(replica, now_ms, ttl_ms)
+
+    def live_replicas(self, now_ms: int) -> list[str]:
+        return self._leases.live_replicas(now_ms)
 
     def leave(self, replica: str) -> None:
         self._leases.leave(replica)

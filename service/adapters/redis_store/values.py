@@ -16,6 +16,15 @@ class OutboxEntry:
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A queue entry that cannot be read as what its queue holds (written by something other
+    than this service): why, and its bytes as found, for the dead-letter stream."""
+
+    reason: str
+    raw: bytes
+
+
+@dataclass(frozen=True)
 class IngressEntry:
     """One ingress stream entry: an encoded event, or a fired timer for ``timer_rkey``."""
 
