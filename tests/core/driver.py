@@ -60,7 +60,7 @@ def report(
     return WorkerReported(
         namespace=NS,
         name=JOB,
-        worker=f"{JOB}-{kind}-1",
+        worker=f"{JOB}-{kind}-pod",  # a name without a round: bound by stage
         kind=kind,  # type: ignore[arg-type]
         status=status,  # type: ignore[arg-type]
         results=tuple(raw),
