@@ -355,7 +355,9 @@ def worker_report(
     job: str, kind: str, status: str, models: list[str], seq: int = 0
 ) -> tuple[str, bytes]:
     """The topic and payload of one worker's report; `seq` makes otherwise equal reports
-    distinct (it travels in ownerInfo, which is forwarded upstream untouched)."""
+    distinct (it travels in ownerInfo, which is forwarded upstream untouched). A report to
+    be forwarded whatever the job's stage is an inference worker's: a train or eval report
+    is heard only while the job runs that stage."""
     worker = f"{job}-{kind}-bench"  # as Sedna names a job's worker pods: <job>-<kind>-<suffix>
     message = {
         "name": worker,

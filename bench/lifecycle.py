@@ -111,7 +111,7 @@ def wait_ingress(peer: Peer, seen: Upstream, job: str, timeout_s: float = 20) ->
     forwarded (a first connection has no session in which the broker could queue it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        peer.publish(*worker_report(job, "train", "running", [], seq=-1))
+        peer.publish(*worker_report(job, "inference", "running", [], seq=-1))
         with seen.cond:
             if seen.cond.wait_for(lambda: -1 in seen.forwarded, 0.5):
                 return
@@ -191,7 +191,7 @@ class Burst:
         seqs = range(first, first + count)
         self.next_seq += count
         payloads = [
-            worker_report(self.names[q % len(self.names)], "train", "running", [], seq=q)
+            worker_report(self.names[q % len(self.names)], "inference", "running", [], seq=q)
             for q in seqs
         ]
         with self.seen.cond:
@@ -403,7 +403,7 @@ def failover(s: Stack, *, trials: int, lease_s: float) -> list[Result]:
         replicas[victim].kill()
         started = time.perf_counter()
         seq = 1_000_000 + trial
-        peer.publish(*worker_report(job, "train", "running", [], seq=seq))
+        peer.publish(*worker_report(job, "inference", "running", [], seq=seq))
         seen.wait(lambda q=seq: q in seen.forwarded, lease_s * 4 + 10, "the survivor's forward")
         samples.append(seen.forwarded[seq] - started)
         s.controllers.remove(replicas[victim])

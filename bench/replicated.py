@@ -98,7 +98,7 @@ def failover(s: Stack, *, trials: int) -> list[Result]:
         old.kill()
         started = time.perf_counter()
         seq = 2_000_000 + trial
-        peer.publish(*worker_report(names[trial % len(names)], "train", "running", [], seq=seq))
+        peer.publish(*worker_report(names[trial % len(names)], "inference", "running", [], seq=seq))
         topology.wait_promoted(old)
         promotions.append(time.perf_counter() - started)
         seen.wait(lambda q=seq: q in seen.forwarded, 60, "the report after the failover")

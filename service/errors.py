@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import Literal
 
 #: Why a message or an event was refused: the label of the rejections counter. Intake codes
-#: come from decoding (`too_many`: a count cap of a free-form field); `unknown_job`,
-#: `immutable_field`, `rollback_refused`, `foreign_worker` (a report from a worker not named
-#: for the job), `outside_round` (a report's model outside the current round's output dir)
-#: and `output_dir_taken` (another job already writes to that outputDir) from the lifecycle;
+#: come from decoding (`too_many`: a count cap of a free-form field; `too_long`: a job name
+#: its workers' names could not fit); `unknown_job`, `immutable_field`, `rollback_refused`,
+#: `foreign_worker` (a report from a worker not named for the job, or from another
+#: namespace's topic), `outside_round` (a report of another round, or whose model lies outside
+#: the current round's output dir), `not_running` (a train or eval report while the job does
+#: not run that stage) and `output_dir_taken` (another job already writes to that outputDir)
+#: from the lifecycle;
 #: `quarantined` when the job's stored state cannot be decoded.
 RejectCode = Literal[
     "invalid",
@@ -25,6 +28,7 @@ RejectCode = Literal[
     "too_large",
     "too_deep",
     "too_many",
+    "too_long",
     "name_mismatch",
     "unknown_topic",
     "unknown_job",
@@ -33,6 +37,7 @@ RejectCode = Literal[
     "path_refused",
     "foreign_worker",
     "outside_round",
+    "not_running",
     "output_dir_taken",
     "quarantined",
     "wrong_node",

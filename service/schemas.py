@@ -47,6 +47,7 @@ _PARAMETERS: Mapping[str, dict[str, Any]] = {
         "default": "sedna",
     },
     "node": {"description": "The edge node a controller serves (LIFELONG_NODE_NAME)."},
+    "namespace": {"description": "The reporting worker's namespace (equal to the message's)."},
     "worker": {"description": "The reporting worker's name (equal to the message's `name`)."},
     "replica": {"description": "A controller replica's id."},
 }
@@ -76,6 +77,13 @@ _CHANNELS: Mapping[str, _Topic] = {
         "workerMessage",
         "worker-message.json",
     ),
+    "namespacedWorkerInfo": _Topic(
+        "{prefix}/{node}/workers/{namespace}/{worker}/info",
+        "Worker reports of one namespace's workers: a report whose `namespace` is another "
+        "is refused (the shipped ACL grants this topic per namespace).",
+        "workerMessage",
+        "worker-message.json",
+    ),
     "upstream": _Topic(
         "{prefix}/{node}/upstream",
         "Job and dataset status for the cloud (address set by LIFELONG_UPSTREAM_TOPIC, "
@@ -101,6 +109,7 @@ _CHANNELS: Mapping[str, _Topic] = {
 _OPERATIONS: Mapping[str, tuple[str, str, bool]] = {
     "receiveDownstream": ("receive", "downstream", False),
     "receiveWorkerInfo": ("receive", "workerInfo", False),
+    "receiveNamespacedWorkerInfo": ("receive", "namespacedWorkerInfo", False),
     "sendUpstream": ("send", "upstream", False),
     "sendRejection": ("send", "errors", False),
     "sendPresence": ("send", "controllers", True),

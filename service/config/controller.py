@@ -127,6 +127,15 @@ class Config:
         """Subscription filter matching every worker's report topic on this node."""
         return f"{self.topic_prefix}/{self.node_name}/workers/+/info"
 
+    def namespaced_worker_topic_filter(self) -> str:
+        """Subscription filter matching every worker's report topic on this node that names
+        the worker's namespace (the one the broker's ACL can bind to a namespace's login)."""
+        return f"{self.topic_prefix}/{self.node_name}/workers/+/+/info"
+
+    def worker_topic(self, namespace: str, worker: str) -> str:
+        """Where a worker of `namespace` on this node reports: the namespaced topic."""
+        return f"{self.topic_prefix}/{self.node_name}/workers/{namespace}/{worker}/info"
+
     def errors_topic(self) -> str:
         """Where rejected inbound messages are reported."""
         return f"{self.topic_prefix}/{self.node_name}/errors"

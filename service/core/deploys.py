@@ -138,8 +138,9 @@ def _deploy(job: JobState, out: Recorder) -> JobState:
 
 
 def _copy(
-    job: JobState, model: ModelRef, version: int, out: Recorder, *, rollback: bool = False
-) -> CopyModel:
+    job: JobState, model: ModelRef, version: int, out: Recorder, *,
+    rollback: Deployment | None = None,
+) -> CopyModel:  # fmt: skip
     prefix = out.ctx.volume_prefix
     return CopyModel(
         id=out.next_id(),
@@ -148,7 +149,8 @@ def _copy(
         version=version,
         src_url=add_prefix(prefix, model.url),
         dst_url=add_prefix(prefix, deploy_model(job.spec.output_dir)),
-        rollback=rollback,
+        rollback=rollback is not None,
+        expect=rollback.digest if rollback is not None else None,
     )
 
 
@@ -192,7 +194,7 @@ def model_copied(job: JobState, event: Event, out: Recorder) -> JobState:
     scores = job.scores if job.scores is not None and job.scores.version == job.version else None
     new = Deployment(
         version=job.version, model=job.eval_models[0], at_ms=out.ctx.now_ms,
-        metrics=scores.candidate if scores is not None else {},
+        metrics=scores.candidate if scores is not None else {}, digest=event.digest,
     )  # fmt: skip
     job = replace(
         job, deployed=new, deployments=remember(job.deployments, job.deployed, new.version),
@@ -216,7 +218,7 @@ def rollback_requested(
     if problem is not None or target is None:
         out.add(Reject(code="rollback_refused", reason=f"{what} refused: {problem}"))
         return state
-    out.add(_copy(state, target.model, target.version, out, rollback=True))
+    out.add(_copy(state, target.model, target.version, out, rollback=target))
     deployed = state.deployed.version if state.deployed is not None else None
     out.note(f"rollback from version {deployed} to version {target.version}: copying its model")
     return replace(state, rollback=replace(target, at_ms=out.ctx.now_ms))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from service.core.rounds import RoundRecord
+from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
 from service.core.state import DatasetInfo, RoundPhase
 from service.errors import RejectCode
@@ -109,7 +109,8 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
 
 class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
     """Replace the deploy target whole with the model's file (round `version`'s model; for a
-    rollback, `rollback` is set)."""
+    rollback, `rollback` is set, and `expect` is what the copy read of that file when it was
+    deployed: a file that no longer matches is refused and the target left as it is)."""
 
     id: str
     namespace: str
@@ -118,6 +119,7 @@ class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     src_url: str
     dst_url: str
     rollback: bool = False
+    expect: ModelDigest | None = None
 
 
 class PollDataset(

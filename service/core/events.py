@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, GmView, JobSpec, RoundPhase
 from service.messages import WorkerKind, WorkerStatus
 
@@ -118,13 +119,14 @@ class ModelCopied(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="model-copied"
 ):
     """The deploy copy of round `version` is done (or failed: `error`); `rollback` when it
-    was a rollback's copy of that round's model."""
+    was a rollback's copy of that round's model; `digest`: what the copy read."""
 
     namespace: str
     name: str
     version: int
     error: str | None = None
     rollback: bool = False
+    digest: ModelDigest | None = None
 
 
 class RollbackRequested(

@@ -109,18 +109,12 @@ def _event_key(event: Event) -> str:
 def _does_not_fit(job: JobState, event: Event, out: Recorder) -> JobState:
     where = f"{job.phase}/{job.step}"
     if isinstance(event, WorkerReported):
-        if event.status in ("ready", "running") or event.kind in ("deploy", "inference"):
-            return job  # progress reports are forwarded and change nothing
-        if conditions.managed(job) and not training.active(job):
-            return job  # not the dataset node: the job here binds and forwards reports only
-        out.note(
-            f"{event.kind} worker {event.worker} reported {event.status} while the job is "
-            f"{where}: forwarded only"
-        )
-    elif isinstance(event, Tick):
+        # forwarded and changing nothing: the progress (ready, running) of the stage the job
+        # runs, and the inference worker's reports; any other was refused (`reports.refusal`)
+        return job
+    if isinstance(event, Tick):
         return replace(job, next_check_ms=None)  # no trigger check outside train/waiting
-    else:
-        out.note(f"{type(event).__name__} does not fit {where} (version {job.version}): ignored")
+    out.note(f"{type(event).__name__} does not fit {where} (version {job.version}): ignored")
     return job
 
 

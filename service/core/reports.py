@@ -1,26 +1,34 @@
 """What a worker's report means to its job: whether the job will hear it, and which of its
 results are models the lifecycle can go on with.
 
-A report is bound to its job and its round:
+A report is bound to its job, its namespace, its round and its stage; one that is not is
+refused with the reason, changes nothing and is not forwarded upstream:
 
 - **By name.** A report for job `J` must come from a worker named `J-<kind>-<suffix>` (the
-  suffix one DNS label without '-': `J-train-1`, `J-eval-x7k2p`): how Sedna's GM names a
-  job's pods (`{job}-{train|eval}-` plus five random characters) and how `lifelong worker`
-  names its workers (`{job}-{kind}-{version}`). Deploy and inference reports come from the
-  inference worker, named `J-inference-<suffix>` or `J-deploy-<suffix>`. Under the broker's
-  ACL a worker can only publish under its own name, so this is what ties a report to a job.
-  Sedna's worker library reports over HTTP under its `WORKER_NAME`, which the GM sets to
-  `train-worker-<suffix>`, `eval-worker-<suffix>` or `inferworker-<suffix>`, names that say
-  nothing of the job; over HTTP (unauthenticated, so a name proves nothing anyway) those are
-  accepted for reports of their kind.
-- **By round.** The models of a `completed` train or eval report must lie where the
-  round's `ready` message pointed the worker, for the job's current version v: a train
-  report's under `{outputDir}/train/{v}/`; an eval report's under `{outputDir}/eval/{v}/`,
-  or under `{outputDir}/train/{v}/` (the models it was given to evaluate, which a worker may
-  report back with their scores); after its first model (the one to deploy), also the
-  deployed model, which a deploy gate's eval scores too (its own round's file, as the
-  ready message names it, or `{outputDir}/deploy/index.pkl`). A replayed report of an
-  earlier round, or one naming files elsewhere, is refused and changes nothing.
+  suffix one DNS label without '-': `J-train-3`, `J-eval-x7k2p`): how `lifelong worker`
+  names its workers (`{job}-{kind}-{version}`) and how Sedna's GM names a job's pods.
+  Deploy and inference reports come from the inference worker, named `J-inference-<suffix>`
+  or `J-deploy-<suffix>`. Sedna's worker library reports over HTTP under its `WORKER_NAME`,
+  which the GM sets to `train-worker-<suffix>`, `eval-worker-<suffix>` or
+  `inferworker-<suffix>`, names that say nothing of the job; those are accepted over HTTP
+  only, for reports of their kind.
+- **By namespace.** The report's namespace names the job; the shell refuses a report whose
+  topic carries another namespace (`{prefix}/{node}/workers/{namespace}/{worker}/info`,
+  which the broker's ACL grants to that namespace's workers only).
+- **By round.** A train or eval worker whose suffix is all digits carries its round: the
+  `{job}-{kind}-{version}` name `lifelong worker` derives from the round's `ready`. Its
+  reports (`running`, `failed`, `completed` alike) must carry the job's current version.
+  The models of a `completed` train or eval report must lie where the round's `ready`
+  message pointed the worker, for the job's current version v: a train report's under
+  `{outputDir}/train/{v}/`; an eval report's under `{outputDir}/eval/{v}/`, or under
+  `{outputDir}/train/{v}/` (the models it was given to evaluate, which a worker may report
+  back with their scores); after its first model (the one to deploy), also the deployed
+  model, which a deploy gate's eval scores too (its own round's file, as the ready message
+  names it, or `{outputDir}/deploy/index.pkl`).
+- **By stage.** A train or eval report is heard only while the job runs that stage (a
+  `ready` went out and no report has ended it): a report of a stage that is over, or not
+  begun, is refused. This is all that binds Sedna's library workers, whose names carry no
+  round: one with the job's namespace and name, reporting while the stage runs, is heard.
 """
 
 from __future__ import annotations
@@ -69,8 +77,9 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
     """Why a job will not hear this report at all (None: it will).
 
     The worker endpoint asks this before answering, the transition before applying. The
-    rules (the job exists, the worker is named for it, the models lie in the current round's
-    output dir) are the module's docstring.
+    rules (the job exists, the worker is named for it, the report is of the current round
+    and of the stage the job runs, its models lie in the round's output dir) are the
+    module's docstring.
     """
     if not isinstance(state, JobState):
         return Reject(code="unknown_job", reason=f"unknown job {report.namespace}/{report.name}")
@@ -84,7 +93,13 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
                 f"named {levels}"
             ),
         )
-    return _outside_round(state, report, volume_prefix)
+    if report.kind not in ("train", "eval"):
+        return None  # the inference worker's reports: forwarded, whatever the stage
+    return (
+        _other_round(state, report)
+        or _stage_not_running(state, report)
+        or _outside_round(state, report, volume_prefix)
+    )
 
 
 def worker_named_for(report: WorkerReported) -> bool:
@@ -102,12 +117,71 @@ def worker_named_for(report: WorkerReported) -> bool:
     )
 
 
+def round_of(report: WorkerReported) -> int | None:
+    """The round a worker's name carries: the digits after `{job}-{kind}-` (None: its name
+    carries none)."""
+    suffix = report.worker.removeprefix(f"{report.name}-{report.kind}-")
+    if suffix == report.worker or not suffix.isascii() or not suffix.isdigit():
+        return None
+    return int(suffix)
+
+
+def running_stage(job: JobState) -> tuple[str, int] | None:
+    """The stage and round whose workers the job hears now: its own running stage; where
+    Sedna's GM manages the job and this controller is not its dataset node (it keeps no
+    rounds, only binds the reports of the workers on its node), the stage and round of the
+    GM's latest `Ready` condition (its outputDir `{outputDir}/{stage}/{v}`) while the GM's
+    latest condition is still of that stage. None: no stage runs."""
+    dataset_here = job.dataset is not None and job.dataset.present
+    if job.gm is None or dataset_here:
+        return (job.phase, job.version) if job.step == "running" else None
+    parent, _, last = job.gm.round_dir.rstrip("/").rpartition("/")
+    stage = parent.rpartition("/")[2]
+    if stage not in ("train", "eval") or not last.isdigit() or job.gm.stage != stage:
+        return None
+    return stage, int(last)
+
+
+def _other_round(job: JobState, report: WorkerReported) -> Reject | None:
+    """Refuses a report whose worker's name carries another round than the one running."""
+    version = round_of(report)
+    running = running_stage(job)
+    current = running[1] if running is not None else job.version
+    if version is None or version == current:
+        return None
+    return Reject(
+        code="outside_round",
+        reason=(
+            f"{report.kind} worker {report.worker} reported {report.status} for round "
+            f"{version}, but job {job.namespace}/{job.name} is at round {current}: a "
+            "replayed report of another round"
+        ),
+    )
+
+
+def _stage_not_running(job: JobState, report: WorkerReported) -> Reject | None:
+    """Refuses a train/eval report while the job does not run that stage."""
+    running = running_stage(job)
+    if running is not None and running[0] == report.kind:
+        return None
+    return Reject(
+        code="not_running",
+        reason=(
+            f"{report.kind} worker {report.worker} reported {report.status}, but job "
+            f"{job.namespace}/{job.name} is not running its {report.kind} stage (it is "
+            f"{job.phase}/{job.step} at round {job.version}): a report of a stage that is "
+            "over or not begun"
+        ),
+    )
+
+
 def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) -> Reject | None:
     """Refuses a completed train/eval report naming a model outside the current round."""
-    if report.status != "completed" or report.kind not in ("train", "eval"):
+    if report.status != "completed":
         return None
     out = paths.trim_prefix(volume_prefix, job.spec.output_dir)
-    version = _round_of(job, out)
+    running = running_stage(job)
+    version = running[1] if running is not None else job.version
     round_dir = paths.round_output_dir(out, report.kind, version)
     trained = paths.round_output_dir(out, "train", version)
     given = {paths.deploy_model(out)} | {
@@ -127,26 +201,12 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
             code="outside_round",
             reason=(
                 f"{report.kind} worker {report.worker} reported model {url!r}, which is not "
-                f"under {round_dir}/, the output dir of round {job.version} of job "
+                f"under {round_dir}/, the output dir of round {version} of job "
                 f"{job.namespace}/{job.name}: a replayed report of another round, or a file "
                 "the job does not own"
             ),
         )
     return None
-
-
-def _round_of(job: JobState, out: str) -> int:
-    """The round a report must belong to: the job's own, or, where Sedna's GM manages the
-    job and this controller is not its dataset node (it keeps no rounds), the round of the
-    GM's latest `Ready` condition (its outputDir `{outputDir}/{stage}/{v}`; 0: none)."""
-    dataset_here = job.dataset is not None and job.dataset.present
-    if job.gm is None or dataset_here:
-        return job.version
-    parent, _, last = job.gm.round_dir.rstrip("/").rpartition("/")
-    stage = parent.rpartition("/")[2]
-    if last.isdigit() and paths.round_output_dir(out, stage, int(last)) == job.gm.round_dir:
-        return int(last)
-    return 0
 
 
 def usable_models(results: Iterable[dict[str, Any]]) -> tuple[Model, ...]:

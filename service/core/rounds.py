@@ -53,14 +53,27 @@ class RoundRecord(
     reason: str | None = None
 
 
+class ModelDigest(msgspec.Struct, frozen=True, kw_only=True):
+    """What the deploy copy read of a model: its size in bytes and its SHA-256 (hex)."""
+
+    size: int
+    sha256: str
+
+    def describe(self) -> str:
+        return f"{self.size} bytes, sha256 {self.sha256}"
+
+
 class Deployment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A model that was copied to the deploy file: its round, its file, and the metrics the
-    eval reported for it in that round."""
+    """A model that was copied to the deploy file: its round, its file, what the copy read of
+    it (`digest`: a rollback copies it back only while its file still matches; None for a
+    deployment recorded before digests were), and the metrics the eval reported for it in
+    that round."""
 
     version: int
     model: ModelRef
     metrics: Metrics = {}
     at_ms: int = 0
+    digest: ModelDigest | None = None
 
 
 class Scores(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

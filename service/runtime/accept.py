@@ -92,9 +92,13 @@ def accept_report(
     worker: str,
     payload: bytes,
     received_ms: int,
+    *,
     channel: Literal["mqtt", "http"] = "mqtt",
+    namespace: str | None = None,
 ) -> Accepted:
-    """A worker report sent under `worker` (its topic level or HTTP path) as an event."""
+    """A worker report sent under `worker` (its topic level or HTTP path) and, on a
+    namespaced topic, under `namespace` (which the broker's ACL grants that namespace's
+    workers only), as an event."""
     report = worker_event(messages.decode_worker_message(payload), channel)
     if report.worker != worker:
         raise InvalidMessage(
@@ -102,15 +106,26 @@ def accept_report(
             "$.name",
             code="name_mismatch",
         )
+    if namespace is not None and report.namespace != namespace:
+        raise InvalidMessage(
+            f"namespace {report.namespace!r} does not match {namespace!r} in the topic: "
+            "a namespace's workers report for that namespace's jobs only",
+            "$.namespace",
+            code="name_mismatch",
+        )
     head = payload[: messages.REJECTION_PAYLOAD_BYTES]
     return Accepted(event=report, topic=topic, head=head, received_ms=received_ms)
 
 
-def worker_topic_name(topic: str) -> str | None:
-    """The `{worker}` level of `{prefix}/{node}/workers/{worker}/info`."""
+def worker_topic_levels(topic: str) -> tuple[str | None, str] | None:
+    """The `{namespace}` and `{worker}` levels of
+    `{prefix}/{node}/workers/{namespace}/{worker}/info`, or (None, worker) of the topic
+    without a namespace level, `{prefix}/{node}/workers/{worker}/info`."""
     parts = topic.split("/")
     if len(parts) == 5 and parts[2] == "workers" and parts[4] == "info":
-        return parts[3]
+        return None, parts[3]
+    if len(parts) == 6 and parts[2] == "workers" and parts[5] == "info":
+        return parts[3], parts[4]
     return None
 
 

@@ -144,21 +144,22 @@ class Executor:
             )
 
     def _copy_model(self, work: CopyModel) -> ModelCopied:
-        error = None
+        error, digest = None, None
         cred = self._credential(job_key(work.namespace, work.name), work.src_url, work.dst_url)
         try:
-            self._blobs.copy_model(
+            digest = self._blobs.copy_model(
                 src_url=work.src_url,
                 dst_url=work.dst_url,
                 output_dir=paths.output_dir_of(work.dst_url),
                 src_cred=cred,
                 dst_cred=cred,
+                expect=work.expect,
             )
         except (PermanentError, TransientError) as e:
             error = redact(f"copying model {work.src_url} to {work.dst_url} failed: {e}")
         return ModelCopied(
             namespace=work.namespace, name=work.name, version=work.version, error=error,
-            rollback=work.rollback,
+            rollback=work.rollback, digest=digest,
         )  # fmt: skip
 
     def _poll(self, work: PollDataset) -> DatasetPolled:

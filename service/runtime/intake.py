@@ -23,7 +23,7 @@ from service.runtime.accept import (
     accept_report,
     encode_accepted,
     target_of,
-    worker_topic_name,
+    worker_topic_levels,
 )
 from service.runtime.admission import Admission
 from service.runtime.clock import Clock
@@ -57,7 +57,11 @@ def ingress_client_factory(config: Config) -> ClientFactory:
                 session_expiry_s=SESSION_EXPIRY_S,
                 manual_ack=True,
             ),
-            subscriptions=[config.downstream_topic(), config.worker_topic_filter()],
+            subscriptions=[
+                config.downstream_topic(),
+                config.worker_topic_filter(),
+                config.namespaced_worker_topic_filter(),
+            ],
             inbound=inbound,
         )
 
@@ -210,10 +214,11 @@ class Intake:
             return accept_downstream(
                 msg.topic, msg.payload, now_ms, data_roots=self._data_roots
             )
-        worker = worker_topic_name(msg.topic)
-        if worker is None:
+        levels = worker_topic_levels(msg.topic)
+        if levels is None:
             raise InvalidMessage(f"no handler for topic {msg.topic!r}", code="unknown_topic")
-        return accept_report(msg.topic, worker, msg.payload, now_ms)
+        namespace, worker = levels
+        return accept_report(msg.topic, worker, msg.payload, now_ms, namespace=namespace)
 
     def _ack(self, msg: Inbound) -> None:
         with self._lock:

@@ -20,7 +20,13 @@ from service.wire.base import Wire, canonical, encode
 from service.wire.credentials import credential_of
 from service.wire.fields import convert, invalid, quoted
 from service.wire.json_input import check_free_form, check_integers, decode_json_object, json_type
-from service.wire.limits import MAX_ANNOTATIONS_BYTES, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH
+from service.wire.limits import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_JOB_NAME_CHARS,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_DEPTH,
+    MAX_WORKER_NAME_CHARS,
+)
 from service.wire.resources import (
     SEDNA_API_VERSION,
     Condition,
@@ -208,6 +214,7 @@ def _resource_object(obj: dict[str, Any], type_: type[R]) -> R:
         raise InvalidMessage(f"{quoted(resource.kind)} is not {type_.__name__}", "$.kind")
     _check_annotations(resource.metadata)
     if isinstance(resource, LifelongLearningJob):
+        _check_job_name(resource.metadata.name)
         spec = resource.spec
         for name, template in (
             ("trainSpec", spec.train_spec.template),
@@ -223,6 +230,18 @@ def _resource_object(obj: dict[str, Any], type_: type[R]) -> R:
             _check_condition(deploy.condition, "$.spec.deploySpec.trigger.condition")
     credential_of(resource.metadata)
     return resource
+
+
+def _check_job_name(name: str) -> None:
+    """A job's workers are named `{job}-train-{version}` and the like, DNS-1123 subdomains
+    of at most 253 characters: a longer job name could never hear its workers."""
+    if len(name) > MAX_JOB_NAME_CHARS:
+        reason = (
+            f"a job name may hold at most {MAX_JOB_NAME_CHARS} characters ({len(name)} given): "
+            f"its workers' names ('<job>-train-<version>', '<job>-inference-<suffix>') must "
+            f"fit {MAX_WORKER_NAME_CHARS}"
+        )
+        raise InvalidMessage(reason, "$.metadata.name", code="too_long")
 
 
 def _check_annotations(metadata: ObjectMeta) -> None:

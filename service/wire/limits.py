@@ -35,3 +35,18 @@ MAX_ANNOTATIONS_BYTES = 256 * 1024
 REJECTION_PAYLOAD_BYTES = 4096
 #: The longest path or URL (outputDir, dataset url, a model's url).
 MAX_URL_CHARS = 4096
+#: The longest worker name: a DNS-1123 subdomain.
+MAX_WORKER_NAME_CHARS = 253
+#: The most digits a round number has in a worker's name: an int64's (versions below 10**19).
+MAX_VERSION_DIGITS = len(str(2**63 - 1))
+#: What a job's worker names add to the job's name: `lifelong worker` names its workers
+#: `{job}-train-{version}` and `{job}-eval-{version}`, an inference worker is named
+#: `{job}-inference-{suffix}` (a suffix of at least one character). The longest decides.
+WORKER_NAME_OVERHEAD = max(
+    len("-train-") + MAX_VERSION_DIGITS,
+    len("-eval-") + MAX_VERSION_DIGITS,
+    len("-inference-") + 1,
+)
+#: The longest job name whose every worker name fits `MAX_WORKER_NAME_CHARS` (227): a
+#: longer one could never hear a report, so it is refused when the job arrives.
+MAX_JOB_NAME_CHARS = MAX_WORKER_NAME_CHARS - WORKER_NAME_OVERHEAD

@@ -14,10 +14,13 @@ Why it looks the way it does:
   killed mid-task gets the message again and reruns it.
 - Tasks run one at a time, in arrival order: a reference runner for one edge box, where two
   trainings at once would only compete for the same cores.
-- Reports go over MQTT (`{prefix}/{node}/workers/{worker}/info`) or, with `--lc-server`, to
-  the controller's HTTP endpoint, which is also what Sedna's own worker library posts to
-  (LC_SERVER + /sedna/workers/{WORKER_NAME}/info). A library-driven worker reports its own
-  completion first; the runner's later report of the same phase is then only forwarded.
+- Reports go over MQTT (`{prefix}/{node}/workers/{namespace}/{worker}/info`, the topic the
+  broker's ACL lets the node's runner publish for every namespace) or, with `--lc-server`,
+  to the controller's HTTP endpoint, which is also what Sedna's own worker library posts to
+  (LC_SERVER + /sedna/workers/{WORKER_NAME}/info). Workers are named for their round
+  (`{job}-{kind}-{version}`), which binds their reports to it. A library-driven worker
+  reports its own completion first; the runner's later report of the same stage is then
+  refused (the stage is over) and changes nothing.
 - Commands run in their own session so a Ctrl-C at the terminal reaches the runner, which
   then ends the command's whole process group itself.
 

@@ -55,19 +55,21 @@ class Reporter(Protocol):
 
 
 class MqttReporter:
-    """Publishes reports on the worker topic and waits for the broker's PUBACK."""
+    """Publishes reports on the worker topic of the task's namespace (the one the broker's
+    ACL grants a namespace's workers and the node's runner) and waits for the PUBACK."""
 
     def __init__(self, client: MqttClient, cfg: config_mod.Config) -> None:
         self._client = client
         self._cfg = cfg
 
     def report(self, worker: str, message: dict[str, Any]) -> None:
-        topic = f"{self._cfg.topic_prefix}/{self._cfg.node_name}/workers/{worker}/info"
+        topic = self._cfg.worker_topic(message["namespace"], worker)
         ticket = self._client.publish(topic, json.dumps(message).encode())
         if not ticket.wait(PUBACK_TIMEOUT_S):
             # paho keeps the message and sends it after reconnecting; say so and go on
-            log.warning("no PUBACK for %s's %s report yet; it stays queued", worker,
-                        message["status"])
+            log.warning(
+                "no PUBACK for %s's %s report yet; it stays queued", worker, message["status"]
+            )
 
 
 class HttpReporter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -16,7 +17,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from service.adapters.blobs import BlobStore
 from service.adapters.s3 import S3Clients, S3Location, parse_s3_url, translate
-from service.errors import BlobUnavailable, PermanentError
+from service.core.rounds import ModelDigest
+from service.errors import BlobUnavailable, PermanentError, Refused
 from tests.servers import free_port
 
 if TYPE_CHECKING:
@@ -463,3 +465,67 @@ def test_clients_are_cached_per_credential() -> None:
 def test_malformed_endpoint_is_permanent() -> None:
     with pytest.raises(PermanentError, match="invalid S3 endpoint"):
         S3Clients().client(Cred(endpoint="http://bad host:x"))
+
+
+# --- what a copy read, and a rollback's check of it -------------------------------------------
+
+
+def digest_of(data: bytes) -> ModelDigest:
+    return ModelDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize(
+    "changed", [b"new-modeX", b"new-model, longer"], ids=["same size", "other size"]
+)
+def test_a_copy_expecting_another_file_is_refused_and_replaces_nothing(
+    store: BlobStore, tmp_path: Path, changed: bytes
+) -> None:
+    src, dst = tmp_path / "eval" / "model.pkl", tmp_path / "deploy" / "index.pkl"
+    src.parent.mkdir()
+    src.write_bytes(b"new-model")
+    copy = {"src_url": str(src), "dst_url": str(dst), "output_dir": str(tmp_path),
+            "src_cred": None, "dst_cred": None}  # fmt: skip
+    recorded = store.copy_model(**copy)  # type: ignore[arg-type]
+    assert recorded == digest_of(b"new-model")
+    dst.write_bytes(b"deployed since")
+    src.write_bytes(changed)
+    with pytest.raises(Refused, match=r"is no longer the file that was deployed") as refused:
+        store.copy_model(**copy, expect=recorded)  # type: ignore[arg-type]
+    assert f"{len(changed)} bytes" in str(refused.value) and recorded.sha256 in str(refused.value)
+    assert dst.read_bytes() == b"deployed since"
+    assert files_under(dst.parent) == {dst}, "no staging file left behind"
+    src.write_bytes(b"new-model")  # the valid neighbour: the same bytes again
+    assert store.copy_model(**copy, expect=recorded) == recorded  # type: ignore[arg-type]
+    assert dst.read_bytes() == b"new-model"
+
+
+def test_a_sparse_model_is_hashed_as_the_zeros_its_holes_read_as(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    src, dst = tmp_path / "model.bin", tmp_path / "deploy" / "index.pkl"
+    with src.open("wb") as f:
+        f.seek(3 << 20)
+        f.write(b"data")
+        f.truncate(5 << 20)
+    digest = store.copy_model(
+        src_url=str(src), dst_url=str(dst), output_dir=None, src_cred=None, dst_cred=None
+    )
+    assert digest == digest_of(src.read_bytes()) == digest_of(dst.read_bytes())
+
+
+def test_an_s3_copy_expecting_another_object_is_refused_and_replaces_nothing(
+    store: BlobStore, s3c: S3Client, bucket: str, cred: Cred
+) -> None:
+    s3c.put_object(Bucket=bucket, Key="eval/1/model.pkl", Body=b"m1")
+    copy = {"src_url": f"s3://{bucket}/eval/1/model.pkl", "dst_url": f"s3://{bucket}/deploy/m",
+            "output_dir": f"s3://{bucket}", "src_cred": cred, "dst_cred": cred}  # fmt: skip
+    recorded = store.copy_model(**copy)  # type: ignore[arg-type]
+    assert recorded == digest_of(b"m1")
+    s3c.put_object(Bucket=bucket, Key="eval/1/model.pkl", Body=b"m2")
+    s3c.put_object(Bucket=bucket, Key="deploy/m", Body=b"deployed since")
+    with pytest.raises(Refused, match=r"is no longer the file that was deployed"):
+        store.copy_model(**copy, expect=recorded)  # type: ignore[arg-type]
+    assert get(s3c, bucket, "deploy/m") == b"deployed since"
+    s3c.put_object(Bucket=bucket, Key="eval/1/model.pkl", Body=b"m1")
+    assert store.copy_model(**copy, expect=recorded) == recorded  # type: ignore[arg-type]
+    assert get(s3c, bucket, "deploy/m") == b"m1"

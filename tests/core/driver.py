@@ -22,6 +22,7 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.outcome import Context
+from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, JobSpec, JobState, State
 from service.core.transition import transition
 from service.core.triggers import TriggerSpec
@@ -60,7 +61,7 @@ def report(
     return WorkerReported(
         namespace=NS,
         name=JOB,
-        worker=f"{JOB}-{kind}-1",
+        worker=f"{JOB}-{kind}-pod",  # a name without a round: bound by stage
         kind=kind,  # type: ignore[arg-type]
         status=status,  # type: ignore[arg-type]
         results=tuple(raw),
@@ -122,8 +123,11 @@ class Driver:
         )
 
     def copied(self, error: str | None = None) -> tuple[Effect, ...]:
+        """The deploy copy of the current round is done (its digest names its round)."""
+        version = self.job.version
+        digest = None if error else ModelDigest(size=version, sha256=f"{version:064x}")
         return self.apply(
-            ModelCopied(namespace=NS, name=JOB, version=self.job.version, error=error)
+            ModelCopied(namespace=NS, name=JOB, version=version, error=error, digest=digest)
         )
 
     def complete_round(self, output_dir: str = "/output") -> None:

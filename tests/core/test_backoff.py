@@ -33,7 +33,7 @@ def failing_job(period_s: int = PERIOD_S) -> Driver:
 
 def fail_report(**owner_info: object) -> WorkerReported:
     return WorkerReported(
-        namespace=NS, name=JOB, worker=f"{JOB}-train-1", kind="train", status="failed",
+        namespace=NS, name=JOB, worker=f"{JOB}-train-pod", kind="train", status="failed",
         owner_info=msgspec.json.encode(owner_info),
     )  # fmt: skip
 
@@ -139,7 +139,7 @@ def test_last_error_carries_exit_code_and_stderr_tail() -> None:
     d.apply(fail_report(exitCode=3, stderr=stderr))
     error = d.job.last_error
     assert error is not None
-    assert error.startswith(f"train worker {JOB}-train-1 failed (exit code 3; stderr: ")
+    assert error.startswith(f"train worker {JOB}-train-pod failed (exit code 3; stderr: ")
     assert error.endswith("line 499 | boom: no GPU here)")
     assert "line 1 |" not in error, "only the tail is kept"
     assert len(error) <= 100 + reports.STDERR_TAIL_CHARS
@@ -149,13 +149,13 @@ def test_last_error_carries_exit_code_and_stderr_tail() -> None:
 def test_last_error_of_a_timeout_and_of_a_sedna_library_worker() -> None:
     d = failing_job()
     d.apply(fail_report(reason="timed out after 30s", stderr=""))
-    assert d.job.last_error == f"train worker {JOB}-train-1 failed (timed out after 30s)"
+    assert d.job.last_error == f"train worker {JOB}-train-pod failed (timed out after 30s)"
     d.now_ms = d.job.retry_at_ms or 0
     d.tick()
     d.written("train")
     # Sedna's worker library sends no ownerInfo; odd types are not trusted either
     d.apply(fail_report(exitCode=True, stderr=["x"], reason=7))
-    assert d.job.last_error == f"train worker {JOB}-train-1 failed"
+    assert d.job.last_error == f"train worker {JOB}-train-pod failed"
 
 
 def test_last_error_masks_secrets_even_where_the_tail_is_cut() -> None:

@@ -26,7 +26,7 @@ def test_75000_models_keep_16_and_the_state_small() -> None:
     assert len(d.job.train_models) == reports.MAX_MODELS_KEPT == 16
     assert [m.url for m in d.job.train_models][-1] == "/output/train/1/m15.pkl"
     notes = [e.reason for e in effects if isinstance(e, Note)]
-    assert "kept the first 16 of the 75000 models job-a-train-1 reported" in notes
+    assert "kept the first 16 of the 75000 models job-a-train-pod reported" in notes
     assert len(encode_state(d.job)) < 2048  # 75,000 models kept would be ~2 MB
     d.written("eval")
     ready = d.published()[-1]

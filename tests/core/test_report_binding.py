@@ -54,7 +54,7 @@ def refused(d: Driver, event: WorkerReported, code: str) -> Reject:
     [
         (f"{JOB}-train-1", "train", "mqtt"),  # our runner: {job}-{kind}-{version}
         (f"{JOB}-train-x7k2p", "train", "mqtt"),  # Sedna's GM pod name
-        (f"{JOB}-eval-12", "eval", "mqtt"),
+        (f"{JOB}-eval-1", "eval", "mqtt"),
         (f"{JOB}-inference-b4c9d", "deploy", "mqtt"),  # the inference worker's deploy status
         (f"{JOB}-deploy-1", "inference", "mqtt"),
         ("train-worker-x7k2p", "train", "http"),  # Sedna's library, WORKER_NAME from the GM
@@ -64,6 +64,9 @@ def refused(d: Driver, event: WorkerReported, code: str) -> Reject:
 )
 def test_workers_named_for_the_job_are_heard(worker: str, kind: str, channel: str) -> None:
     d = at_round(1)
+    if kind == "eval":
+        d.apply(report("train", "completed", "/output/train/1/m.pkl"))
+        d.written("eval")
     effects = d.apply(named(worker, kind, channel=channel))
     assert not any(isinstance(e, Reject) for e in effects)
     assert any(isinstance(e, Publish) for e in effects), "forwarded upstream"
@@ -212,3 +215,39 @@ def test_reports_without_models_are_judged_by_name_only() -> None:
     job = d.state
     assert isinstance(job, JobState) and job.phase == "train" and job.version == 2
     assert job.last_error is not None and "without a usable model" in job.last_error
+
+
+# ---------------------------------------------------------------- every status, by round and stage
+@pytest.mark.parametrize("status", ["failed", "running", "completed"])
+def test_a_report_of_an_earlier_round_by_name_is_refused_whatever_its_status(status: str) -> None:
+    """`lifelong worker` names its workers for the round (`{job}-train-{version}`): round 1's
+    `failed` (which carries no model to place it) replayed in round 2 fails nothing."""
+    d = at_round(2)
+    reject = refused(d, named(f"{JOB}-train-1", "train", status), "outside_round")
+    assert f"for round 1, but job {NS}/{JOB} is at round 2" in reject.reason
+
+
+def test_the_current_rounds_failed_report_still_fails_it() -> None:
+    d = at_round(2)
+    effects = d.apply(named(f"{JOB}-train-2", "train", "failed"))
+    assert not any(isinstance(e, Reject) for e in effects)
+    assert (d.job.phase, d.job.step, d.job.consecutive_failures) == ("train", "waiting", 1)
+
+
+@pytest.mark.parametrize(
+    ("worker", "channel"), [("train-worker-x7k2p", "http"), (f"{JOB}-train-x7k2p", "mqtt")]
+)
+def test_a_report_of_a_stage_the_job_does_not_run_is_refused(worker: str, channel: str) -> None:
+    """A name without a round is bound by the stage: a train `failed` while the job
+    evaluates is refused, and not forwarded (it would put a condition on the cloud's job)."""
+    d = at_round(1)
+    d.apply(report("train", "completed", "/output/train/1/m.pkl"))
+    d.written("eval")
+    reject = refused(d, named(worker, "train", "failed", channel), "not_running")
+    assert "is not running its train stage (it is eval/running at round 1)" in reject.reason
+
+
+def test_a_library_worker_reporting_while_the_stage_runs_is_heard() -> None:
+    d = at_round(1)
+    d.apply(named("train-worker-x7k2p", "train", "failed", "http"))
+    assert (d.job.phase, d.job.step, d.job.consecutive_failures) == ("train", "waiting", 1)

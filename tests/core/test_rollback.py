@@ -9,6 +9,7 @@ import pytest
 from service.core.effects import CopyModel, Publish, RecordRound, Refused, Reject
 from service.core.events import ModelCopied, RollbackRequested
 from service.core.gate import GateSpec
+from service.core.rounds import ModelDigest
 from tests.core.driver import JOB, NS, Driver, content, report
 from tests.core.test_deploy_gate import (
     deploy_round,
@@ -239,3 +240,20 @@ def test_a_stale_rollback_copy_result_changes_nothing() -> None:
     effects = rollback_copied(d, 2)
     assert d.state == before
     assert not [e for e in effects if isinstance(e, Publish | RecordRound)]
+
+
+def test_each_deployment_keeps_what_its_copy_read_and_a_rollback_expects_it() -> None:
+    """The copy checks the file against it before replacing the deploy file: a rollback to a
+    file changed since its deploy is refused (by the copy, `tests/adapters/test_blobs.py`)."""
+    d = three_deployed()
+    assert d.job.deployed is not None and d.job.deployed.digest == ModelDigest(
+        size=3, sha256=f"{3:064x}"
+    )
+    assert [dep.digest for dep in d.job.deployments] == [
+        ModelDigest(size=v, sha256=f"{v:064x}") for v in (1, 2)
+    ]
+    [copy] = [e for e in rollback(d, 1) if isinstance(e, CopyModel)]
+    assert copy.expect == ModelDigest(size=1, sha256=f"{1:064x}")
+    rollback_copied(d, 1)
+    assert d.job.deployed is not None and d.job.deployed.version == 1
+    assert d.job.deployed.digest == copy.expect

@@ -119,7 +119,7 @@ def test_bug06_malformed_results_do_not_crash() -> None:
     assert forwarded[-1]["output"]["models"] == bad
     failed = [p for p in d.published() if p.get("status") == "failed"]
     reason = (
-        "train worker job-a-train-1 completed without a usable model "
+        "train worker job-a-train-pod completed without a usable model "
         "(3 results; each model needs a string url)"
     )
     assert failed == [{"phase": "train", "status": "failed", "reason": reason}]
@@ -291,7 +291,9 @@ def test_round_paths_and_ready_messages() -> None:
 
 
 def test_worker_messages_are_forwarded_with_owner_info() -> None:
-    d = started()
+    d = started(trigger=TriggerSpec())
+    d.dataset(10)
+    d.written("train")
     msg = WorkerReported(
         namespace=NS,
         name=JOB,

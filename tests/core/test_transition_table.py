@@ -1,8 +1,9 @@
 """Every (phase, step, event) pair: the resulting state and effects.
 
 A pair outside the lifecycle table leaves the state unchanged and yields a reason (a Note),
-except progress reports (forwarded only) and timer ticks (quietly dropped outside
-train/waiting). Every job here has already failed twice in a row: a pair that fails the
+except progress reports (forwarded only), timer ticks (quietly dropped outside
+train/waiting) and train or eval reports while the job does not run that stage (refused,
+not forwarded). Every job here has already failed twice in a row: a pair that fails the
 round makes it three and waits four check periods, a completed deploy resets the count, and
 every other pair leaves it alone.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from service.core.effects import CopyModel, Note, Publish, ScheduleCheck, WriteRound
+from service.core.effects import CopyModel, Note, Publish, Reject, ScheduleCheck, WriteRound
 from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
 from service.core.jobs import JOB_TABLE, retry_delay_ms
 from service.core.state import JobState
@@ -84,12 +85,8 @@ EVENTS: dict[str, Callable[[Driver], Event]] = {
     "copy-failed": lambda d: ModelCopied(
         namespace=NS, name=JOB, version=_version(d), error="no such file"
     ),
-    "train/completed": lambda d: report(
-        "train", "completed", f"/output/train/{_version(d)}/m.pkl"
-    ),
-    "train/completed-no-model": lambda d: report(
-        "train", "completed", results=[{"x": 1}]
-    ),
+    "train/completed": lambda d: report("train", "completed", f"/output/train/{_version(d)}/m.pkl"),
+    "train/completed-no-model": lambda d: report("train", "completed", results=[{"x": 1}]),
     "train/failed": lambda d: report("train", "failed"),
     "train/running": lambda d: report("train", "running"),
     "eval/completed": lambda d: report("eval", "completed", f"/output/eval/{_version(d)}/m.pkl"),
@@ -169,6 +166,12 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
     expected = EXPECTED.get((substate, event_name))
     is_report = event_name.count("/") == 1
     forwards = [e for e in effects if isinstance(e, Publish) and "output" in content(e)]
+    stage = event_name.split("/", maxsplit=1)[0]
+    if is_report and stage in ("train", "eval") and substate != (stage, "running"):
+        assert after == before, "a report of a stage the job does not run changes nothing"
+        assert [e.code for e in effects if isinstance(e, Reject)] == ["not_running"]
+        assert [e for e in effects if not isinstance(e, Reject)] == [], "nor is forwarded"
+        return
     if is_report:
         assert len(forwards) == 1, "every worker message for a known job is forwarded"
         assert content(forwards[0])["phase"] == event_name.split("/", maxsplit=1)[0]

@@ -8,8 +8,10 @@ the way Kubernetes would fill it in and handed to the service's own configuratio
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -83,14 +85,24 @@ def container(resources: list[Resource], deployment: str, name: str) -> dict[str
 
 def pod_env(c: dict[str, Any]) -> dict[str, str]:
     """The container's environment as Kubernetes fills it in: downward API fields resolved and
-    `$(NAME)` replaced by variables defined before it (others are left as written)."""
+    `$(NAME)` replaced by variables defined before it (others are left as written); the
+    token file, which the Secret mounts in the pod, is one this test made."""
     env: dict[str, str] = {"HOSTNAME": DOWNWARD["metadata.name"]}  # set by the runtime
     for var in c.get("env", []):
         if "valueFrom" in var:
             env[var["name"]] = DOWNWARD[var["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             env[var["name"]] = expand(var["value"], env)
+    if env.get("LIFELONG_HTTP_TOKEN_FILE"):
+        env["LIFELONG_HTTP_TOKEN_FILE"] = str(_token_file())
     return env
+
+
+@functools.cache
+def _token_file() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="lifelong-k8s-token-")) / "token"
+    path.write_text("a-token-from-the-secret\n")
+    return path
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -328,3 +340,23 @@ def test_no_api_access_non_root_and_read_only_where_possible(rendered: list[Reso
                     if not m.get("readOnly", False)
                 }
                 assert writable <= WRITABLE_MOUNTS, f"{c['name']}: {writable - WRITABLE_MOUNTS}"
+
+
+def test_the_worker_endpoint_needs_the_token_and_stays_on_the_node(
+    rendered: list[Resource],
+) -> None:
+    """The pod's port 9100 is reachable from any pod of the cluster: the controller requires
+    the bearer token, from a Secret the pods cannot start without, and the Service routes
+    only clients on the controllers' own node."""
+    c = container(rendered, f"{NODE}-lifelong-controller", "controller")
+    token_file = {v["name"]: v.get("value") for v in c["env"]}["LIFELONG_HTTP_TOKEN_FILE"]
+    assert token_file
+    assert Config.from_env(pod_env(c)).http_bearer_token() == "a-token-from-the-secret"
+    pod = one(rendered, "Deployment", f"{NODE}-lifelong-controller")["spec"]["template"]["spec"]
+    (mount,) = [m for m in c["volumeMounts"] if token_file.startswith(m["mountPath"] + "/")]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "lifelong-http-token"
+    assert volume["secret"].get("optional", False) is False
+    service = one(rendered, "Service", f"{NODE}-lifelong-controller")
+    assert service["spec"]["internalTrafficPolicy"] == "Local"

@@ -42,8 +42,8 @@ def test_a_failing_transition_holds_back_only_its_shard(stack: Stack) -> None:
             lambda: all(probe.job_or_none(job) for job in (BROKEN, HEALTHY)), 15, "both jobs"
         )
         for _ in range(3):
-            cloud.report(BROKEN, "train", "running")
-            cloud.report(HEALTHY, "train", "running")
+            cloud.report(BROKEN, "inference", "running")  # forwarded in any stage
+            cloud.report(HEALTHY, "inference", "running")
         cloud.wait_for(lambda: len(forwarded(stack, HEALTHY)) == 3, 15, "the healthy reports")
         assert forwarded(stack, BROKEN) == []
         fixed = True  # the next replay of pending entries (every lease period, 2 s) applies them

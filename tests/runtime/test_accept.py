@@ -15,7 +15,7 @@ from service.core.events import JobApplied, WorkerReported
 from service.core.paths import DataRoots
 from service.errors import InvalidMessage
 from service.messages import make_rejection
-from service.runtime.accept import accept_downstream, accept_report, target_of, worker_topic_name
+from service.runtime.accept import accept_downstream, accept_report, target_of, worker_topic_levels
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -129,10 +129,12 @@ def test_bad_credential_is_rejected_without_echoing_it() -> None:
     assert "s3cr3t" not in str(caught.value)
 
 
-def test_worker_topic_name() -> None:
-    assert worker_topic_name("sedna/node/workers/w-1/info") == "w-1"
-    assert worker_topic_name("sedna/node/workers/w-1/other") is None
-    assert worker_topic_name("sedna/node/downstream") is None
+def test_worker_topic_levels() -> None:
+    assert worker_topic_levels("sedna/node/workers/w-1/info") == (None, "w-1")
+    assert worker_topic_levels("sedna/node/workers/ns-a/w-1/info") == ("ns-a", "w-1")
+    assert worker_topic_levels("sedna/node/workers/w-1/other") is None
+    assert worker_topic_levels("sedna/node/workers/ns-a/w-1/other") is None
+    assert worker_topic_levels("sedna/node/downstream") is None
 
 
 def test_rejections_never_carry_the_secret() -> None:

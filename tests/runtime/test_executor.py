@@ -3,6 +3,7 @@ reports its outcome as the event the core expects."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from service.core.effects import (
     WriteRound,
 )
 from service.core.events import DatasetChanged, DatasetPolled, ModelCopied, RoundWritten
+from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, DatasetState, encode_state
 from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
 from service.runtime.accept import decode_accepted
@@ -86,7 +88,8 @@ def test_copy_model_replaces_the_deploy_file_or_says_why(
     copy = CopyModel(
         id="e/0", namespace=NS, name="j", version=3, src_url=str(model), dst_url=str(deployed)
     )
-    assert executor.run(copy, 0) == ModelCopied(namespace=NS, name="j", version=3)
+    digest = ModelDigest(size=9, sha256=hashlib.sha256(b"new model").hexdigest())
+    assert executor.run(copy, 0) == ModelCopied(namespace=NS, name="j", version=3, digest=digest)
     assert deployed.read_bytes() == b"new model"
     model.unlink()
     result = executor.run(copy, 0)

@@ -89,7 +89,7 @@ def test_statuses_go_to_the_namespace_upstream_topic_with_their_effect_id() -> N
     changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
     state, _ = steps_of(created(), changed)
     assert state is not None and state.step == "preparing"  # type: ignore[union-attr]
-    result = planned(state, report("train", "running"))
+    result = planned(state, report("inference", "running"))  # forwarded in any stage
     (entry,) = result.commit.outbox
     assert entry.topic == f"sedna/edge-1/{NS}/up"
     envelope = json.loads(entry.payload)
@@ -97,7 +97,8 @@ def test_statuses_go_to_the_namespace_upstream_topic_with_their_effect_id() -> N
         "namespace": NS, "resourceKind": "lifelonglearningjob", "resourceName": JOB,
         "operation": "status", "id": entry.id,
     }  # fmt: skip
-    assert envelope["content"]["phase"] == "train" and envelope["content"]["status"] == "running"
+    assert envelope["content"]["phase"] == "inference"
+    assert envelope["content"]["status"] == "running"
 
 
 def test_the_last_scheduled_check_is_the_timer() -> None:
@@ -166,8 +167,8 @@ def test_a_forwarded_report_over_the_size_limit_goes_out_trimmed_with_a_reason()
     big = [{"format": "pkl", "url": f"/m{i}", "metrics": {"a": [1e15] * 1000}} for i in range(60)]
     state, _ = steps_of(created())
     event = WorkerReported(
-        namespace=NS, name=JOB, worker=f"{JOB}-train-1", kind="train", status="running",
-        results=tuple(big), owner_info=b'{"note": "x"}',
+        namespace=NS, name=JOB, worker=f"{JOB}-inference-1", kind="inference",
+        status="running", results=tuple(big), owner_info=b'{"note": "x"}',
     )  # fmt: skip
     result = planned(state, event)
     (entry,) = result.commit.outbox
@@ -221,7 +222,7 @@ def test_the_journal_logs_moves_at_info_and_forwards_at_debug(
     caplog.set_level(logging.DEBUG, "service.runtime.journal")
     changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
     state, _ = steps_of(created(), changed)
-    forwarded = planned(state, report("train", "running"))
+    forwarded = planned(state, report("inference", "running"))
     moved = planned(created(), changed)
     journal = Journal(Metrics())
     journal.write(RKEY, forwarded.records, forwarded.changed)

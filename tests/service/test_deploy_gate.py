@@ -9,6 +9,7 @@ are refused with the reason. `describe`, `get` and /metrics show all of it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -242,3 +243,43 @@ def _metrics_show_it(controller: Controller) -> None:
     assert candidate == pytest.approx(0.9)  # round 3, the latest eval
     deployed = metric_sum(controller, metric, model="deployed", metric="accuracy", **labels)
     assert deployed == pytest.approx(0.7)  # round 1's model, as round 3's eval measured it
+
+
+def test_a_rollback_to_a_model_file_changed_since_its_deploy_is_refused(
+    stack: Stack, worker: Worker
+) -> None:
+    """The deploy copy records each deployed model's size and SHA-256; a rollback whose file
+    has changed since (rewritten in place, same length) is refused with the reason, and the
+    deploy file keeps the model it holds. Put back, the same file rolls back."""
+    stack.controller()
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir(parents=True)
+    data.touch()
+    out = stack.workdir / "out"
+    deployed = out / "deploy" / "index.pkl"
+    job = job_resource(JOB, DATASET, str(out))
+    job["spec"]["deploySpec"]["trigger"] = {"condition": CONDITION}
+    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    stack.cloud.downstream("lifelonglearningjob", "insert", job)
+    for version in (1, 2, 3):  # 1 and 3 deployed, 2 held back
+        next_round(stack, data, version)
+    assert deployed.read_bytes() == model_bytes(3)
+
+    round_1 = out / "train" / "1" / "model.bin"
+    forged = bytes(reversed(model_bytes(1)))
+    assert len(forged) == len(model_bytes(1))
+    round_1.write_bytes(forged)
+    refused = cli(stack, "rollback", "job", JOB)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(
+        f"lifelong: rollback of job default/{JOB} to version 1 refused"
+    ), refused.stderr
+    assert f"model {round_1} is no longer the file that was deployed" in refused.stderr
+    assert f"sha256 {hashlib.sha256(model_bytes(1)).hexdigest()} then" in refused.stderr
+    assert deployed.read_bytes() == model_bytes(3), "the deploy file keeps its model"
+    assert not list(deployed.parent.glob(".*.tmp")), "no staging file left behind"
+
+    round_1.write_bytes(model_bytes(1))
+    rolled = cli(stack, "rollback", "job", JOB)
+    assert rolled.returncode == 0, rolled.stderr
+    assert deployed.read_bytes() == model_bytes(1)

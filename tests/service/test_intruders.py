@@ -3,11 +3,12 @@
 `mosquitto/mosquitto.prod.conf` runs with only its listener address, file paths and port
 replaced, and `mosquitto/acl` runs unchanged, against a password file made here with
 `mosquitto_passwd` and, as root, given to the `mosquitto` user the way mosquitto/README.md
-says (mosquitto started as root drops to that user before reading it). A worker's credentials
-can publish its own report topic and nothing else, and read nothing; strangers cannot log in;
-the controller, logging in as `lifelong`, still completes a whole round with the workers
-reporting under their own names, and with `lifelong worker` logging in as the node's runner,
-while a logged-in intruder reads and forges nothing.
+says (mosquitto started as root drops to that user before reading it). A namespace's
+credentials can publish that namespace's report topics and nothing else, and read nothing;
+strangers cannot log in; the controller, logging in as `lifelong`, still completes a whole
+round with the workers reporting under their namespace, and with `lifelong worker` logging
+in as the node's runner, while a logged-in intruder or another namespace's worker reads and
+forges nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from service.embedded import Server, find_binary, free_port
 from tests.harness import (
     NODE,
+    NS,
     PREFIX,
     Cloud,
     append_lines,
@@ -57,9 +59,13 @@ DATASET = "guarded-dataset"
 TRAIN_WORKER = f"{JOB}-train-worker"
 EVAL_WORKER = f"{JOB}-eval-worker"
 OTHER_WORKER = "other-worker"
+WORKERS = NS  # the workers of the job's namespace log in with its name
+OTHER_NS = "team-b"  # another namespace's workers
 RUNNER = NODE  # a node's runner logs in with the node's name
 INTRUDER = "intruder"
-USERS = ("lifelong", "eventbus", TRAIN_WORKER, EVAL_WORKER, OTHER_WORKER, RUNNER, INTRUDER)
+# a worker user named as the shipped ACL used to name them: now granted nothing of its own
+LEGACY_WORKER = TRAIN_WORKER
+USERS = ("lifelong", "eventbus", WORKERS, OTHER_NS, RUNNER, INTRUDER, LEGACY_WORKER)
 
 NOT_AUTHORIZED = 0x87
 # PUBACK reasons meaning "accepted": success, and success with nobody subscribed
@@ -74,7 +80,13 @@ ERRORS = f"{PREFIX}/{NODE}/errors"
 PRESENCE = f"{PREFIX}/{NODE}/controllers/r1"
 
 
-def worker_topic(worker: str) -> str:
+def worker_topic(worker: str, namespace: str = NS) -> str:
+    """The report topic of a worker of `namespace`."""
+    return f"{PREFIX}/{NODE}/workers/{namespace}/{worker}/info"
+
+
+def legacy_topic(worker: str) -> str:
+    """The report topic without a namespace level."""
     return f"{PREFIX}/{NODE}/workers/{worker}/info"
 
 
@@ -274,29 +286,33 @@ def test_strangers_cannot_log_in(secure_broker: SecureBroker) -> None:
     assert refused(port, "lifelong", "not-the-password") in (NOT_AUTHORIZED, BAD_CREDENTIALS)
     assert refused(port, "nobody", "whatever") in (NOT_AUTHORIZED, BAD_CREDENTIALS)
     # a worker's password does not open another user's account
-    worker_password = secure_broker.passwords[TRAIN_WORKER]
+    worker_password = secure_broker.passwords[WORKERS]
     assert refused(port, "lifelong", worker_password) in (NOT_AUTHORIZED, BAD_CREDENTIALS)
 
 
-def test_worker_may_only_publish_its_own_topic_and_read_nothing(
+def test_workers_may_only_publish_their_namespaces_topics_and_read_nothing(
     peers: Callable[[str], Peer],
 ) -> None:
     controller = peers("lifelong")  # sees downstream and every worker topic
     assert all(
         code in GRANTED_QOS
-        for code in controller.subscribe(DOWNSTREAM, f"{PREFIX}/+/workers/+/info")
+        for code in controller.subscribe(
+            DOWNSTREAM, f"{PREFIX}/+/workers/+/info", f"{PREFIX}/+/workers/+/+/info"
+        )
     )
     cloud = peers("eventbus")  # sees upstream, errors and presence
     assert all(
         code in GRANTED_QOS
         for code in cloud.subscribe(UPSTREAM, ERRORS, f"{PREFIX}/{NODE}/controllers/#")
     )
-    worker = peers(TRAIN_WORKER)
-    other = peers(OTHER_WORKER)
+    worker = peers(WORKERS)
+    other = peers(OTHER_NS)
 
     # The worker listens for everything it can think of. mosquitto 2.0's acl_file checks
     # reads at delivery, so a SUBACK may say "granted": what counts is that nothing arrives.
-    for code in worker.subscribe("#", UPSTREAM, ERRORS, DOWNSTREAM, worker_topic(OTHER_WORKER)):
+    for code in worker.subscribe(
+        "#", UPSTREAM, ERRORS, DOWNSTREAM, worker_topic(OTHER_WORKER, OTHER_NS)
+    ):
         assert code in (*GRANTED_QOS, NOT_AUTHORIZED)
 
     # its own topic: accepted and delivered to the controller
@@ -306,9 +322,10 @@ def test_worker_may_only_publish_its_own_topic_and_read_nothing(
 
     # anything else: refused with 0x87 and never delivered
     forged = {
-        worker_topic(OTHER_WORKER): b"a report in another worker's name",
-        worker_topic(EVAL_WORKER): b"a report in another worker's name",
-        f"{PREFIX}/other-node/workers/{OTHER_WORKER}/info": b"another node's worker",
+        worker_topic(OTHER_WORKER, OTHER_NS): b"a report in another namespace",
+        legacy_topic(OTHER_WORKER): b"a report without a namespace",
+        legacy_topic(TRAIN_WORKER): b"a report without a namespace",
+        f"{PREFIX}/other-node/workers/{OTHER_NS}/{OTHER_WORKER}/info": b"another namespace",
         DOWNSTREAM: b'{"header":{"operation":"insert"},"content":"a forged job"}',
         UPSTREAM: b"a forged status for the cloud",
         ERRORS: b"a forged rejection",
@@ -321,19 +338,23 @@ def test_worker_may_only_publish_its_own_topic_and_read_nothing(
     # Real traffic the worker would love to read: status upstream, another worker's report.
     assert controller.publish(UPSTREAM, b"status") in ACCEPTED
     assert controller.publish(PRESENCE, b'{"state":"online"}', retain=True) in ACCEPTED
-    assert other.publish(worker_topic(OTHER_WORKER), b"other's report") in ACCEPTED
-    controller.wait_for(lambda: worker_topic(OTHER_WORKER) in controller.topics(), 5, "other")
+    other_topic = worker_topic(OTHER_WORKER, OTHER_NS)
+    assert other.publish(other_topic, b"other's report") in ACCEPTED
+    controller.wait_for(lambda: other_topic in controller.topics(), 5, "other")
     cloud.wait_for(lambda: PRESENCE in cloud.topics() and UPSTREAM in cloud.topics(), 5, "up")
     time.sleep(QUIET_S)
     assert worker.received == [], "a worker read traffic it has no right to"
-    assert controller.topics().count(worker_topic(OTHER_WORKER)) == 1, "forgery got through"
-    assert controller.topics().count(worker_topic(EVAL_WORKER)) == 0
+    assert controller.topics().count(other_topic) == 1, "forgery got through"
+    assert [t for t in controller.topics() if "/workers/" in t] == [
+        worker_topic(TRAIN_WORKER),
+        other_topic,
+    ]
     assert DOWNSTREAM not in controller.topics()
     assert cloud.topics().count(UPSTREAM) == 1 and ERRORS not in cloud.topics()
     assert [p for t, p, _r in cloud.received if t == PRESENCE] == [b'{"state":"online"}']
 
     # a late subscriber is not handed a retained message either
-    late = peers(OTHER_WORKER)
+    late = peers(OTHER_NS)
     late.subscribe(f"{PREFIX}/#")
     time.sleep(QUIET_S)
     assert late.received == []
@@ -409,21 +430,27 @@ def run_round(stack: SecureStack, peers: Callable[[str], Peer]) -> None:
     cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
     cloud.wait_status(JOB, "train", "ready")
 
-    train = peers(TRAIN_WORKER)
-    evaluator = peers(EVAL_WORKER)
+    train = evaluator = peers(WORKERS)
     model = out / "train" / "1" / "model.pkl"
     model.parent.mkdir(parents=True)
     model.write_bytes(b"trained")
 
-    # The eval worker tries to finish training for the train worker: the broker refuses it
-    # on the train worker's topic, the controller refuses it on the eval worker's own topic.
+    # A worker of another namespace, with the name of the job's train worker, tries to
+    # finish (or fail) its training: the broker refuses it on the job's namespace's topic
+    # and on the topic without a namespace (as a user named like the worker, which the
+    # shipped ACL used to grant its own such topic), the controller on its own namespace's.
     forged = worker_message(JOB, "train", "completed", str(model), worker=TRAIN_WORKER)
     forged_bytes = _json(forged)
-    assert evaluator.publish(worker_topic(TRAIN_WORKER), forged_bytes) == NOT_AUTHORIZED
-    assert evaluator.publish(worker_topic(EVAL_WORKER), forged_bytes) in ACCEPTED
-    rejection = cloud.wait_for(cloud.errors, 10, "rejection of the forged name")[0]
-    assert rejection["topic"] == worker_topic(EVAL_WORKER)
-    assert "does not match" in rejection["reason"]
+    failed = _json(worker_message(JOB, "train", "failed", worker=TRAIN_WORKER))
+    stranger = peers(OTHER_NS)
+    assert stranger.publish(worker_topic(TRAIN_WORKER), forged_bytes) == NOT_AUTHORIZED
+    assert stranger.publish(legacy_topic(TRAIN_WORKER), failed) == NOT_AUTHORIZED
+    assert peers(LEGACY_WORKER).publish(legacy_topic(TRAIN_WORKER), failed) == NOT_AUTHORIZED
+    assert stranger.publish(worker_topic(TRAIN_WORKER, OTHER_NS), failed) in ACCEPTED
+    rejection = cloud.wait_for(cloud.errors, 10, "rejection of the other namespace")[0]
+    assert rejection["topic"] == worker_topic(TRAIN_WORKER, OTHER_NS)
+    assert "namespace 'default' does not match 'team-b' in the topic" in rejection["reason"]
+    assert cloud.status(JOB, "train", "failed") is None
     assert cloud.status(JOB, "eval", "ready") is None
 
     # the real workers report on their own topics with their own credentials
@@ -475,16 +502,16 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
             path.write_bytes(f"{kind} {version}".encode())
             return str(path)
 
-        # the intruder, on its own topic (the broker lets that through), for the job
-        intruder = peers(INTRUDER)
+        # a worker of the job's namespace not named for the job
+        workers = peers(WORKERS)
         forged = worker_message(JOB, "train", "completed", model("train", 1), worker=INTRUDER)
-        assert intruder.publish(worker_topic(INTRUDER), _json(forged)) in ACCEPTED
+        assert workers.publish(worker_topic(INTRUDER), _json(forged)) in ACCEPTED
         refusal = cloud.wait_for(cloud.errors, 10, "the intruder's refusal")[0]
         assert refusal["topic"] == worker_topic(INTRUDER)
         assert f"'{INTRUDER}' may not report for job default/{JOB}" in refusal["reason"]
 
         # round 1, by the job's own workers
-        train, evaluator = peers(TRAIN_WORKER), peers(EVAL_WORKER)
+        train = evaluator = workers
         round_1 = _json(worker_message(JOB, "train", "completed", model("train", 1),
                                        worker=TRAIN_WORKER))  # fmt: skip
         assert train.publish(worker_topic(TRAIN_WORKER), round_1) in ACCEPTED
@@ -504,6 +531,16 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
         replay = cloud.errors()[1]
         assert replay["topic"] == worker_topic(TRAIN_WORKER)
         assert f"not under {out}/train/2/, the output dir of round 2" in replay["reason"]
+        # round 1's `failed`, which names no model: the name the runner gave its worker
+        # carries its round
+        runner_1 = f"{JOB}-train-1"
+        stale = _json(worker_message(JOB, "train", "failed", worker=runner_1))
+        assert train.publish(worker_topic(runner_1), stale) in ACCEPTED
+        cloud.wait_for(lambda: len(cloud.errors()) == 3, 10, "the stale failure's refusal")
+        assert (
+            f"reported failed for round 1, but job {NS}/{JOB} is at round 2"
+            in cloud.errors()[2]["reason"]
+        )
         time.sleep(QUIET_S)
         assert len(cloud.upstream(JOB)) == after_ready, "the replay changed something"
 
@@ -515,7 +552,15 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
         assert eval_2["content"]["input"]["models"] == [
             {"format": "pkl", "url": model("train", 2)}
         ]
-        assert len(cloud.errors()) == 2, cloud.errors()
+        # the train stage is over: a train `failed` now is refused, and not forwarded
+        after_eval = len(cloud.upstream(JOB))
+        late = _json(worker_message(JOB, "train", "failed", worker=TRAIN_WORKER))
+        assert train.publish(worker_topic(TRAIN_WORKER), late) in ACCEPTED
+        cloud.wait_for(lambda: len(cloud.errors()) == 4, 10, "the late failure's refusal")
+        assert "is not running its train stage (it is eval/running" in cloud.errors()[3]["reason"]
+        time.sleep(QUIET_S)
+        assert len(cloud.upstream(JOB)) == after_eval, "the late failure was forwarded"
+        assert len(cloud.errors()) == 4, cloud.errors()
     finally:
         for controller in stack.controllers:
             controller.stop()
@@ -572,6 +617,7 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
         # the intruder forges the runner's report: refused by the broker, never applied
         forged = worker_message(JOB, "train", "completed", "/etc/passwd", worker=f"{JOB}-train-1")
         assert intruder.publish(worker_topic(f"{JOB}-train-1"), _json(forged)) == NOT_AUTHORIZED
+        assert intruder.publish(legacy_topic(f"{JOB}-train-1"), _json(forged)) == NOT_AUTHORIZED
         for topic in (DOWNSTREAM, UPSTREAM, ERRORS, worker_topic(TRAIN_WORKER)):
             assert intruder.publish(topic, b"forged") == NOT_AUTHORIZED, topic
         assert intruder.publish(PRESENCE, b'{"state":"offline"}', retain=True) == NOT_AUTHORIZED
@@ -590,8 +636,8 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
                             ("eval", "running"), ("eval", "completed")}  # fmt: skip
 
         # the runner's own rights stop at its node's reports and upstream
-        for topic in (DOWNSTREAM, UPSTREAM, ERRORS, PRESENCE,
-                      f"{PREFIX}/other-node/workers/{JOB}-train-1/info"):  # fmt: skip
+        for topic in (DOWNSTREAM, UPSTREAM, ERRORS, PRESENCE, legacy_topic(f"{JOB}-train-1"),
+                      f"{PREFIX}/other-node/workers/{NS}/{JOB}-train-1/info"):  # fmt: skip
             assert runner_peer.publish(topic, b"x") == NOT_AUTHORIZED, topic
         # traffic the runner has no business reading: another node's status, the errors,
         # another worker's report (downstream resources flowed above)
@@ -599,7 +645,7 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
         assert controller_peer.publish(f"{PREFIX}/other-node/upstream", b"o") in ACCEPTED
         assert controller_peer.publish(ERRORS, b"{}") in ACCEPTED
         report = worker_message("no-such-job", "train", "running", worker=TRAIN_WORKER)
-        assert peers(TRAIN_WORKER).publish(worker_topic(TRAIN_WORKER), _json(report)) in ACCEPTED
+        assert peers(WORKERS).publish(worker_topic(TRAIN_WORKER), _json(report)) in ACCEPTED
         # the controller refuses the report for an unknown job: errors traffic of its own
         cloud.wait_for(lambda: len(cloud.errors()) == 2, 10, "both errors messages")
         time.sleep(QUIET_S)

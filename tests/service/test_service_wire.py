@@ -251,8 +251,9 @@ def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
     ghost = worker_message("ghost-job", "train", "completed", "/models/m.pkl")
     stranger = worker_message("steady-job", "train", "running", worker="intruder")
     replayed = worker_message(
-        "steady-job", "train", "completed", "/etc/passwd", worker="steady-job-train-9"
+        "steady-job", "eval", "completed", "/etc/passwd", worker="steady-job-eval-x9"
     )
+    other_round = worker_message("steady-job", "eval", "failed", worker="steady-job-eval-9")
     return [
         ("not json", topic, b"\x00\x01 binary junk", ["not valid JSON"]),
         ("invalid utf-8", topic, encoded(ownerName="x").replace(b'"x"', b'"\xc3\x28"'),
@@ -266,8 +267,11 @@ def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
          ["unknown job default/ghost-job"]),
         ("foreign worker", worker_topic("intruder"), json.dumps(stranger).encode(),
          ["'intruder' may not report for job default/steady-job", "steady-job-train-<suffix>"]),
-        ("model outside its round", worker_topic("steady-job-train-9"),
-         json.dumps(replayed).encode(), ["'/etc/passwd'", "/train/1/, the output dir of round 1"]),
+        ("model outside its round", worker_topic("steady-job-eval-x9"),
+         json.dumps(replayed).encode(), ["'/etc/passwd'", "/eval/1/, the output dir of round 1"]),
+        ("report of another round", worker_topic("steady-job-eval-9"),
+         json.dumps(other_round).encode(),
+         ["failed for round 9, but job default/steady-job is at round 1"]),
         ("too many results", topic, encoded(results=[{"url": "/m"}] * 101),
          ["$.results", "more than 100 results"]),
         ("owner info too deep", topic, encoded(ownerInfo=nested_object(9)),
@@ -353,7 +357,7 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     assert metric_sum(controller, "lifelong_rejections_total", reason="too_many") == 2
     assert metric_sum(controller, "lifelong_rejections_total", reason="unknown_job") == 1
     assert metric_sum(controller, "lifelong_rejections_total", reason="foreign_worker") == 1
-    assert metric_sum(controller, "lifelong_rejections_total", reason="outside_round") == 1
+    assert metric_sum(controller, "lifelong_rejections_total", reason="outside_round") == 2
     assert metric_sum(controller, "lifelong_rejections_total", reason="invalid_utf8") == 2
 
 

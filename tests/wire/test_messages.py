@@ -836,3 +836,31 @@ def test_mutated_worker_messages_raise_only_invalid_message(worker: dict[str, An
         return
     reports.usable_models(message.results)  # never raises either
     assert msgspec.json.decode(messages.encode(message))["name"] == message.name
+
+
+# --- job names its workers' names can carry ---------------------------------------------------
+
+
+def _named(name: str) -> bytes:
+    job = copy.deepcopy(JOB)
+    job["metadata"]["name"] = name
+    return envelope(job, name=name)
+
+
+def test_a_job_name_too_long_for_its_workers_names_is_refused() -> None:
+    """`{job}-train-{version}` must stay a DNS-1123 subdomain (253) for every version an
+    int64 holds: a longer job name could never hear a report, so it is refused at once."""
+    name = "j" * 228
+    error = invalid(_named(name))
+    assert (error.path, error.code) == ("$.metadata.name", "too_long")
+    assert "at most 227 characters (228 given)" in error.reason
+
+
+def test_the_longest_job_name_allowed_gets_valid_worker_names() -> None:
+    name = "j" * 227
+    decoded = decode_envelope(_named(name))
+    assert isinstance(decoded, JobInsert) and decoded.job.metadata.name == name
+    longest = f"{name}-train-{2**63 - 1}"
+    assert len(longest) == 253
+    report = decode_worker_message(worker_with(name=longest, ownerName=name))
+    assert report.name == longest

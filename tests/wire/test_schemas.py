@@ -39,6 +39,7 @@ ROLLBACK: dict[str, Any] = {
 EXPECTED_ADDRESSES = {
     "{prefix}/{node}/downstream",
     "{prefix}/{node}/workers/{worker}/info",
+    "{prefix}/{node}/workers/{namespace}/{worker}/info",
     "{prefix}/{node}/upstream",
     "{prefix}/{node}/errors",
     "{prefix}/{node}/controllers/{replica}",
@@ -90,14 +91,16 @@ def test_asyncapi_parses_as_json_and_yaml() -> None:
     assert yaml.safe_load(text) == json.loads(text)
 
 
-def test_asyncapi_lists_the_five_channels_with_parameters() -> None:
+def test_asyncapi_lists_the_six_channels_with_parameters() -> None:
     document = _asyncapi()
     channels = document["channels"]
     assert {c["address"] for c in channels.values()} == EXPECTED_ADDRESSES
     parameters = document["components"]["parameters"]
     for channel in channels.values():
         named = {
-            p for p in ("prefix", "node", "worker", "replica") if f"{{{p}}}" in channel["address"]
+            p
+            for p in ("prefix", "node", "namespace", "worker", "replica")
+            if f"{{{p}}}" in channel["address"]
         }
         assert set(channel["parameters"]) == named
         assert named <= set(parameters)
@@ -128,6 +131,7 @@ def test_asyncapi_operations_and_messages_resolve() -> None:
     assert actions == {
         "{prefix}/{node}/downstream": "receive",
         "{prefix}/{node}/workers/{worker}/info": "receive",
+        "{prefix}/{node}/workers/{namespace}/{worker}/info": "receive",
         "{prefix}/{node}/upstream": "send",
         "{prefix}/{node}/errors": "send",
         "{prefix}/{node}/controllers/{replica}": "send",

@@ -36,6 +36,7 @@ from service.adapters.datasets.sources import (
 from service.adapters.files import LocalFiles
 from service.adapters.s3 import S3Clients, S3CredentialLike
 from service.core import paths
+from service.core.rounds import ModelDigest
 from service.errors import PermanentError, Refused, TransientError
 
 T = TypeVar("T")
@@ -133,20 +134,22 @@ class BlobStore:
         output_dir: str | None,
         src_cred: S3CredentialLike | None,
         dst_cred: S3CredentialLike | None,
-    ) -> None:
-        """Replace ``dst_url`` whole with the bytes of ``src_url``.
+        expect: ModelDigest | None = None,
+    ) -> ModelDigest:
+        """Replace ``dst_url`` whole with the bytes of ``src_url``; their size and SHA-256.
 
         The source must lie in ``output_dir`` (the job's output dir, local or S3; None: a
         caller with no job, nothing to check), be a regular file reached without a symlink
-        (local) and hold at most ``max_model_bytes``: else ``Refused``. A missing source
+        (local), hold at most ``max_model_bytes`` and, given ``expect``, have that size and
+        SHA-256: else ``Refused``, and ``dst_url`` keeps what it held. A missing source
         raises PermanentError naming it.
         """
-        if src_url == dst_url:
-            return
         if output_dir is not None and not paths.is_beneath(src_url, output_dir):
             raise Refused(f"model {src_url} is not in the job's output dir {output_dir}")
         try:
-            self._retry(lambda: self._models.copy(src_url, dst_url, src_cred, dst_cred))
+            return self._retry(
+                lambda: self._models.copy(src_url, dst_url, src_cred, dst_cred, expect)
+            )
         except SourceMissing as e:
             raise PermanentError(f"model {src_url} does not exist") from e
 
