@@ -220,7 +220,8 @@ class SednaGm:
         return [r for r in list(self.kubelet.records) if job is None or r.job == job]
 
     def rounds(self, name: str, namespace: str = "default") -> int:
-        """Rounds completed: how often Train/Waiting follows Deploy/Completed."""
+        """Rounds completed: how often Train/Waiting follows Deploy/Completed (repeats and
+        echoes left out)."""
         conditions = _collapsed(self.conditions(name, namespace))
         return sum(
             1
@@ -229,8 +230,9 @@ class SednaGm:
         )
 
     def order_problems(self, name: str, namespace: str = "default") -> list[str]:
-        """What is out of order in the job's history: a move the stage machine does not
-        make (a stage skipped), or more than one pod for one Ready condition."""
+        """What is out of order in the job's history (repeats and echoes left out): a move
+        the stage machine does not make (a stage skipped), or more than one pod for one
+        Ready condition."""
         conditions = _collapsed(self.conditions(name, namespace))
         problems = [
             f"{b[0]}/{b[1]} -> {a[0]}/{a[1]} (condition {i + 1})"
@@ -282,7 +284,16 @@ class SednaGm:
 
 
 def _collapsed(conditions: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [c for i, c in enumerate(conditions) if i == 0 or conditions[i - 1] != c]
+    """The conditions without repeats: a condition equal to the one before, and an echo (a
+    stage's Completed or Failed reported again after the GM already moved on from it, as a
+    status sent before the node saw the move is appended after it)."""
+    kept: list[tuple[str, str]] = []
+    for condition in conditions:
+        moved_on = condition[1] in ("Completed", "Failed") and kept[-2:-1] == [condition]
+        if kept[-1:] == [condition] or (moved_on and _allowed(condition, kept[-1], "")):
+            continue
+        kept.append(condition)
+    return kept
 
 
 def _allowed(before: tuple[str, str], after: tuple[str, str], routing: str) -> bool:
@@ -578,8 +589,9 @@ class _Process:
         kind = str(header.get("resourceKind", "")).lower()
         name = str(header.get("resourceName", ""))
         namespace = str(header.get("namespace", ""))
-        if header.get("operation") != "status":
-            why = f"unknown operation {header.get('operation')!r}"
+        operation = str(header.get("operation", ""))  # Go reads a missing one as ""
+        if operation != "status":
+            why = f"unknown operation {operation!r}"
             self.gm._record(self.gm.ignored, Refusal(frame.node, kind, name, why, raw))
             return
         handler = {JOB: self._job_status, DATASET: self._dataset_status}.get(kind)

@@ -451,15 +451,24 @@ def test_a_restarted_gm_sends_every_job_and_dataset_again(gm: SednaGm, tmp_path:
     assert gm.conditions(JOB) == [("Train", "Waiting")], "the store survived"
 
 
-def test_order_problems_name_a_skipped_stage_and_a_second_pod(gm: SednaGm) -> None:
+def test_order_problems_name_a_skipped_stage_and_pass_an_echo(gm: SednaGm) -> None:
     gm.apply(dataset_resource(DATASET, "/d"))
     gm.apply(job_resource(JOB, DATASET, "/o"))
     gm.wait(lambda: gm.conditions(JOB), 10, "a condition")
+    gm.stop()  # no GM moves the job meanwhile
 
-    def rewrite(job: dict[str, Any]) -> None:
-        conditions = [("Train", "Waiting"), ("Train", "Ready"), ("Eval", "Waiting")]
-        job["status"]["conditions"] = [{"stage": s, "type": t} for s, t in conditions]
+    def rewrite(*conditions: tuple[str, str]) -> None:
+        def change(job: dict[str, Any]) -> None:
+            job["status"]["conditions"] = [{"stage": s, "type": t} for s, t in conditions]
 
-    gm.stop()  # no GM moves it meanwhile
-    gm.store.update("lifelonglearningjob", "default", JOB, rewrite)
+        gm.store.update("lifelonglearningjob", "default", JOB, change)
+
+    rewrite(("Train", "Waiting"), ("Train", "Ready"), ("Eval", "Waiting"))
     assert gm.order_problems(JOB) == ["Train/Ready -> Eval/Waiting (condition 2)"]
+    # the LC's completed, sent before it saw the GM move on, appended after the move
+    rewrite(("Train", "Waiting"), ("Train", "Ready"), ("Train", "Starting"),
+            ("Train", "Completed"), ("Eval", "Waiting"), ("Train", "Completed"),
+            ("Eval", "Waiting"), ("Eval", "Ready"))  # fmt: skip
+    assert gm.order_problems(JOB) == []
+    rewrite(("Train", "Completed"), ("Eval", "Waiting"), ("Eval", "Completed"))
+    assert gm.order_problems(JOB) == ["Eval/Waiting -> Eval/Completed (condition 2)"]
