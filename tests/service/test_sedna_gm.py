@@ -186,7 +186,9 @@ def test_the_link_holder_killed_mid_round(stack: Stack, sedna_gm: GmFactory) -> 
 
 
 def test_workers_on_a_second_node(stack: Stack, sedna_gm: GmFactory) -> None:
-    gm = sedna_gm(lag=(0.0, 0.05))
+    # The job reaches the worker node only once the GM saw the pod run (Train/Running):
+    # a worker's `running` report may come before it, so the work takes a while here.
+    gm = sedna_gm(lag=(0.0, 0.05), behaviour=lambda _i: Behaviour(run_s=1.0))
     linked(stack, gm, "home", NODE, LIFELONG_KEY_PREFIX="home")
     linked(stack, gm, "worker", OTHER_NODE, LIFELONG_KEY_PREFIX="worker")
     _, feeder = apply(gm, stack, train_node=OTHER_NODE)
@@ -198,8 +200,8 @@ def test_workers_on_a_second_node(stack: Stack, sedna_gm: GmFactory) -> None:
     assert gm.job(JOB)["metadata"]["annotations"]["sedna.io/Train"] == OTHER_NODE
     to_worker = [s.operation for s in gm.sent if s.node == OTHER_NODE and s.name == JOB]
     assert "insert" in to_worker and "delete" in to_worker
-    reports = [r for p in gm.pods(JOB) for r in p.reports]
-    assert reports and all(r.answer == 200 for r in reports)
+    done = [r for p in gm.pods(JOB) for r in p.reports if r.message["status"] == "completed"]
+    assert done and all(r.answer == 200 for r in done)
 
 
 def test_the_gate_by_annotation_holds_back_a_worse_model(
