@@ -17,6 +17,10 @@ websocket 1.5) wherever a local controller can tell:
   newline. Frames are built here by hand (`go_frame`), independently of the adapter.
 - It reads and records every frame (raw), never pings, and answers pings (as gorilla does).
 
+``on_frame``, when given, is called with every frame read (on the stand-in's thread: it must
+not block), which is how a GM that acts on what it reads is built on this transport
+(tests/sedna_gm); `send_content` queues a resource already marshalled.
+
 Test controls beyond the GM's own behaviour: `stop` then `start` on the same port (a GM
 restart: connections dropped without a close frame, as when the process dies, and the queue
 lost), `send_raw` (garbage frames), `flood` (many frames, written as fast as they are
@@ -91,9 +95,16 @@ class _Node:
 class GmStandIn:
     """A GM stand-in on 127.0.0.1; a context manager that starts and stops it."""
 
-    def __init__(self, port: int | None = None, *, ssl_context: ssl.SSLContext | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        on_frame: Callable[[Received], None] | None = None,
+    ):
         self.port = port or free_port()
         self._ssl = ssl_context
+        self._on_frame = on_frame
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gm-standin")
         self._thread.start()
@@ -185,6 +196,14 @@ class GmStandIn:
         """Queue a ``delete`` (the GM sends the whole deleted object as content)."""
         return self._resource_frame(node, "delete", resource)
 
+    def send_content(self, node: str, operation: str, key: Key, content: bytes) -> str:
+        """Queue a frame whose content is ``content`` as is, for the resource ``key`` (kind,
+        namespace, name); latest wins per key, as for `insert`. Returns the frame."""
+        kind, namespace, name = key
+        frame = go_frame(namespace, kind, name, operation, content)
+        self._call(self._enqueue(node, key, frame))
+        return frame
+
     def send_raw(self, node: str, data: str | bytes) -> None:
         """Queue any frame as is: str as a text frame, bytes as a binary one."""
         self._raw_keys += 1
@@ -270,9 +289,12 @@ class GmStandIn:
             async for message in connection:
                 text = isinstance(message, str)
                 data = message.encode() if isinstance(message, str) else bytes(message)
+                received = Received(node, data, text, time.time())
                 with self._changed:
-                    self._received.append(Received(node, data, text, time.time()))
+                    self._received.append(received)
                     self._changed.notify_all()
+                if self._on_frame is not None:
+                    self._on_frame(received)
         except ConnectionClosed:
             pass
         finally:

@@ -1,0 +1,679 @@
+"""Sedna's global manager (GM) for lifelong-learning jobs, behaving as its Go code does.
+
+One `SednaGm` is the Kubernetes side (the store and a kubelet running pods as real workers,
+`tests.sedna_gm.pods`) plus one GM process (`_Process`): informers for jobs, datasets and
+pods whose caches lag the store, the job controller's work queue and its one worker, the
+upstream loop that reads the nodes' status frames, and the downstream that re-sends every
+job and dataset update to the nodes over the websocket transport of `tests.gm_standin`
+(per-node queue, latest wins per kind/namespace/name). `restart` ends the process and
+starts a new one: queues and caches are lost, the store and the pods are kept, and the new
+informers list everything again, so every job and dataset is re-sent.
+
+What the job controller does, as Sedna writes it:
+- ``sync`` reads the job from the informer cache and moves its latest condition:
+  none -> Train/Waiting; Waiting -> nothing (the local controller, LC, appends Ready);
+  Ready -> create the stage's pod unless its latest pod is Pending or Running ->
+  Starting (Deploy/Ready: delete and recreate the inference pod -> Deploy/Completed);
+  Starting/Running -> Running while the pod runs (annotating ``sedna.io/<Stage>`` with the
+  pod's node), Completed when it succeeded, Failed when it failed; Completed -> the next
+  stage's Waiting (Train -> Eval -> Deploy -> Train); Failed -> Train/Waiting. It then
+  Gets the FRESH job and writes its whole status as the CACHED copy's status plus the new
+  condition, so a condition the LC appended in between is lost (the GM's own bug, kept).
+- ``updateFromEdge`` (a node's ``status`` frame) takes phases train/eval/deploy and
+  statuses ready/completed/failed/waiting, in any case; anything else is refused and
+  counted. It appends a condition (to the fresh job) whose ``data`` is the status
+  re-marshalled through ConditionData, message "reported by lc", and fills
+  ``status.knowledgeBase`` from the output models. A dataset's status replaces its status.
+- Downstream, ``routing="2022"`` (Sedna since 2022): a job goes to the dataset's node while
+  its latest condition is Waiting, to the stage's worker node (the annotation) while
+  Running; when a stage is Completed or Failed that node gets a ``delete`` unless it is the
+  dataset's or the deploy node; a deleted job is deleted on every node it touched.
+  ``routing="2021"``: every job update goes to the train template's node, and deploy Ready
+  goes through Starting to Completed once the inference pod runs, as the 2021 code did.
+  Datasets go to their ``spec.nodeName``. What is sent is the object re-marshalled from
+  Sedna's Go types (`tests.sedna_gm.gojson`), kind set and apiVersion empty as informer
+  objects are.
+
+Simplifications, none visible to a local controller: no secrets (credential annotations are
+not injected), one store lock instead of optimistic concurrency (the GM's Get-then-Update
+never races itself here), Go's random map order replaced by sorted order.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import itertools
+import json
+import logging
+import queue
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.gm_standin import GmStandIn, Received
+from tests.sedna_gm import gojson
+from tests.sedna_gm.kube import Informer, Lag, NotFound, Store, WorkQueue, now_rfc3339
+from tests.sedna_gm.pods import Behaviour, Kubelet, PodInfo, PodRecord
+from tests.wait import wait_until
+
+log = logging.getLogger(__name__)
+
+JOB = "lifelonglearningjob"
+DATASET = "dataset"
+STAGES = ("Train", "Eval", "Deploy")
+NEXT_STAGE = {"Train": "Eval", "Eval": "Deploy", "Deploy": "Train"}
+POD_TYPE = {"Train": "train", "Eval": "eval", "Deploy": "inference"}
+ANNOTATION_PREFIX = "sedna.io/"
+KB_SERVER = "http://kb.sedna:9020"  # the GM config's knowledge-base server, unused here
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A frame the GM queued for a node: operation, kind, name and the content as sent."""
+
+    node: str
+    operation: str
+    kind: str
+    name: str
+    content: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A status frame the GM would not take, and why (its error log line)."""
+
+    node: str
+    kind: str
+    name: str
+    reason: str
+    content: bytes | None
+
+
+def _suffix() -> str:
+    """utilrand.String(5): Kubernetes' random name suffix."""
+    return "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+
+
+class SednaGm:
+    """Sedna's GM on a free port, with the Kubernetes store and pods it stands on.
+
+    ``lag`` is the job and dataset informers' lag (seconds, or a (low, high) range drawn
+    per update), ``pod_lag`` the pod informer's; ``lc_servers`` the URL of each node's
+    local controller (the GM's LC_SERVER as a pod on that node reaches it; a node not
+    listed does not exist); ``behaviour`` chooses how each worker run goes;
+    ``http_token`` is sent as a bearer token with every report; ``retry_backoff_s`` is the
+    work queue's first back-off after a failed sync (the GM's 10 s).
+    """
+
+    def __init__(
+        self,
+        *,
+        routing: str = "2022",
+        lag: Lag = 0.0,
+        pod_lag: Lag = 0.0,
+        lc_servers: dict[str, str] | None = None,
+        behaviour: Callable[[PodInfo], Behaviour] | None = None,
+        http_token: str = "",
+        retry_backoff_s: float = 10.0,
+        restart_backoff_s: float = 10.0,
+        port: int | None = None,
+    ) -> None:
+        if routing not in ("2021", "2022"):
+            raise ValueError(f"routing must be 2021 or 2022, not {routing!r}")
+        self.routing = routing
+        self.lag = lag
+        self.pod_lag = pod_lag
+        self.lc_servers = dict(lc_servers or {})
+        self.retry_backoff_s = retry_backoff_s
+        self.store = Store()
+        self.kubelet = Kubelet(
+            self.store, self.lc_servers.get, behaviour or (lambda _info: Behaviour()),
+            token=http_token, restart_backoff_s=restart_backoff_s,
+        )  # fmt: skip
+        self.standin = GmStandIn(port, on_frame=self._on_frame)
+        self.sent: list[Sent] = []
+        self.refused: list[Refusal] = []
+        self.ignored: list[Refusal] = []
+        self._process: _Process | None = None
+        self.pod_sequence = itertools.count(1)  # pods' creation order, across restarts
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> SednaGm:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def address(self) -> str:
+        return self.standin.address
+
+    def start(self) -> None:
+        """Start the GM process: its informers list the store and re-send everything."""
+        if self._process is None:
+            self.standin.start()
+            self._process = _Process(self)
+
+    def stop(self) -> None:
+        """The GM process dies: connections dropped, queues and caches lost."""
+        process, self._process = self._process, None
+        self.standin.stop()
+        if process is not None:
+            process.stop()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        self.kubelet.close()
+        self.standin.close()
+
+    # -- kubectl --------------------------------------------------------------------------
+
+    def apply(self, resource: dict[str, Any]) -> None:
+        """``kubectl apply`` of a Dataset or LifelongLearningJob: create, or replace the
+        spec and metadata labels/annotations of the existing one (status kept)."""
+        kind = resource["kind"].lower()
+        go_type = {JOB: gojson.LIFELONG_LEARNING_JOB, DATASET: gojson.DATASET}[kind]
+        obj = gojson.decode(go_type, resource)
+        obj["kind"] = obj["apiVersion"] = ""  # typed clients hand out objects without them
+        meta = obj["metadata"]
+        meta["namespace"] = meta["namespace"] or "default"
+
+        def replace(current: dict[str, Any]) -> None:
+            if current["spec"] != obj["spec"]:
+                current["metadata"]["generation"] += 1
+            current["spec"] = obj["spec"]
+            for field in ("labels", "annotations"):
+                current["metadata"][field] = meta[field]
+
+        try:
+            self.store.update(kind, meta["namespace"], meta["name"], replace)
+        except NotFound:
+            self.store.create(kind, obj)
+
+    def delete(self, kind: str, name: str, namespace: str = "default") -> None:
+        self.store.delete(kind.lower(), namespace, name)
+
+    # -- what tests read ------------------------------------------------------------------
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return self.store.get(JOB, namespace, name)
+
+    def conditions(self, name: str, namespace: str = "default") -> list[tuple[str, str]]:
+        """The job's conditions in order, as (stage, type)."""
+        try:
+            job = self.job(name, namespace)
+        except NotFound:
+            return []
+        return [(c["stage"], c["type"]) for c in job["status"]["conditions"] or []]
+
+    def pods(self, job: str | None = None) -> list[PodRecord]:
+        return [r for r in list(self.kubelet.records) if job is None or r.job == job]
+
+    def rounds(self, name: str, namespace: str = "default") -> int:
+        """Rounds completed: how often Train/Waiting follows Deploy/Completed (repeats and
+        echoes left out)."""
+        conditions = _collapsed(self.conditions(name, namespace))
+        return sum(
+            1
+            for before, after in itertools.pairwise(conditions)
+            if before == ("Deploy", "Completed") and after == ("Train", "Waiting")
+        )
+
+    def order_problems(self, name: str, namespace: str = "default") -> list[str]:
+        """What is out of order in the job's history (repeats and echoes left out): a move
+        the stage machine does not make (a stage skipped), or more than one pod for one
+        Ready condition."""
+        conditions = _collapsed(self.conditions(name, namespace))
+        problems = [
+            f"{b[0]}/{b[1]} -> {a[0]}/{a[1]} (condition {i + 1})"
+            for i, (b, a) in enumerate(itertools.pairwise(conditions))
+            if not _allowed(b, a, self.routing)
+        ]
+        per_ready: dict[tuple[str, int], list[str]] = {}
+        for pod in self.pods(name):
+            if pod.type != "inference":
+                per_ready.setdefault((pod.type, pod.ready_number), []).append(pod.name)
+        problems += [
+            f"{len(names)} {type_} pods for its Ready #{number}: {', '.join(names)}"
+            for (type_, number), names in per_ready.items()
+            if len(names) > 1
+        ]
+        return problems
+
+    def wait(self, predicate: Callable[[], Any], timeout_s: float, what: str,
+             detail: Callable[[], str] | None = None) -> Any:  # fmt: skip
+        """The predicate's first truthy value (polled: the store calls out under its lock, so
+        a waiter must not hold a lock of its own while reading it)."""
+        return wait_until(predicate, timeout_s, what, detail=detail)
+
+    def wait_rounds(self, name: str, rounds: int, timeout_s: float) -> None:
+        self.wait(lambda: self.rounds(name) >= rounds, timeout_s, f"{rounds} rounds of {name}",
+                  detail=lambda: str(self.conditions(name)[-12:]))  # fmt: skip
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def _on_frame(self, frame: Received) -> None:
+        process = self._process
+        if process is not None:
+            process.upstream.put(frame)
+
+    def _record(self, into: list[Refusal], refusal: Refusal) -> None:
+        log.warning("GM: %s %s from %s: %s", refusal.kind, refusal.name, refusal.node,
+                    refusal.reason)  # fmt: skip
+        into.append(refusal)
+
+    def _send(self, node: str, operation: str, obj: dict[str, Any], go_type: gojson.GoType,
+              kind: str) -> None:  # fmt: skip
+        """SendResourceObject: the object marshalled, queued for the node (latest wins)."""
+        obj = {**obj, "kind": kind}
+        content = gojson.dumps(gojson.encode(go_type, obj))
+        meta = obj["metadata"]
+        self.sent.append(Sent(node, operation, kind.lower(), meta["name"], json.loads(content)))
+        key = (kind.lower(), meta["namespace"], meta["name"])
+        self.standin.send_content(node, operation, key, content)
+
+
+def _collapsed(conditions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The conditions without repeats: a condition equal to the one before, and an echo (a
+    stage's Completed or Failed reported again after the GM already moved on from it, as a
+    status sent before the node saw the move is appended after it)."""
+    kept: list[tuple[str, str]] = []
+    for condition in conditions:
+        moved_on = condition[1] in ("Completed", "Failed") and kept[-2:-1] == [condition]
+        if kept[-1:] == [condition] or (moved_on and _allowed(condition, kept[-1], "")):
+            continue
+        kept.append(condition)
+    return kept
+
+
+def _allowed(before: tuple[str, str], after: tuple[str, str], routing: str) -> bool:
+    """Whether the stage machine (the GM's and the LC's moves) goes from one to the other."""
+    (stage, type_), (next_stage, next_type) = before, after
+    if next_type == "Failed":
+        return next_stage == stage  # a stage may fail at any point
+    if type_ == "Failed":
+        return after == ("Train", "Waiting")
+    if type_ == "Completed":
+        return after == (NEXT_STAGE[stage], "Waiting")
+    if next_stage != stage:
+        return False
+    moves = {
+        "Waiting": {"Ready"} | ({"Completed"} if stage == "Deploy" else set()),
+        "Ready": {"Completed"} if stage == "Deploy" and routing == "2022" else {"Starting"},
+        "Starting": {"Running", "Completed"},
+        "Running": {"Completed"},
+    }
+    return next_type in moves.get(type_, set())
+
+
+class _Process:
+    """One run of the GM process: informers, the job worker, the upstream loop."""
+
+    def __init__(self, gm: SednaGm) -> None:
+        self.gm = gm
+        self.store = gm.store
+        self.queue = WorkQueue(gm.retry_backoff_s, 360.0)
+        self.upstream: queue.Queue[Received | None] = queue.Queue()
+        self.jobs = Informer(self.store, JOB, gm.lag, self._on_job, "gm-jobs")
+        self.datasets = Informer(self.store, DATASET, gm.lag, self._on_dataset, "gm-datasets")
+        self.pods = Informer(self.store, "pod", gm.pod_lag, self._on_pod, "gm-pods")
+        self._threads = [
+            threading.Thread(target=self._work, name="gm-worker", daemon=True),
+            threading.Thread(target=self._read_upstream, name="gm-upstream", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        for informer in (self.jobs, self.datasets, self.pods):
+            informer.stop()
+        self.queue.shutdown()
+        self.upstream.put(None)
+        for thread in self._threads:
+            thread.join(10)
+
+    # -- informer handlers ----------------------------------------------------------------
+
+    def _on_job(self, type_: str, job: dict[str, Any]) -> None:
+        meta = job["metadata"]
+        self.queue.add(f"{meta['namespace']}/{meta['name']}")
+        self._job_to_edge(type_, job)
+
+    def _on_dataset(self, type_: str, dataset: dict[str, Any]) -> None:
+        node = dataset["spec"]["nodeName"]
+        if not node:
+            log.warning("GM: dataset %s has no node name", dataset["metadata"]["name"])
+            return
+        operation = "delete" if type_ == "deleted" else "insert"
+        self.gm._send(node, operation, dataset, gojson.DATASET, "Dataset")
+
+    def _on_pod(self, type_: str, pod: dict[str, Any]) -> None:
+        owner = pod["metadata"]["ownerReferences"][0]
+        job = self.jobs.get(pod["metadata"]["namespace"], owner["name"])
+        if job is None or job["metadata"]["uid"] != owner["uid"]:
+            return
+        key = f"{pod['metadata']['namespace']}/{owner['name']}"
+        requeues = self.queue.requeues(key)
+        if type_ != "deleted" and pod["status"]["phase"] == "Failed" and requeues > 0:
+            self.queue.add_after(key, self.gm.retry_backoff_s * 2 ** (requeues - 1))
+        else:
+            self.queue.add(key)
+
+    # -- downstream -----------------------------------------------------------------------
+
+    def _job_to_edge(self, type_: str, job: dict[str, Any]) -> None:
+        if self.gm.routing == "2021":
+            node = job["spec"]["trainSpec"]["template"]["spec"].get("nodeName", "")
+            if node:
+                self._send_job(node, "delete" if type_ == "deleted" else "insert", job)
+            return
+        try:
+            dataset = self.store.get(DATASET, job["metadata"]["namespace"],
+                                     job["spec"]["dataset"]["name"])  # fmt: skip
+            dataset_node = dataset["spec"]["nodeName"]
+        except NotFound:
+            dataset_node = ""
+        annotations = job["metadata"]["annotations"] or {}
+        stage_nodes = {s: annotations.get(ANNOTATION_PREFIX + s, "") for s in STAGES}
+        if type_ == "deleted":
+            for node in sorted({dataset_node, *stage_nodes.values()}):
+                self._send_job(node, "delete", job)
+            return
+        conditions = job["status"]["conditions"] or []
+        if not dataset_node or not conditions:
+            return
+        latest = conditions[-1]
+        node = stage_nodes.get(latest["stage"], "")
+        if latest["type"] == "Waiting":
+            self._send_job(dataset_node, "insert", job)
+        elif latest["type"] == "Running":
+            self._send_job(node, "insert", job)
+        elif latest["type"] in ("Completed", "Failed") and node not in {
+            dataset_node,
+            stage_nodes["Deploy"],
+        }:
+            self._send_job(node, "delete", job)
+
+    def _send_job(self, node: str, operation: str, job: dict[str, Any]) -> None:
+        self.gm._send(node, operation, job, gojson.LIFELONG_LEARNING_JOB, "LifelongLearningJob")
+
+    # -- the job controller ---------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (key := self.queue.get()) is not None:
+            try:
+                self._sync(key)
+            except Exception:
+                log.exception("GM: syncing %s broke", key)
+            finally:
+                self.queue.done(key)
+
+    def _sync(self, key: str) -> None:
+        namespace, name = key.split("/", 1)
+        cached = self.jobs.get(namespace, name)
+        if cached is None:
+            self.queue.forget(key)  # deleted
+            return
+        job = copy.deepcopy(cached)
+        if job["status"]["startTime"] is None:
+            job["status"]["startTime"] = now_rfc3339()
+        try:
+            updated = self._transit(job)
+        except (NotFound, ValueError) as e:
+            log.info("GM: job %s not moved: %s", key, e)
+            self.queue.add_rate_limited(key)
+            return
+        if updated:
+            try:
+                self.store.update(JOB, namespace, name, _set_status(job["status"]))
+            except NotFound:
+                self.queue.add_rate_limited(key)
+                return
+            self.queue.forget(key)
+
+    def _transit(self, job: dict[str, Any]) -> bool:
+        """transitJobState: append the next condition to ``job``; whether it did."""
+        conditions = job["status"]["conditions"] = job["status"]["conditions"] or []
+        stage, type_ = ("Train", "") if not conditions else (
+            conditions[-1]["stage"], conditions[-1]["type"])  # fmt: skip
+        pod = self._latest_pod(job, stage) if conditions else None
+        phase = pod["status"]["phase"] if pod is not None else "Unknown"
+        new_stage, new_type = stage, type_
+        if type_ == "":
+            new_type = "Waiting"
+        elif type_ == "Ready":
+            if stage == "Deploy":
+                self._restart_infer_pod(job)
+                new_type = "Starting" if self.gm.routing == "2021" else "Completed"
+            else:
+                if phase not in ("Pending", "Running"):
+                    self._create_pod(job, stage)
+                new_type = "Starting"
+        elif type_ in ("Starting", "Running"):
+            if phase == "Running" and pod is not None:
+                if stage == "Deploy":  # only reached under the 2021 routing
+                    new_type = "Completed"
+                else:
+                    self._annotate(job, ANNOTATION_PREFIX + stage, pod["spec"]["nodeName"])
+                    new_type = "Running"
+            elif phase == "Succeeded":
+                new_type = "Completed"
+            elif phase == "Failed":
+                new_type = "Failed"
+        elif type_ == "Completed":
+            new_stage, new_type = NEXT_STAGE[stage], "Waiting"
+        elif type_ == "Failed":
+            new_stage, new_type = "Train", "Waiting"
+        if new_type == type_:
+            return False
+        conditions.append(_condition(new_type, new_stage))
+        return True
+
+    def _latest_pod(self, job: dict[str, Any], stage: str) -> dict[str, Any] | None:
+        """getSpecifiedPods: the job's newest pod of the stage's type (in the pod cache)."""
+        uid = job["metadata"]["uid"]
+        pods = [
+            p for p in self.pods.list()
+            if p["metadata"]["ownerReferences"][0]["uid"] == uid
+            and p["metadata"]["name"].split("-")[-2] == POD_TYPE[stage]
+        ]  # fmt: skip
+        return max(pods, key=lambda p: p["seq"], default=None)
+
+    def _annotate(self, job: dict[str, Any], key: str, value: str) -> None:
+        if (job["metadata"]["annotations"] or {}).get(key) == value:
+            return
+
+        def patch(fresh: dict[str, Any]) -> None:
+            fresh["metadata"]["annotations"] = {**(fresh["metadata"]["annotations"] or {}),
+                                                key: value}  # fmt: skip
+
+        meta = job["metadata"]
+        fresh = self.store.get(JOB, meta["namespace"], meta["name"])
+        if (fresh["metadata"]["annotations"] or {}).get(key) != value:
+            self.store.update(JOB, meta["namespace"], meta["name"], patch)
+
+    def _create_pod(self, job: dict[str, Any], stage: str) -> None:
+        meta, spec = job["metadata"], job["spec"]
+        dataset = self.store.get(DATASET, meta["namespace"], spec["dataset"]["name"])
+        conditions = job["status"]["conditions"]
+        try:
+            data = gojson.decode(gojson.CONDITION_DATA, json.loads(conditions[-1]["data"]))
+        except ValueError:
+            data = gojson.zero(gojson.CONDITION_DATA)
+        given = data["input"]
+        if given is None:
+            raise ValueError("empty input from condData")
+        original = given["dataIndexURL"] or dataset["spec"]["url"]
+        worker = "train" if stage == "Train" else "eval"
+        template = spec["trainSpec" if stage == "Train" else "evalSpec"]["template"]
+        node = (template["spec"] or {}).get("nodeName", "")
+        env = {"NAMESPACE": meta["namespace"], "JOB_NAME": meta["name"],
+               "WORKER_NAME": f"{worker}-worker-{_suffix()}",
+               "LC_SERVER": self.gm.lc_servers.get(node, ""), "KB_SERVER": KB_SERVER,
+               "OUTPUT_URL": given["outputDir"], "ORIGINAL_DATASET_URL": original}  # fmt: skip
+        if stage == "Train":
+            trained = any(c["stage"] == "Train" and c["type"] == "Completed" for c in conditions)
+            env["HAS_COMPLETED_INITIAL_TRAINING"] = str(trained).lower()
+            env["TRAIN_DATASET_URL"] = given["dataURL"]
+        else:
+            models = [given["model"]] if given["model"] is not None else given["models"] or []
+            env["MODEL_URLS"] = ";".join(m["url"] for m in models)
+            env["TEST_DATASET_URL"] = given["dataURL"]
+        ready = sum(1 for c in conditions if (c["stage"], c["type"]) == (stage, "Ready"))
+        self._new_pod(job, worker, env, template, ready=ready, restart="OnFailure")
+
+    def _restart_infer_pod(self, job: dict[str, Any]) -> None:
+        pod = self._latest_pod(job, "Deploy")
+        if pod is not None:
+            meta = pod["metadata"]
+            with contextlib.suppress(NotFound):
+                self.store.delete("pod", meta["namespace"], meta["name"])
+        spec, meta = job["spec"], job["metadata"]
+        template = spec["deploySpec"]["template"]
+        node = (template["spec"] or {}).get("nodeName", "")
+        env = {"NAMESPACE": meta["namespace"], "JOB_NAME": meta["name"],
+               "WORKER_NAME": f"inferworker-{_suffix()}",
+               "LC_SERVER": self.gm.lc_servers.get(node, ""), "OUTPUT_URL": spec["outputDir"],
+               "MODEL_URLS": spec["outputDir"].rstrip("/") + "/deploy/index.pkl"}  # fmt: skip
+        ready = sum(1 for c in job["status"]["conditions"] if c["stage"] == "Deploy"
+                    and c["type"] == "Ready")  # fmt: skip
+        self._new_pod(job, "inference", env, template, ready=ready, restart="")
+
+    def _new_pod(self, job: dict[str, Any], type_: str, env: dict[str, str],
+                 template: dict[str, Any], *, ready: int, restart: str) -> None:  # fmt: skip
+        """CreatePodWithTemplate; the pod keeps its environment as a map (``env``), its
+        creation order (``seq``) and the Ready it answers (``readyNumber``) beside it."""
+        meta = job["metadata"]
+        pod_spec = template["spec"] or {}
+        name = f"{meta['name']}-{type_}-{_suffix()}"
+        self.store.create("pod", {
+            "metadata": {"name": name, "namespace": meta["namespace"],
+                         "ownerReferences": [{"kind": "LifelongLearningJob",
+                                              "name": meta["name"], "uid": meta["uid"]}]},
+            "spec": {"nodeName": pod_spec.get("nodeName", ""),
+                     "restartPolicy": pod_spec.get("restartPolicy") or restart},
+            "status": {"phase": "Pending"},
+            "env": env, "seq": next(self.gm.pod_sequence),
+            "readyNumber": ready,
+        })  # fmt: skip
+
+    # -- upstream -------------------------------------------------------------------------
+
+    def _read_upstream(self) -> None:
+        while (frame := self.upstream.get()) is not None:
+            try:
+                self._status(frame)
+            except Exception:
+                log.exception("GM: handling a frame from %s broke", frame.node)
+
+    def _status(self, frame: Received) -> None:
+        try:
+            message = json.loads(frame.data)
+            header = message.get("header") or {}
+            content = message.get("content")
+            raw = None if content is None else base64.b64decode(content)
+        except (ValueError, AttributeError) as e:
+            self.gm._record(self.gm.ignored, Refusal(frame.node, "", "", f"unreadable: {e}",
+                                                     frame.data))  # fmt: skip
+            return
+        kind = str(header.get("resourceKind", "")).lower()
+        name = str(header.get("resourceName", ""))
+        namespace = str(header.get("namespace", ""))
+        operation = str(header.get("operation", ""))  # Go reads a missing one as ""
+        if operation != "status":
+            why = f"unknown operation {operation!r}"
+            self.gm._record(self.gm.ignored, Refusal(frame.node, kind, name, why, raw))
+            return
+        handler = {JOB: self._job_status, DATASET: self._dataset_status}.get(kind)
+        if handler is None:
+            why = f"no handler for resource kind {kind}"
+            self.gm._record(self.gm.ignored, Refusal(frame.node, kind, name, why, raw))
+            return
+        try:
+            handler(namespace, name, raw)
+        except (ValueError, NotFound) as e:
+            self.gm._record(self.gm.refused, Refusal(frame.node, kind, name, str(e), raw))
+
+    def _job_status(self, namespace: str, name: str, raw: bytes | None) -> None:
+        """updateFromEdge of the lifelong-learning controller."""
+        parsed = json.loads(raw or b"")
+        head = gojson.decode(gojson.JOB_STATUS_HEAD, parsed)
+        data = gojson.decode(gojson.CONDITION_DATA, parsed)
+        stage = {"train": "Train", "eval": "Eval", "deploy": "Deploy"}.get(head["phase"].lower())
+        if stage is None:
+            raise ValueError(f"invalid condition stage: {head['phase']}")
+        types = {"ready": "Ready", "completed": "Completed", "failed": "Failed",
+                 "waiting": "Waiting"}  # fmt: skip
+        type_ = types.get(head["status"].lower())
+        if type_ is None:
+            raise ValueError(f"invalid condition type: {head['status']}")
+        condition = _condition(type_, stage)
+        condition["data"] = gojson.dumps(gojson.encode(gojson.CONDITION_DATA, data)).decode()
+        condition["message"] = "reported by lc"
+        models = (data["output"] or {}).get("models") or []
+        if models:
+            self.store.update(JOB, namespace, name, _set_knowledge_base(models))
+
+        def append(fresh: dict[str, Any]) -> None:
+            fresh["status"]["conditions"] = [*(fresh["status"]["conditions"] or []), condition]
+
+        self.store.update(JOB, namespace, name, append)
+
+    def _dataset_status(self, namespace: str, name: str, raw: bytes | None) -> None:
+        status = gojson.decode(gojson.DATASET_STATUS, json.loads(raw or b""))
+        status["updateTime"] = status["updateTime"] or now_rfc3339()
+
+        def replace(fresh: dict[str, Any]) -> None:
+            fresh["status"] = status
+
+        self.store.update(DATASET, namespace, name, replace)
+
+
+def _condition(type_: str, stage: str) -> dict[str, Any]:
+    now = now_rfc3339()
+    return {"type": type_, "status": "True", "stage": stage, "lastHeartbeatTime": now,
+            "lastTransitionTime": now, "reason": "", "message": "", "data": ""}  # fmt: skip
+
+
+def _set_status(status: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """updateJobStatus: the fresh object's whole status becomes ``status``."""
+
+    def change(fresh: dict[str, Any]) -> None:
+        fresh["status"] = copy.deepcopy(status)
+
+    return change
+
+
+def _set_knowledge_base(models: list[dict[str, Any]]) -> Callable[[dict[str, Any]], None]:
+    """updateStatusKnowledgeBase: models, classes and sample counts from the output models."""
+    listed = []
+    samples = 0
+    for model in models:
+        for model_id, metrics in sorted((model["current_metric"] or {}).items()):
+            values = [metrics[k] for k in sorted(metrics)]
+            precision = values[0] if values else 0.0
+            samples_of = model["number_of_labeled_unseen_sample"]
+            listed.append({"modelID": model_id, "averagePrecision": precision,
+                           "numberOfTrainSamples": samples_of})  # fmt: skip
+        samples += model["number_of_labeled_unseen_sample"]
+    classes = models[0]["classes"]
+    knowledge_base = {
+        "AIModels": {"numberOfAIModels": len(listed), "listOfAIModels": listed},
+        "AIClasses": {"numberOfAIClasses": len(classes or []), "listOfAIClasses": classes},
+        "samples": {"numberOfLabeledUnseenSample": samples, "numberOfUnseenSample": 0},
+    }  # fmt: skip
+
+    def change(fresh: dict[str, Any]) -> None:
+        fresh["status"]["knowledgeBase"] = knowledge_base
+
+    return change
