@@ -14,11 +14,15 @@ one, for every job that came over the GM link:
                                gate holds the model back, deploy completed (nothing deployed)
 
 Until the GM shows it, a due stage waits in step `staged`. A stage is "shown" only by a copy
-with more conditions than the one the job had when it last sent the GM a status it appends
-(`gm_mark`), so it always reflects that status: a ready never goes out in the same breath
-as the completed before it, and at most once per (round, stage). While the GM still shows
-the stage `Waiting` `Context.gm_resend_ms` after a ready went out (the frame may have died
-with its connection, or the GM's write-back dropped it), the same ready is sent again.
+that holds every status the job sent the GM: the GM appends one condition marked "reported
+by lc" per status it takes in, so the copy must hold as many of them as the job has sent
+(`gm_reported`). A ready thus never follows the completed before it until the GM has taken
+that in (and any write-back from a copy older than it has been done), and goes out at most
+once per (round, stage). When the GM's write-back drops a status the job sent, no copy ever
+holds it: `Context.gm_resend_ms` after the job last sent something, the job believes the
+GM's latest copy. While the GM still shows a stage `Waiting` that long after its ready went
+out (the frame died with its connection, or the write-back dropped it), the same ready is
+sent again.
 
 When the GM moves the job elsewhere mid-round (a pod failed: `*/Failed`, then
 `Train/Waiting`), the job follows: the round fails as on a worker's `failed` report. When the
@@ -75,12 +79,15 @@ class _Data(msgspec.Struct, frozen=True):
 
 
 _data_decoder = msgspec.json.Decoder(_Data)
+#: The message of the conditions Sedna's GM appends for the statuses a node reports.
+REPORTED_BY_LC = "reported by lc"
 
 
 def view_of(conditions: Sequence[JobCondition]) -> GmView:
     """What a GM copy's conditions show: the latest one, how many, the round it runs, and
     the models its latest completed train and eval stages carry."""
-    view = GmView(count=len(conditions))
+    reported = sum(1 for c in conditions if c.message == REPORTED_BY_LC)
+    view = GmView(count=len(conditions), reported=reported)
     if conditions:
         latest = conditions[-1]
         stage, kind = latest.stage.lower(), latest.type.lower()
@@ -144,18 +151,18 @@ def published_to_gm(out: Recorder) -> bool:
     return any(isinstance(e, Publish) and e.to_gm for e in out.effects)
 
 
-def newer(job: JobState) -> bool:
-    """Whether the GM's latest copy came after the job's last status to the GM."""
-    return job.gm is not None and job.gm.count > job.gm_mark
+def caught_up(job: JobState) -> bool:
+    """Whether the GM's latest copy holds every status the job sent it."""
+    return job.gm is not None and job.gm.reported >= job.gm_reported
 
 
 def shows(job: JobState, out: Recorder, stage: Phase, kind: str = "waiting") -> bool:
-    """Whether the GM's latest copy shows `stage` `kind` after the job's last status to it
-    (and nothing was said to the GM in this very transition)."""
+    """Whether the GM's latest copy, holding every status the job sent it, shows `stage`
+    `kind` (and nothing was said to the GM in this very transition)."""
     gm = job.gm
     return (
         gm is not None
-        and newer(job)
+        and caught_up(job)
         and (gm.stage, gm.type) == (stage, kind)
         and not published_to_gm(out)
     )
@@ -171,7 +178,8 @@ def may_start(job: JobState, out: Recorder, stage: Phase) -> bool:
 def follow(job: JobState, view: GmView, out: Recorder) -> JobState:
     """A new copy from the GM: remember what it shows and do what it asks for."""
     job = replace(job, gm=view)
-    if newer(job) and job.gm_sent is not None:
+    sent = job.gm_sent
+    if sent is not None and (view.stage, view.type) != (sent.stage, "waiting"):
         job = replace(job, gm_sent=None)  # the GM took the ready in (or moved on)
     if not training.active(job):
         return job  # not the dataset node (or the dataset is away): bind and forward only
@@ -192,7 +200,7 @@ def advance(job: JobState, out: Recorder) -> JobState:
         return training.start_eval(job, out)
     if where == ("deploy", "staged") and shows(job, out, "deploy"):
         return deploys.decide(job, out)
-    if job.step == "running" and newer(job):
+    if job.step == "running" and caught_up(job):
         return _completed_elsewhere(job, out)
     return job
 
@@ -201,7 +209,7 @@ def _moved_back(job: JobState) -> bool:
     """Whether the GM failed the stage under way: a newer copy shows a stage failed, or the
     job back at Train/Waiting, while the job is past its train trigger."""
     gm = job.gm
-    if gm is None or not newer(job) or (job.phase, job.step) in _BETWEEN_ROUNDS:
+    if gm is None or not caught_up(job) or (job.phase, job.step) in _BETWEEN_ROUNDS:
         return False
     return gm.type == _FAILED or (gm.stage, gm.type) == ("train", "waiting")
 
@@ -257,13 +265,15 @@ def _rollback_ready(job: JobState, out: Recorder) -> JobState:
 
 # ================================================================= after each transition
 def after(job: JobState, out: Recorder) -> JobState:
-    """Bookkeeping once a GM-managed job's transition is done: what it sent the GM sets the
-    mark; a ready it sent is remembered (and its resend timer set)."""
+    """Bookkeeping once a GM-managed job's transition is done: what it sent the GM raises
+    the count of reported conditions a copy must hold; a ready it sent is remembered; a
+    timer is set while the job waits on the GM."""
     if job.gm is None:
         return job
     sent = [e.status for e in out.effects if isinstance(e, Publish) and e.to_gm]
     if sent:
-        job = replace(job, gm_mark=job.gm.count)
+        expected = max(job.gm_reported, job.gm.reported) + len(sent)
+        job = replace(job, gm_reported=expected, gm_sent_ms=out.ctx.now_ms)
     stage_ready = [s for s in _job_statuses(sent) if _resendable(s)]
     if stage_ready:
         status = stage_ready[-1]
@@ -274,7 +284,7 @@ def after(job: JobState, out: Recorder) -> JobState:
                 status=_encoder.encode(status),
             ),
         )  # fmt: skip
-    return _resend_timer(job, out)
+    return _wait_timer(job, out)
 
 
 def _job_statuses(statuses: Iterable[JobStatus | DatasetStatus]) -> list[JobStatus]:
@@ -287,11 +297,17 @@ def _resendable(status: JobStatus) -> bool:
     return status.status == "ready" or (status.phase, status.status) == ("deploy", "completed")
 
 
-def _resend_timer(job: JobState, out: Recorder) -> JobState:
-    sent = job.gm_sent
-    if sent is None:
+def _waiting_on_gm(job: JobState) -> bool:
+    return job.gm_sent is not None or not caught_up(job) or job.step == "staged"
+
+
+def _wait_timer(job: JobState, out: Recorder) -> JobState:
+    """While the job waits on the GM, a timer `gm_resend_ms` after it last sent the GM
+    something (or after its last ready), for `resend` to look again."""
+    if not _waiting_on_gm(job):
         return job
-    due_ms = sent.at_ms + out.ctx.gm_resend_ms
+    base_ms = job.gm_sent.at_ms if job.gm_sent is not None else job.gm_sent_ms
+    due_ms = max(base_ms + out.ctx.gm_resend_ms, out.ctx.now_ms + 1)
     if job.next_check_ms is not None and job.next_check_ms <= due_ms:
         return job
     out.schedule(due_ms)
@@ -299,20 +315,32 @@ def _resend_timer(job: JobState, out: Recorder) -> JobState:
 
 
 def resend(job: JobState, event: Tick, out: Recorder) -> JobState:
-    """A timer: send the last ready again if the GM still shows its stage `Waiting` and no
-    newer copy came since it went out."""
-    sent, gm = job.gm_sent, job.gm
-    if sent is None or gm is None or newer(job):
+    """A timer while the job waits on the GM. A status the job sent that no copy holds
+    `gm_resend_ms` later was dropped by the GM's write-back: the job believes the GM's
+    latest copy (and starts what it shows). The last ready goes again if the GM still shows
+    its stage `Waiting` that long after it went out."""
+    gm = job.gm
+    if gm is None:
         return job
-    if (gm.stage, gm.type) != (sent.stage, "waiting"):
+    now = out.ctx.now_ms
+    if not caught_up(job) and now >= job.gm_sent_ms + out.ctx.gm_resend_ms:
+        out.note(
+            f"the GM's copy still lacks {job.gm_reported - gm.reported} of the statuses sent "
+            f"to it {(now - job.gm_sent_ms) / 1000:g} s ago: following its latest copy"
+        )
+        job = replace(job, gm_reported=gm.reported)
+        if training.active(job) and not _moved_back(job):
+            job = advance(replace(job, next_check_ms=None), out)
+    sent = job.gm_sent
+    if sent is None or (gm.stage, gm.type) != (sent.stage, "waiting") or not caught_up(job):
         return job
-    if event.due_ms < sent.at_ms + out.ctx.gm_resend_ms:
+    if now < sent.at_ms + out.ctx.gm_resend_ms or published_to_gm(out):
         return job
     status = _status_decoder.decode(sent.status)
     out.note(
         f"the GM still shows {sent.stage.capitalize()}/Waiting "
-        f"{(out.ctx.now_ms - sent.at_ms) / 1000:g} s after round {sent.version}'s "
+        f"{(now - sent.at_ms) / 1000:g} s after round {sent.version}'s "
         f"{sent.stage} {status.status}: sent again"
     )
     training.publish(job, out, status)
-    return replace(job, gm_sent=replace(sent, at_ms=out.ctx.now_ms), next_check_ms=None)
+    return replace(job, next_check_ms=None)

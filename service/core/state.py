@@ -62,15 +62,18 @@ class GmView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the latest copy of a job Sedna's GM sent shows (GM-managed jobs only).
 
     `stage` and `type` are its latest condition's, in lower case (`type` empty: no condition
-    yet); `count` how many conditions it has. `round_dir` is the outputDir of its latest
-    `Ready` condition: the round the GM runs workers for. `trained` and `evaluated` are the
-    models (format, url, metrics) its latest `Train/Completed` and `Eval/Completed`
-    conditions carry: what a worker reported to a controller on another node.
+    yet); `count` how many conditions it has, `reported` how many of them a local controller
+    reported (the GM appends one per status it takes in from the node). `round_dir` is the
+    outputDir of its latest `Ready` condition: the round the GM runs workers for. `trained`
+    and `evaluated` are the models (format, url, metrics) its latest `Train/Completed` and
+    `Eval/Completed` conditions carry: what a worker reported to a controller on another
+    node.
     """
 
     stage: Phase = "train"
     type: str = ""
     count: int = 0
+    reported: int = 0
     round_dir: str = ""
     trained: tuple[dict[str, Any], ...] = ()
     evaluated: tuple[dict[str, Any], ...] = ()
@@ -129,9 +132,11 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     scores: Scores | None = None
     #: what Sedna's GM shows of the job (None: the job came over MQTT: event-driven flow)
     gm: GmView | None = None
-    #: conditions in the GM's copy when the job last sent the GM a status it appends as a
-    #: condition: only a copy with more of them can show what the GM did after it
-    gm_mark: int = 0
+    #: how many reported conditions the GM's copy holds once the GM has taken in every status
+    #: the job sent it: only such a copy shows what the GM did after them
+    gm_reported: int = 0
+    #: when the job last sent the GM a status (ms)
+    gm_sent_ms: int = 0
     #: the last ready sent to the GM, until a newer copy shows the GM took it in
     gm_sent: GmSent | None = None
     #: a rollback whose copy is done and whose deploy `ready` waits for the GM to show

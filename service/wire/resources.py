@@ -169,11 +169,13 @@ class JobCondition(Wire, frozen=True, kw_only=True):
     """One of the conditions Sedna's GM keeps in a job's status: a stage (`Train`, `Eval`,
     `Deploy`) and where it is (`Waiting`, `Ready`, `Starting`, `Running`, `Completed`,
     `Failed`); `data` is the JSON text of the status that made it (`{input, output}`), when
-    a local controller reported it. Times, reason and message are not read."""
+    a local controller reported it, and then `message` says "reported by lc". Times and
+    reason are not read."""
 
     type: str = ""
     stage: str = ""
     data: str = ""
+    message: str = ""
 
 
 class JobResourceStatus(Wire, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.conditions import view_of
+from service.core.conditions import REPORTED_BY_LC, view_of
 from service.core.effects import CopyModel, Publish, WriteRound, gm_accepts
 from service.core.events import JobApplied, ModelCopied, RollbackRequested
 from service.core.gate import GateSpec
@@ -24,15 +24,29 @@ OUT = "/output"
 
 
 class Gm:
-    """The GM's copies of the job as the core sees them: conditions appended one by one."""
+    """The GM's copies of the job as the core sees them: conditions appended one by one. A
+    condition matching the oldest status the job sent the GM and the GM has not taken in yet
+    is that status, taken in (marked "reported by lc", as Sedna's GM marks them)."""
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
         self.conditions: list[JobCondition] = []
+        self.taken = 0
+
+    def sent(self) -> list[tuple[str, str]]:
+        return [
+            (content(e)["phase"], content(e)["status"])
+            for e in self.driver.effects
+            if isinstance(e, Publish) and e.to_gm
+        ]
 
     def add(self, stage: str, kind: str, data: dict[str, Any] | None = None) -> None:
         text = json.dumps(data) if data is not None else ""
-        self.conditions.append(JobCondition(stage=stage, type=kind, data=text))
+        pending = self.sent()[self.taken :]
+        ours = bool(pending) and pending[0] == (stage.lower(), kind.lower())
+        self.taken += ours
+        message = REPORTED_BY_LC if ours else ""
+        self.conditions.append(JobCondition(stage=stage, type=kind, data=text, message=message))
 
     def send(self, job_spec: Any = None) -> tuple[Any, ...]:
         """The GM sends its latest copy of the job."""
@@ -323,3 +337,25 @@ def test_a_ready_never_goes_out_in_the_same_breath_as_another_status_to_the_gm(
         to_gm = [content(e) for e in effects if isinstance(e, Publish) and e.to_gm]
         if any(c["status"] == "ready" for c in to_gm):
             assert len(to_gm) == 1, to_gm
+
+
+def test_a_ready_the_gms_write_back_dropped_is_sent_again() -> None:
+    """The GM appends the job's Ready, then writes back a stale copy plus Eval/Waiting over
+    it: later copies have more conditions, yet none holds the Ready."""
+    driver, gm = started()
+    driver.written("train")
+    gm.step("Train", "Ready", {"input": {"outputDir": f"{OUT}/train/1"}})
+    driver.apply(report("train", "completed", f"{OUT}/train/1/m.pkl"))
+    gm.step("Train", "Completed")
+    gm.step("Eval", "Waiting")
+    assert readies(driver.written("eval")) == [("eval", "ready")]
+    gm.add("Train", "Completed")  # the GM's own, from its pod path, written over our Ready
+    gm.add("Eval", "Waiting")
+    gm.send()
+    driver.now_ms += 29_000
+    assert readies(driver.tick()) == []
+    driver.now_ms += 1_000
+    assert readies(driver.tick()) == [("eval", "ready")], "still Eval/Waiting: sent again"
+    gm.step("Eval", "Ready", {"input": {"outputDir": f"{OUT}/eval/1"}})
+    driver.now_ms += 60_000
+    assert readies(driver.tick()) == [], "taken in at last"
