@@ -111,7 +111,7 @@ class Replica:
         host, port = config.http_host_port()
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
-            token=config.http_bearer_token(),
+            token=config.http_bearer_token(), allowed_hosts=config.http_allowed_hosts_list(),
         )  # fmt: skip
 
     def _build_messaging(self) -> None:
