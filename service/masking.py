@@ -11,15 +11,15 @@ credential's JSON) is masked the same way, recursively; one holding base64 of JS
 text naming a secret (how Sedna's GM sends a resource) is decoded, masked and encoded again,
 dropping the last characters of a base64 string cut short, which could only show a few bytes
 of what follows. A string that is one encoding as a whole is decoded whole: base64 wrapped
-at any width (line breaks and spaces inside), hex, and either of them holding another
+at any width (line breaks inside), hex, and either of them holding another
 (double base64), then masked and encoded again. Last, the pattern-based
 `service.logs.redact` runs over every string and the whole text, for what is not JSON
 (`key=value`, URL passwords).
 
 What cannot be decoded cannot be looked into, so it is masked whole: a `content` string (the
-resource of an envelope) that is neither JSON nor an encoding of JSON, and, in a record that
-names credentials anywhere (a credential word in its text), any string that looks encoded
-(base64 or hex as a whole) but does not decode to text.
+resource of an envelope) that looks encoded but does not decode to text (compressed,
+encrypted, a scheme of the sender's own), and, in a record that names credentials anywhere
+(a credential word in its text), any other string that does not either.
 
 A secret cut off by the end of the text is masked like a whole one: a value runs to the end
 of the text when nothing closes it.
@@ -70,11 +70,14 @@ _TOKEN = re.compile(
 )
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)|\\\Z", re.DOTALL)
 _SIMPLE_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
-#: A run of base64 (either alphabet) long enough to hold a small JSON object.
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
+#: A run of base64 (either alphabet) long enough to hold a small JSON object, perhaps
+#: wrapped (line breaks inside).
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}(?:\r?\n[A-Za-z0-9+/_-]+)*={0,2}")
 #: A whole string that may be one encoding (white space removed first): base64 or hex.
 _BLOB = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2}){8,}[0-9a-fA-F]?")
+#: A run of hex inside a text (a string cut short, a reason quoting one).
+_HEX_RUN = re.compile(r"(?:[0-9a-fA-F]{2}){8,}")
 #: The key of an envelope's resource, a JSON object or an encoding of one.
 CONTENT_KEY = "content"
 
@@ -143,20 +146,36 @@ def _mask_json(text: str, ctx: _Context) -> str:
 
 
 def _unreadable_content(key: str, tokens: list[re.Match[str]], value: int) -> bool:
-    """Whether `key` is an envelope's `content` whose value is a string that holds neither
-    JSON nor an encoding of JSON: what it hides cannot be looked into."""
+    """Whether `key` is an envelope's `content` whose value is a string that does not decode
+    to text (compressed, encrypted, a scheme of the sender's own): what it hides cannot be
+    looked into."""
     if key.lower() != CONTENT_KEY or value >= len(tokens) or tokens[value].lastgroup != "str":
         return False
-    return not _holds_json(_unescape(_body(tokens[value].group())), 0)
+    return not _readable(_unescape(_body(tokens[value].group())), 0)
 
 
-def _holds_json(value: str, embedding: int) -> bool:
-    """Whether a string is JSON text (an object or array, perhaps cut short) or an encoding
-    of such a string (perhaps encoded again)."""
+def _readable(value: str, embedding: int) -> bool:
+    """Whether a string is text masking can look into: JSON, words, or an encoding (base64,
+    wrapped or not, or hex; perhaps encoded again) of such text."""
     if value.lstrip()[:1] in ("{", "["):
         return True
-    blob = _decoded_blob(value)
-    return blob is not None and embedding < MAX_EMBEDDING and _holds_json(blob.text, embedding + 1)
+    compact = _compact(value)
+    if len(compact) < len(value) and not _BLOB.fullmatch(compact):
+        return True  # lines of text
+    if len(compact) < 16 or not _BLOB.fullmatch(compact):
+        return True  # too short to hide anything an encoding would not show
+    text = _hex_text(compact) if _HEX.fullmatch(compact) else None
+    if text is None:
+        decoded = _base64_text(compact, any_text=True)
+        text = None if decoded is None else decoded[0]
+    if text is None:
+        return False
+    return embedding >= MAX_EMBEDDING or _readable(text, embedding + 1)
+
+
+def _hex_text(compact: str) -> str | None:
+    """The UTF-8 text a hex string encodes (an odd last digit dropped), or None."""
+    return _utf8_prefix(bytes.fromhex(compact[: len(compact) // 2 * 2]))
 
 
 def _value_end(tokens: list[re.Match[str]], start: int) -> int:
@@ -223,7 +242,7 @@ def _mask_embedded(value: str, ctx: _Context) -> str:
     blob = _decoded_blob(value)
     if blob is not None:
         return _mask_blob(value, blob, ctx)
-    if ctx.strict and _looks_encoded(value):
+    if ctx.strict and _looks_encoded(value) and not _readable(value, ctx.embedding):
         return MASK  # cannot be looked into, in a record that names credentials
     is_json = value.lstrip()[:1] in ("{", "[")
     has_base64 = _BASE64_RUN.search(value) is not None
@@ -251,28 +270,37 @@ def _mask_blob(value: str, blob: _Blob, ctx: _Context) -> str:
 
 
 def _mask_base64_runs(text: str, ctx: _Context) -> str:
-    """Each base64 run of the text that decodes to JSON, or to text naming a credential,
-    decoded, masked and encoded again; a run ending with an incomplete group (cut short)
-    loses that group."""
+    """Each base64 or hex run of the text that decodes to JSON, to text naming a credential
+    or to another encoding, decoded, masked and encoded again; a base64 run ending with an
+    incomplete group (cut short) loses that group."""
     if ctx.embedding >= MAX_EMBEDDING:
         return text
 
     def one(match: re.Match[str]) -> str:
         run = match.group()
-        decoded = _base64_text(run)
+        decoded = _base64_text(_compact(run))
         if decoded is None:
             return run
         plain, urlsafe, cut = decoded
         inner = ctx.deeper()
-        masked = redact(_mask_base64_runs(_mask_json(plain, inner), inner))
-        if _decoded_blob(plain) is not None:
+        if _decoded_blob(plain) is not None:  # an encoding inside: decoded whole in turn
             masked = _mask_embedded(plain, inner)
+        else:
+            masked = redact(_mask_base64_runs(_mask_json(plain, inner), inner))
         if masked == plain and not cut:
             return run
-        encoded = masked.encode("utf-8", "surrogatepass")
+        encoded = masked.encode("utf-8", "surrogatepass")  # unwrapped
         return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(encoded).decode()
 
-    return _BASE64_RUN.sub(one, text)
+    def one_hex(match: re.Match[str]) -> str:
+        run = match.group()
+        plain = _hex_text(run)
+        if plain is None or not _worth_decoding(plain):
+            return run
+        masked = _mask_embedded(plain, ctx.deeper())
+        return run if masked == plain else masked.encode("utf-8", "surrogatepass").hex()
+
+    return _HEX_RUN.sub(one_hex, _BASE64_RUN.sub(one, text))
 
 
 @dataclass(frozen=True)
@@ -285,7 +313,8 @@ class _Blob:
 
 
 def _compact(value: str) -> str:
-    return "".join(value.split())
+    """The string without line breaks: what a wrapped encoding is (words keep their spaces)."""
+    return value.replace("\r", "").replace("\n", "")
 
 
 def _looks_encoded(value: str) -> bool:
@@ -300,17 +329,16 @@ def _looks_encoded(value: str) -> bool:
 
 
 def _decoded_blob(value: str) -> _Blob | None:
-    """The text a whole string encodes as hex or base64 (white space, as a wrapped encoding
-    has, ignored): when it is JSON, names a credential or is itself such an encoding."""
+    """The text a whole string encodes as hex or base64 (the line breaks of a wrapped
+    encoding ignored): when it is JSON, names a credential or is itself such an encoding."""
     compact = _compact(value)
     if len(compact) < len(value) and not _BLOB.fullmatch(compact):
-        return None  # text with spaces, not a wrapped encoding
+        return None  # lines of text, not a wrapped encoding
     if _HEX.fullmatch(compact):
-        usable = compact[: len(compact) // 2 * 2]
-        text = _utf8_prefix(bytes.fromhex(usable))
+        text = _hex_text(compact)
         if text is not None and _worth_decoding(text):
             return _Blob(text, lambda t: t.encode("utf-8", "surrogatepass").hex(),
-                         len(usable) < len(compact))  # fmt: skip
+                         len(compact) % 2 == 1)  # fmt: skip
     if _BLOB.fullmatch(compact):  # base64, wrapped or not
         decoded = _base64_text(compact)
         if decoded is not None:
@@ -344,10 +372,10 @@ def _hinted(text: str) -> bool:
     return "\\u" in text or any(hint in lowered for hint in _HINTS)
 
 
-def _base64_text(run: str) -> tuple[str, bool, bool] | None:
+def _base64_text(run: str, *, any_text: bool = False) -> tuple[str, bool, bool] | None:
     """The text a base64 run encodes (an incomplete last group dropped), whether it uses
     the URL-safe alphabet and whether it was cut short; None unless it decodes to UTF-8
-    text that is JSON or names a credential."""
+    text that is JSON, names a credential or is another encoding (any text: `any_text`)."""
     urlsafe = any(c in "-_" for c in run)
     if urlsafe and any(c in "+/" for c in run):
         return None
@@ -357,6 +385,6 @@ def _base64_text(run: str) -> tuple[str, bool, bool] | None:
     except (binascii.Error, ValueError):
         return None
     text = _utf8_prefix(raw)
-    if text is None or not _worth_decoding(text):
+    if text is None or not (any_text or _worth_decoding(text)):
         return None
     return text, urlsafe, len(usable) < len(run)

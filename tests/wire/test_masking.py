@@ -222,6 +222,13 @@ def test_the_leak_finder_sees_what_masking_removes() -> None:
             assert not leaks(masking.mask(text), canary), encoding.__name__
 
 
+def test_content_that_decodes_to_words_is_left_as_it_was() -> None:
+    for content in ("plain words", base64.b64encode(b"plain words").decode(), "",
+                    base64.b64encode(b"plain words and more").hex()):  # fmt: skip
+        text = json.dumps({"header": {"resourceKind": "dataset"}, "content": content})
+        assert masking.mask(text) == text
+
+
 def test_what_is_not_a_credential_is_left_as_it_was() -> None:
     text = json.dumps(
         {
@@ -242,7 +249,6 @@ def test_content_that_cannot_be_decoded_is_masked_whole() -> None:
         base64.b64encode(zlib.compress(resource.encode())).decode(),
         resource.encode().hex()[::-1],
         codecs.encode(base64.b64encode(resource.encode()).decode(), "rot13"),
-        "",
     ):
         text = json.dumps({"header": {"resourceKind": "dataset"}, "content": content})
         assert json.loads(masking.mask(text))["content"] == masking.MASK, content
