@@ -149,8 +149,10 @@ def _escape_char(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
-def _escape_controls(text: str) -> str:
-    """`text` with every control character written as a visible escape (`\\n`, `\\x1b`...)."""
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as a visible escape (`\\n`, `\\x1b`...):
+    what a log line or a command's output quotes of untrusted text can neither end the line
+    nor drive the terminal (clear the screen, write the clipboard)."""
     # isprintable() is one C-speed pass; it is False for every character escaped here (and for
     # a few harmless ones, such as U+00A0, that the pattern then leaves as they are)
     if text.isprintable():
@@ -181,11 +183,11 @@ class TextFormatter(logging.Formatter):
         head = " ".join(
             part for part in (_timestamp(record), record.levelname, record.name, fields) if part
         )
-        line = _escape_controls(f"{head} {record.getMessage()}")
+        line = escape_controls(f"{head} {record.getMessage()}")
         trailer = _trailer(self, record)
         if not trailer:
             return line
-        indented = "\n".join(f"  {_escape_controls(part)}" for part in trailer.split("\n"))
+        indented = "\n".join(f"  {escape_controls(part)}" for part in trailer.split("\n"))
         return f"{line}\n{indented}"
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from service.cli.connections import EXIT_INTERRUPTED, exit_code
 from service.cli.parser import build_parser
 from service.errors import ServiceError
-from service.logs import redact
+from service.logs import escape_controls, redact
 
 __all__ = ["build_parser", "main"]
 
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ServiceError as e:
-        print(f"lifelong: {redact(str(e))}", file=sys.stderr)
+        print(f"lifelong: {escape_controls(redact(str(e)))}", file=sys.stderr)
         return exit_code(e)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -21,7 +21,7 @@ from service.cli.kinds import DATASET, JOB, kind_of_wire
 from service.cli.manifests import Document, documents_of
 from service.config import node_name_problem
 from service.errors import InvalidMessage
-from service.logs import redact
+from service.logs import escape_controls, redact
 from service.messages import Dataset, LifelongLearningJob
 from service.wire_fields import unknown_spec_fields
 
@@ -90,9 +90,10 @@ class Checked:
         return kind_of_wire(self.kind).title
 
     def problem_lines(self) -> list[str]:
-        """One line per problem: where, which field, why (secrets masked)."""
+        """One line per problem: where, which field, why (secrets masked, control characters
+        escaped: a manifest may come from anywhere)."""
         titled = f"{self.where} ({self.title})" if self.title else self.where
-        return [redact(f"{titled}: {p}") for p in self.problems]
+        return [escape_controls(redact(f"{titled}: {p}")) for p in self.problems]
 
 
 def checked_documents(

@@ -2,7 +2,10 @@
 
 Pure functions of stored state and messages, kept apart from the commands so they are
 tested without servers; plain text (no colours, no box drawing) so output pipes
-cleanly into grep, awk and CI logs. Free text passes through `redact` before it is shown.
+cleanly into grep, awk and CI logs. Free text passes through `redact` before it is shown, and
+what workers, senders or stored state wrote (a worker's stderr, a reason, a name) has its
+control characters escaped (`\x1b`, `\n`): a table cell, a watch line and each line of a
+view stay one line, and nothing shown can drive the terminal.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from service.core import paths, samples
 from service.core.state import DatasetState, JobState, ModelRef
 from service.history import HistoryRecord, last_change_ms
 from service.keys import parse_rkey
-from service.logs import redact
+from service.logs import escape_controls, redact
 from service.messages import LifelongLearningJob, rfc3339_utc
 from service.runtime.gm import GmLinkRecord
 
@@ -37,7 +40,7 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
 
     None shows as `-`; trailing spaces are stripped so the last column never pads the line.
     """
-    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    cells = [["-" if cell is None else escape_controls(str(cell)) for cell in row] for row in rows]
     table = [[h.upper() for h in headers], *cells]
     for row in table:
         if len(row) != len(headers):
@@ -48,6 +51,12 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
         for row in table
     ]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def shown(lines: Sequence[str]) -> str:
+    """Lines as printed: secrets masked, control characters escaped in each (so one line of
+    a view stays one line)."""
+    return "\n".join(escape_controls(redact(line)) for line in lines)
 
 
 def format_age(age_ms: int) -> str:
@@ -340,18 +349,18 @@ def watch_line(topic: str, payload: bytes, received_at_s: float, output: str = "
         body: Any = json.loads(payload)
     except ValueError:
         body = None
-    if output == "json":
+    if output == "json":  # JSON escapes every control character itself
         return redact(json.dumps({"topic": topic, "receivedAt": received_at_s, "payload": body}))
     when = format_time_ms(int(received_at_s * 1000))
     if not isinstance(body, dict):
-        return f"{when}  {topic}: unreadable payload ({len(payload)} bytes)"
+        return shown([f"{when}  {topic}: unreadable payload ({len(payload)} bytes)"])
     if topic.endswith("/errors"):
-        return redact(f"{when}  rejected on {body.get('topic', '?')}: {body.get('reason', '?')}")
+        return shown([f"{when}  rejected on {body.get('topic', '?')}: {body.get('reason', '?')}"])
     header = _mapping(body.get("header"))
     content = _mapping(body.get("content"))
     who = f"{header.get('resourceKind', '?')} {header.get('namespace', '?')}/" \
           f"{header.get('resourceName', '?')}"  # fmt: skip
-    return redact(f"{when}  {who}  {_status_text(content)}")
+    return shown([f"{when}  {who}  {_status_text(content)}"])
 
 
 def _mapping(value: object) -> dict[str, Any]:

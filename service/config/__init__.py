@@ -1,6 +1,7 @@
 """Service configuration: environment variables, `lifelong serve` flags, Sedna fallbacks.
 
-Every setting has one LIFELONG_ variable and one flag; a flag beats the variable, the
+Every setting has one LIFELONG_ variable and, unless it is a secret (which a flag would show
+in the process list), one flag; a flag beats the variable, the
 variable beats Sedna's own name (so a Sedna LC manifest works unchanged), and that beats the
 default. A bad value stops start-up with a ConfigError of one line that names where the value
 came from (variable or flag) and never echoes a password.

@@ -33,6 +33,7 @@ class Config:
     upstream_topic: str = "{prefix}/{node}/upstream"
     volume_prefix: str = ""
     http_addr: str = "127.0.0.1:9100"
+    http_allowed_hosts: str = ""  # ','-separated, or "*"
     key_prefix: str = "lifelong"
     redis_min_replicas: int | None = None
     dataset_poll_s: float = 60
@@ -161,6 +162,15 @@ class Config:
     def http_host_port(self) -> tuple[str, int]:
         """The HTTP listen address split for `socket.bind` (IPv6 brackets removed)."""
         return split_host_port(self.http_addr, "LIFELONG_HTTP_ADDR")
+
+    def http_allowed_hosts_list(self) -> list[str] | None:
+        """The host names the HTTP endpoint answers to without a token: localhost, the listen
+        host and those set (IP addresses are always answered); None for any host."""
+        if self.http_allowed_hosts == "*":
+            return None
+        host, _ = self.http_host_port()
+        names = ["localhost", host.lower()]
+        return names + [name for name in self.http_allowed_hosts.split(",") if name]
 
     def http_bearer_token(self) -> str:
         """The token HTTP clients must present ("" for none): the setting or the file's content.

@@ -12,9 +12,35 @@ from service.config.controller import Config
 from service.config.settings import HOSTNAME_VARIABLE, NODE_NAME, SETTINGS, lookup
 
 
+class _Refused(argparse.Action):
+    """The flag of a secret: refused with the ways to give it, never echoing the value."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        self.variable = str(kwargs.pop("variable"))
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is not taken: a flag shows in the process list; set "
+            f"{self.variable}, or name a file holding it with {option_string}-file"
+        )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting; each defaults to None so an absent flag leaves env in charge."""
+    """Add one flag per setting; each defaults to None so an absent flag leaves env in charge.
+    The flag of a secret is there only to be refused: else argparse would take it as an
+    abbreviation of the `-file` flag beside it and echo the secret as a file name."""
     for setting in SETTINGS:
+        if setting.secret:
+            parser.add_argument(setting.flag, dest=setting.field, action=_Refused,
+                                default=None, variable=setting.env)  # fmt: skip
+            continue
         names = " / ".join((setting.env, *setting.fallbacks))
         parser.add_argument(
             setting.flag,

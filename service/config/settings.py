@@ -26,6 +26,8 @@ class Setting:
     default_doc: str
     metavar: str
     fallbacks: tuple[str, ...] = ()
+    #: a secret: its flag is refused, since a flag shows in the process list
+    secret: bool = False
 
     def parse(self, raw: str, source: str) -> object:
         return self.parser(raw, source)
@@ -97,6 +99,14 @@ SETTINGS: tuple[Setting, ...] = (
         "127.0.0.1:9100", "ADDR", ("BIND_PORT",),
     ),
     Setting(
+        "http_allowed_hosts", "LIFELONG_HTTP_ALLOWED_HOSTS", "--http-allowed-hosts",
+        values.parse_allowed_hosts,
+        "','-separated host names the worker endpoint and /metrics answer to (the Host "
+        "header) when no token is required, besides localhost, the listen address and any "
+        "IP address; '*' for any (a name a browser page can reach is open to DNS rebinding)",
+        "none beyond those", "HOSTS",
+    ),
+    Setting(
         "key_prefix", "LIFELONG_KEY_PREFIX", "--key-prefix", values.parse_key_prefix,
         "Redis key namespace", "lifelong", "PREFIX",
     ),
@@ -125,9 +135,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "http_token", "LIFELONG_HTTP_TOKEN", "--http-token", values.parse_bearer_token,
-        "bearer token the worker endpoint and /metrics then require (a flag shows in ps: "
-        "prefer the variable or the file)", "none: open, as Sedna's worker library sends none",
-        "TOKEN",
+        "bearer token the worker endpoint and /metrics then require (no flag: a flag shows "
+        "in the process list)", "none: open, as Sedna's worker library sends none",
+        "TOKEN", secret=True,
     ),
     Setting(
         "http_token_file", "LIFELONG_HTTP_TOKEN_FILE", "--http-token-file", values.parse_token_file,

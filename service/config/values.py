@@ -159,6 +159,23 @@ def parse_http_addr(value: str, source: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def parse_allowed_hosts(value: str, source: str) -> str:
+    """','-separated host names (DNS names, compared in lower case), `*` for any host, or
+    empty for none; normalized to lower case without white space or a final dot."""
+    if value.strip() == "":
+        return ""
+    names = [name.strip().lower().rstrip(".") for name in value.split(",")]
+    if names == ["*"]:
+        return "*"
+    for name in names:
+        if len(name) > _MAX_NODE_NAME_CHARS or not _NODE_NAME_RE.fullmatch(name):
+            raise ConfigError(
+                f"{source}: {name!r} is not a host name (letters, digits, '-' and '.'; "
+                "names separated by ',', or '*' for any host)"
+            )
+    return ",".join(names)
+
+
 def parse_key_prefix(value: str, source: str) -> str:
     if not _KEY_PREFIX_RE.fullmatch(value):
         raise ConfigError(

@@ -124,6 +124,7 @@ class Replica:
         self.http = HttpServer(
             host, port, ready=self.ready, metrics=self.metrics.render, worker_info=endpoint.report,
             token=config.http_bearer_token(), live=self.heartbeats.live,
+            allowed_hosts=config.http_allowed_hosts_list(),
         )  # fmt: skip
 
     def _build_messaging(self) -> None:

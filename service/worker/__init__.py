@@ -23,6 +23,9 @@ Why it looks the way it does:
   refused (the stage is over) and changes nothing.
 - Commands run in their own session so a Ctrl-C at the terminal reaches the runner, which
   then ends the command's whole process group itself.
+- Ready messages and commands are not trusted: a ready message's names and output dir are
+  checked before they become paths, and a command gets a minimal environment, never the
+  runner's own settings (the broker password, the HTTP token).
 
 The package: `tasks` (ready message -> task, the command's environment), `commands` (running
 a command, reading its results), `reports` (MQTT and HTTP reporters), `runner` (the loop),

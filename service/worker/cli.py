@@ -24,7 +24,11 @@ WORKER_EXAMPLES = """examples:
 
 The command gets NAMESPACE, JOB_NAME, WORKER_NAME, TRAIN_DATASET_URL (train) or
 TEST_DATASET_URL and MODEL_URLS (eval, ';'-separated), OUTPUT_URL, ORIGINAL_DATASET_URL (when
-known), LC_SERVER and LIFELONG_RESULTS_FILE. It writes its results there as JSON:
+known), LC_SERVER and LIFELONG_RESULTS_FILE, and of the runner's environment only PATH, HOME,
+USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM, PYTHONPATH, VIRTUAL_ENV,
+CUDA_VISIBLE_DEVICES and what --pass-env names (never a LIFELONG_ setting: the broker
+password and the HTTP token stay with the runner; give the token in LIFELONG_HTTP_TOKEN or
+--http-token-file). It writes its results there as JSON:
   {"results": [{"format": "pkl", "url": "/out/train/1/model.pkl", "metrics": {"acc": [0.9]}}]}
 Exit 0 reports completed with them; another exit code reports failed with the stderr tail.
 An eval of a job with a deploy condition also gets DEPLOYED_MODEL_URL (the deployed model,
@@ -57,6 +61,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         help="kill a command running longer and report it failed")
     parser.add_argument("--work-dir", default=None, metavar="DIR",
                         help="keep each task's stdout, stderr and results file here")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="also give the commands this variable of the runner's environment "
+                        "(repeatable; e.g. AWS_ACCESS_KEY_ID for s3:// data)")
     parser.add_argument("--client-id", default=None, metavar="ID",
                         help="MQTT client id (default lifelong-worker-NODE; one runner per id)")
     parser.set_defaults(func=_worker)
@@ -80,6 +87,7 @@ def settings_from_args(args: argparse.Namespace, cfg: config_mod.Config) -> Work
         original_dataset_url=args.original_dataset_url,
         timeout_s=args.timeout_seconds,
         work_dir=Path(args.work_dir) if args.work_dir else None,
+        pass_env=tuple(args.pass_env),
     )
 
 

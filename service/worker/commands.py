@@ -40,14 +40,15 @@ def run_command(
     timeout_s: float | None,
     stop: threading.Event | None = None,
 ) -> Outcome:
-    """Run one task's command; its stdout and stderr go to files in `task_dir`.
+    """Run one task's command with exactly the environment `env`; its stdout and stderr go to
+    files in `task_dir`.
 
     Raises `Stopped` when `stop` is set meanwhile: the command's process group is killed.
     """
     results_file = Path(env[RESULTS_ENV])
     stderr_path = task_dir / "stderr.log"
     try:
-        exit_code = _run(argv, {**os.environ, **env}, task_dir, timeout_s, stop)
+        exit_code = _run(argv, env, task_dir, timeout_s, stop)
     except OSError as e:
         return Outcome("failed", owner_info={"reason": f"cannot run {argv[0]!r}: {e}"})
     if exit_code is None:

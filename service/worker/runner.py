@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import shlex
 import shutil
@@ -19,7 +20,7 @@ from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.errors import BrokerUnavailable, PermanentError, TransientError
 from service.worker.commands import Stopped, run_command
 from service.worker.reports import HttpReporter, MqttReporter, Reporter, worker_message
-from service.worker.tasks import Task, WorkerSettings, parse_ready, task_env
+from service.worker.tasks import Task, WorkerSettings, command_env, parse_ready, task_env
 
 log = logging.getLogger("service.worker")
 
@@ -137,15 +138,25 @@ class Worker:
         while len(self._seen) > SEEN_IDS_MAX:
             self._seen.popitem(last=False)
 
+    def _task_dir(self, worker: str) -> Path:
+        """The task's directory, made empty: a rerun starts clean, with no stale results file.
+        `worker` is a DNS-1123 name (`parse_ready` refuses others), so this is a child of the
+        work root; whatever was planted there is removed (a link is never followed)."""
+        task_dir = self._work_root / worker
+        if task_dir.is_symlink() or task_dir.is_file():
+            task_dir.unlink()
+        elif task_dir.exists():
+            shutil.rmtree(task_dir)
+        task_dir.mkdir(parents=True)
+        return task_dir
+
     def _run_task(self, task: Task) -> None:
         worker = task.worker_name
-        task_dir = self._work_root / worker
-        if task_dir.exists():
-            shutil.rmtree(task_dir)  # a rerun starts clean: no stale results file
-        task_dir.mkdir(parents=True)
+        task_dir = self._task_dir(worker)
         if "://" not in task.output_dir:
             Path(task.output_dir).mkdir(parents=True, exist_ok=True)
-        env = task_env(task, self._settings, task_dir / "results.json")
+        env = command_env(os.environ, self._settings.pass_env)
+        env |= task_env(task, self._settings, task_dir / "results.json")
         log.info("%s: running %s", worker, shlex.join(self._settings.commands[task.kind]))
         self._report(task, worker_message(task, "running"))
         outcome = run_command(

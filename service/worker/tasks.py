@@ -1,14 +1,27 @@
-"""What a ready message asks for: the task, and the environment its command runs in."""
+"""What a ready message asks for: the task, and the environment its command runs in.
+
+A ready message comes off the broker, so it is not trusted: its namespace and job name must be
+DNS-1123 names (the job's name becomes the task's directory under the work root), and its
+output dir an absolute path without `..` or an `s3://` URL, as the controller itself requires;
+anything else is ignored with a warning. A command gets a minimal environment: the variables a
+Sedna worker pod gets, the few that make a process work (`INHERITED_ENV`) and those the
+operator names; never the runner's own settings (the broker URL with its password, the HTTP
+token).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from service.errors import ConfigError
+from service.messages import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, STORAGE_URL_PATTERN
 
 log = logging.getLogger("service.worker")
 
@@ -18,6 +31,19 @@ MODEL_URL_SEPARATOR = ";"  # Sedna joins MODEL_URLS with ';'
 #: The deployed model an eval compares the new one with (also last in MODEL_URLS).
 DEPLOYED_MODEL_ENV = "DEPLOYED_MODEL_URL"
 _MAX_WORKER_NAME_CHARS = 253
+_MAX_NAMESPACE_CHARS = 63
+_NAMESPACE_RE = re.compile(DNS_LABEL_PATTERN)
+_NAME_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
+_STORAGE_URL_RE = re.compile(STORAGE_URL_PATTERN)
+#: What a command inherits from the runner's environment: where programs and the home are,
+#: the user, locale and time zone, the temporary directory, Python's path, the GPUs to use.
+INHERITED_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES",
+)  # fmt: skip
+_INHERITED_PREFIX = "LC_"  # the locale's categories
+#: The runner's own settings (broker and Redis URLs with passwords, the HTTP token) start so.
+RUNNER_ENV_PREFIX = "LIFELONG_"
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,16 @@ class WorkerSettings:
     original_dataset_url: str | None = None
     timeout_s: float | None = None
     work_dir: Path | None = None
+    #: further variables of the runner's environment the commands get (`--pass-env`)
+    pass_env: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        runner_own = [name for name in self.pass_env if name.startswith(RUNNER_ENV_PREFIX)]
+        if runner_own:
+            raise ConfigError(
+                f"--pass-env {runner_own[0]}: the runner's own LIFELONG_ settings (the broker "
+                "URL with its password, the HTTP token) are never passed to a command"
+            )
 
 
 # --- decoding ready messages ------------------------------------------------------------------
@@ -89,6 +125,10 @@ def _task(header: dict[str, Any], kind: TaskKind, task_input: dict[str, Any]) ->
     if not all(isinstance(v, str) and v for v in (*names, *paths)):
         log.warning("ignoring a %s ready message without id, names, dataURL or outputDir", kind)
         return None
+    problem = _untrusted(str(names[1]), str(names[2]), str(paths[1]))
+    if problem is not None:
+        log.warning("ignoring a %s ready message: %s", kind, problem)
+        return None
     models = task_input.get("models") or []
     urls = tuple(m["url"] for m in models if isinstance(m, dict) and isinstance(m.get("url"), str))
     index = task_input.get("dataIndexURL")
@@ -105,6 +145,33 @@ def _task(header: dict[str, Any], kind: TaskKind, task_input: dict[str, Any]) ->
         model_urls=urls,
         deployed_model_url=deployed_url if isinstance(deployed_url, str) and deployed_url else None,
     )
+
+
+def _untrusted(namespace: str, job: str, output_dir: str) -> str | None:
+    """Why a ready message's names or output dir cannot be used, or None. The values are
+    quoted with repr, so no control character reaches a log line as itself."""
+    if len(namespace) > _MAX_NAMESPACE_CHARS or not _NAMESPACE_RE.match(namespace):
+        return f"namespace {namespace[:80]!r} is not a DNS-1123 label"
+    if len(job) > _MAX_WORKER_NAME_CHARS or not _NAME_RE.match(job):
+        return f"job name {job[:80]!r} is not a DNS-1123 subdomain"
+    if not _STORAGE_URL_RE.match(output_dir):
+        return (
+            f"outputDir {output_dir[:200]!r} is neither an absolute path without '..' nor an "
+            "s3:// URL"
+        )
+    return None
+
+
+def command_env(environ: Mapping[str, str], pass_env: Iterable[str]) -> dict[str, str]:
+    """What a command inherits of the runner's environment `environ`: `INHERITED_ENV`, the
+    locale's `LC_*` and the names in `pass_env`; never a LIFELONG_ setting of the runner."""
+    wanted = {*INHERITED_ENV, *pass_env}
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name in wanted or name.startswith(_INHERITED_PREFIX))
+        and not name.startswith(RUNNER_ENV_PREFIX)
+    }
 
 
 def task_env(task: Task, settings: WorkerSettings, results_file: Path) -> dict[str, str]:

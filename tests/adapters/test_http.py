@@ -22,6 +22,7 @@ import requests
 from service.adapters.http import HttpServer
 from service.errors import ConfigError
 from service.metrics import Metrics
+from tests.wait import wait_until
 
 TIMEOUT_S = 5.0
 MAX_BODY_BYTES = 1024
@@ -514,7 +515,10 @@ def still_waiting(client: socket.socket) -> bool:
 
 
 def test_200_slow_connections_hold_no_thread(make_server: ServerFactory) -> None:
-    srv = make_server(max_connections=250, request_timeout_s=60)
+    srv = make_server(
+        max_connections=250, max_connections_per_client=250, head_timeout_s=60,
+        request_timeout_s=60,
+    )  # fmt: skip
     threads_before = threading.active_count()
     clients = slow_clients(srv, 200)
     try:
@@ -551,9 +555,10 @@ def test_a_slowloris_is_cut_off_at_the_deadline(make_server: ServerFactory, stag
         client.close()
     head_text, _, body = received.partition(b"\r\n\r\n")
     assert head_text.startswith(b"HTTP/1.1 408 "), received
+    what = "request head" if stage == "head" else "request"
     assert json.loads(body) == {
         "status": 408,
-        "message": "request not received in full within 1 s",
+        "message": f"{what} not received in full within 1 s",
     }
 
 
@@ -606,3 +611,191 @@ def test_stop_closes_connections_and_leaves_no_thread(callbacks: Callbacks) -> N
     while set(threading.enumerate()) - threads_before and time.monotonic() < give_up:
         time.sleep(0.05)
     assert set(threading.enumerate()) - threads_before == set()
+
+
+# ================================================================ one client, probes, hosts
+
+
+def connect_from(server: HttpServer, address: str) -> socket.socket:
+    """A connection from `address`: any address of 127.0.0.0/8 is this machine's loopback."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.settimeout(TIMEOUT_S)
+    client.bind((address, 0))
+    client.connect(("127.0.0.1", server.port))
+    return client
+
+
+def read_reply(client: socket.socket) -> bytes:
+    """Everything the server sent before closing the connection."""
+    received = b""
+    while chunk := client.recv(4096):
+        received += chunk
+    return received
+
+
+def test_one_address_holds_at_most_its_cap_of_connections(make_server: ServerFactory) -> None:
+    cap = 5
+    srv = make_server(max_connections_per_client=cap, head_timeout_s=60, request_timeout_s=60)
+    held = [connect_from(srv, "127.0.0.2") for _ in range(cap)]
+    over = [connect_from(srv, "127.0.0.2") for _ in range(3)]
+    try:
+        for client in over:  # accepted in order: the cap is reached before these
+            head, _, body = read_reply(client).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 429 "), head
+            assert json.loads(body) == {
+                "status": 429,
+                "message": f"more than {cap} connections from your address: close one first",
+            }
+        assert all(still_waiting(client) for client in held)
+        # another address is served meanwhile, and a freed slot takes the next connection
+        assert request(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"))[0] == 200
+        held.pop().close()
+        status = wait_until(
+            lambda: _status_from(srv, "127.0.0.2"), TIMEOUT_S, "a slot freed for 127.0.0.2"
+        )
+        assert status == 200
+    finally:
+        for client in held + over:
+            client.close()
+
+
+def _status_from(server: HttpServer, address: str) -> int | None:
+    """The status of GET /readyz sent from `address`, or None when refused for the cap."""
+    client = connect_from(server, address)
+    try:
+        client.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status = int(read_reply(client).split(b" ", 2)[1])
+    finally:
+        client.close()
+    return None if status == 429 else status
+
+
+def test_a_head_trickled_past_its_deadline_is_cut_but_a_slow_body_is_not(
+    make_server: ServerFactory, callbacks: Callbacks
+) -> None:
+    """Two clients trickle a byte every 0.2 s, one its head, the other its body after a whole
+    head: once the head deadline has cut the first, the second's body still completes."""
+    srv = make_server(head_timeout_s=1, request_timeout_s=60)
+    slow_head = socket.create_connection(("127.0.0.1", srv.port), timeout=0.2)
+    slow_body = socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT_S)
+    body = worker_body("w-1")
+    slow_body.sendall(
+        PARTIAL_HEAD + b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )  # fmt: skip
+    sent = 0
+    received = b""
+    try:
+        while True:
+            try:
+                chunk = slow_head.recv(4096)
+            except TimeoutError:
+                slow_head.sendall(b"X")
+                slow_body.sendall(body[sent : sent + 1])
+                sent += 1
+                assert sent < len(body), "the head deadline never cut the slow head"
+                continue
+            if not chunk:
+                break
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 408 "), received
+        assert b"request head not received in full within 1 s" in received
+        slow_body.sendall(body[sent:])
+        reply = slow_body.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200 "), reply
+    finally:
+        slow_head.close()
+        slow_body.close()
+    assert callbacks.calls == [("w-1", body)]
+
+
+def test_probes_are_answered_while_every_worker_thread_is_busy(callbacks: Callbacks) -> None:
+    threads = 2
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    def stuck_worker_info(worker: str, body: bytes) -> tuple[int, str]:
+        entered.release()
+        release.wait(60)
+        return 200, "OK"
+
+    srv = HttpServer("127.0.0.1", 0, ready=callbacks.ready, metrics=callbacks.render,
+                     worker_info=stuck_worker_info, threads=threads)  # fmt: skip
+    srv.start()
+    posts = [
+        threading.Thread(
+            target=request, args=(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"), 60)
+        )
+        for _ in range(threads + 2)  # every thread busy, and more requests queued
+    ]
+    try:
+        for post_thread in posts:
+            post_thread.start()
+        for _ in range(threads):
+            assert entered.acquire(timeout=30), "the reports never reached the worker threads"
+        assert request(srv, "/healthz", timeout_s=30)[:2] == (200, b"ok")
+        assert request(srv, "/readyz", timeout_s=30)[0] == 200
+        assert request(srv, "/healthz", "HEAD", timeout_s=30)[:2] == (200, b"")
+        # answered while the pool was still held: nothing had let a report finish
+        assert all(post_thread.is_alive() for post_thread in posts)
+    finally:
+        release.set()
+        for post_thread in posts:
+            post_thread.join()
+        srv.stop()
+
+
+def send_with_host(server: HttpServer, method: str, path: str, host: str | None,
+                   headers: dict[str, str] | None = None) -> int:  # fmt: skip
+    """The status of one request with exactly this Host header (None: no Host at all)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT_S)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        body = worker_body("w-1") if method == "POST" else b""
+        if method == "POST":
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body or None)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+FOREIGN_HOSTS = ["evil.example", "evil.example:9100", "lifelong-controller.evil.example",
+                 "localhost.evil.example", "lifelong-controller:9100x"]  # fmt: skip
+ALLOWED_HOSTS = ["localhost", "localhost:9100", "LIFELONG-CONTROLLER", "lifelong-controller.",
+                 "127.0.0.1:9100", "10.1.2.3", "[::1]:9100", None]  # fmt: skip
+
+
+@pytest.mark.parametrize("host", FOREIGN_HOSTS)
+def test_a_host_name_not_allowed_is_refused_without_a_token(
+    make_server: ServerFactory, callbacks: Callbacks, host: str
+) -> None:
+    """DNS rebinding: a page from evil.example, its name now pointing here, sends its own
+    name as Host; the worker endpoint and /metrics refuse it, the probes stay open."""
+    srv = make_server(allowed_hosts=["localhost", "lifelong-controller"])
+    assert send_with_host(srv, "POST", "/sedna/workers/w-1/info", host) == 403
+    assert send_with_host(srv, "GET", "/metrics", host) == 403
+    assert send_with_host(srv, "GET", "/healthz", host) == 200
+    assert send_with_host(srv, "GET", "/readyz", host) == 200
+    assert callbacks.calls == []
+    # with a token required, the token is the guard: any Host will do
+    guarded = make_server(allowed_hosts=["localhost"], token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert send_with_host(guarded, "POST", "/sedna/workers/w-1/info", host, auth) == 200
+
+
+@pytest.mark.parametrize("host", ALLOWED_HOSTS)
+def test_allowed_host_names_and_any_address_are_answered(
+    make_server: ServerFactory, callbacks: Callbacks, host: str | None
+) -> None:
+    srv = make_server(allowed_hosts=["localhost", "lifelong-controller"])
+    assert send_with_host(srv, "POST", "/sedna/workers/w-1/info", host) == 200
+    assert send_with_host(srv, "GET", "/metrics", host) == 200
+    assert len(callbacks.calls) == 1

@@ -39,6 +39,7 @@ VERSIONS = (all_versions()[0], kubernetes_validate.latest_version())
 #: what the downward API gives a pod of this node (pod name and node IP are examples)
 DOWNWARD = {
     "metadata.name": f"{NODE}-lifelong-controller-6d4cf56db6-x7k2q",
+    "metadata.namespace": "sedna",
     "spec.nodeName": NODE,
     "status.hostIP": "192.0.2.10",
 }

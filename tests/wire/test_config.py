@@ -287,13 +287,25 @@ TOKEN = "k8s-secret-token-0123456789"
 def test_http_token_from_env_flag_or_file(tmp_path: Path) -> None:
     assert Config.from_env(BASE).http_bearer_token() == ""  # off by default
     assert Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN": TOKEN}).http_bearer_token() == TOKEN
-    assert from_args(parse_flags("--http-token", TOKEN), BASE).http_bearer_token() == TOKEN
     secret = tmp_path / "token"
     secret.write_text(f"{TOKEN}\n")
+    from_flag = from_args(parse_flags("--http-token-file", str(secret)), BASE)
+    assert from_flag.http_bearer_token() == TOKEN
     config = Config.from_env({**BASE, "LIFELONG_HTTP_TOKEN_FILE": str(secret)})
     assert config.http_bearer_token() == TOKEN
     assert TOKEN not in repr(config) and TOKEN not in repr(Config.from_env(
         {**BASE, "LIFELONG_HTTP_TOKEN": TOKEN}))  # fmt: skip
+
+
+def test_a_token_given_as_a_flag_is_refused_unechoed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A flag shows in the process list: `--http-token` is refused, and not taken as an
+    abbreviation of `--http-token-file` (which would echo the token as a file name)."""
+    for argv in (["--http-token", TOKEN], [f"--http-token={TOKEN}"]):
+        with pytest.raises(SystemExit):
+            parse_flags(*argv)
+        error = capsys.readouterr().err
+        assert "--http-token is not taken: a flag shows in the process list" in error
+        assert "LIFELONG_HTTP_TOKEN" in error and TOKEN not in error
 
 
 @pytest.mark.parametrize(

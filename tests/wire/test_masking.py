@@ -11,8 +11,10 @@ it is, with every JSON string unescaped and every base64 run decoded, recursivel
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -66,12 +68,33 @@ def as_nested_object(inner: str) -> str:
     return '{"spec": {"list": [1, {"deep": ' + inner + "}]}}"
 
 
+def wrapped(text: str, width: int) -> str:
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+def as_wrapped_base64(inner: str) -> str:
+    """base64 with a line break every 61 characters (not a multiple of 4), as some tools do."""
+    return json.dumps({"content": wrapped(base64.b64encode(inner.encode()).decode(), 61)})
+
+
+def as_double_base64(inner: str) -> str:
+    once = base64.b64encode(inner.encode())
+    return json.dumps({"content": base64.b64encode(once).decode()})
+
+
+def as_hex(inner: str) -> str:
+    return json.dumps({"content": inner.encode().hex()})
+
+
 ENCODINGS: list[Encoding] = [
     as_annotation,
     as_json_string_content,
     as_base64_content,
     as_urlsafe_base64,
     as_nested_object,
+    as_wrapped_base64,
+    as_double_base64,
+    as_hex,
 ]
 
 
@@ -91,6 +114,7 @@ def secret_objects(draw: st.DrawFn) -> tuple[str, str]:
 # ---------------------------------------------------------------- finding a leak
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)(?:"|\\?\Z)', re.DOTALL)
 _RUN = re.compile(r"[A-Za-z0-9+/_=-]{8,}")
+_HEX_RUN = re.compile(r"(?:[0-9a-fA-F]{2}){4,}")
 _LOOSE_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.?)", re.DOTALL)
 
 
@@ -103,7 +127,8 @@ def _loose(match: re.Match[str]) -> str:
 
 def views(text: str, depth: int = 0) -> Iterator[str]:
     """The text, every JSON string in it unescaped, every base64 run in it decoded (at each
-    alignment, either alphabet, as UTF-8), recursively."""
+    alignment, either alphabet, as UTF-8; also with the line breaks of a wrapped encoding
+    taken out) and every hex run decoded, recursively."""
     yield text
     if depth >= 4:
         return
@@ -114,6 +139,14 @@ def views(text: str, depth: int = 0) -> Iterator[str]:
             unescaped = _LOOSE_ESCAPE.sub(_loose, body)
         if unescaped != body:
             yield from views(unescaped, depth + 1)
+    unwrapped = "".join(text.split())
+    if unwrapped != text:
+        yield from views(unwrapped, depth + 1)
+    for run in _HEX_RUN.findall(text):
+        for skip in range(2):
+            chunk = run[skip:]
+            decoded = bytes.fromhex(chunk[: len(chunk) // 2 * 2]).decode("utf-8", "replace")
+            yield from views(decoded, depth + 1)
     for run in _RUN.findall(text):
         for skip in range(4):
             chunk = run[skip:].rstrip("=")
@@ -189,6 +222,13 @@ def test_the_leak_finder_sees_what_masking_removes() -> None:
             assert not leaks(masking.mask(text), canary), encoding.__name__
 
 
+def test_content_that_decodes_to_words_is_left_as_it_was() -> None:
+    for content in ("plain words", base64.b64encode(b"plain words").decode(), "",
+                    base64.b64encode(b"plain words and more").hex()):  # fmt: skip
+        text = json.dumps({"header": {"resourceKind": "dataset"}, "content": content})
+        assert masking.mask(text) == text
+
+
 def test_what_is_not_a_credential_is_left_as_it_was() -> None:
     text = json.dumps(
         {
@@ -199,6 +239,36 @@ def test_what_is_not_a_credential_is_left_as_it_was() -> None:
         }
     )
     assert masking.mask(text) == text
+
+
+def test_content_that_cannot_be_decoded_is_masked_whole() -> None:
+    """A resource hidden in an encoding masking cannot read (compressed, encrypted, a scheme
+    of the sender's own) cannot be looked into: the content string goes whole."""
+    resource = json.dumps({"metadata": {"annotations": {"sedna.io/credential": ASCII_CANARY}}})
+    for content in (
+        base64.b64encode(zlib.compress(resource.encode())).decode(),
+        resource.encode().hex()[::-1],
+        codecs.encode(base64.b64encode(resource.encode()).decode(), "rot13"),
+    ):
+        text = json.dumps({"header": {"resourceKind": "dataset"}, "content": content})
+        assert json.loads(masking.mask(text))["content"] == masking.MASK, content
+
+
+def test_undecodable_strings_are_masked_in_a_record_naming_credentials() -> None:
+    opaque = base64.b64encode(zlib.compress(ASCII_CANARY.encode() * 3)).decode()
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    record = {
+        "metadata": {"name": "atcii-classifier-demo", "annotations": {"blob": opaque,
+                                                                      "digest": digest}},
+        "spec": {"url": "/data/trainData2024/a", "credentialName": "s3-creds"},
+    }  # fmt: skip
+    masked = json.loads(masking.mask(json.dumps(record)))
+    assert masked["metadata"]["annotations"] == {"blob": masking.MASK, "digest": masking.MASK}
+    # names, paths and words stay; the same strings in a record naming no credential stay too
+    assert masked["metadata"]["name"] == "atcii-classifier-demo"
+    assert masked["spec"]["url"] == "/data/trainData2024/a"
+    del record["spec"]["credentialName"]
+    assert json.loads(masking.mask(json.dumps(record))) == record
 
 
 def test_non_json_text_and_invalid_utf8_are_masked_by_pattern() -> None:

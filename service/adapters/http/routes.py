@@ -3,7 +3,8 @@
 What each route means lives in the callbacks the runtime passes in (`Routes`); this module
 only speaks HTTP: it refuses what is not a well-formed request for a route (wrong method, a
 worker name that is not a DNS-1123 subdomain, a body that is not `application/json`, a
-missing or wrong bearer token when one is configured) before any callback sees it. Whatever
+missing or wrong bearer token when one is configured, a `Host` it does not answer to when
+none is) before any callback sees it. Whatever
 a callback does, the client gets a short JSON reason (never a traceback): `App` is the WSGI
 application, and never lets an exception reach the server.
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -30,7 +32,9 @@ log = logging.getLogger("service.adapters.http")
 
 WORKER_PREFIX = "/sedna/workers/"
 WORKER_SUFFIX = "/info"
-_GET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+#: The kubelet's probes: never guarded, and answered without waiting for a worker thread.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+_GET_ROUTES = PROBE_PATHS | {"/metrics"}
 _MAX_WORKER_NAME_CHARS = 253
 _WORKER_NAME_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
 _BAD_WORKER_NAME = (
@@ -56,6 +60,8 @@ class Routes:
     worker_info: WorkerInfoFn
     token_digest: bytes | None  # SHA-256 of the bearer token, None when none is required
     live: LiveFn
+    # host names answered to without a token (IP addresses always are); None: any
+    allowed_hosts: frozenset[str] | None = None
 
     @classmethod
     def of(
@@ -65,10 +71,14 @@ class Routes:
         worker_info: WorkerInfoFn,
         token: str,
         live: LiveFn,
+        *,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> Routes:
-        """The routes answering with these callbacks; ``token``, unless empty, is required."""
+        """The routes answering with these callbacks; ``token``, unless empty, is required,
+        else a `Host` naming one of ``allowed_hosts`` (or an IP address), unless that is None."""
         digest = hashlib.sha256(token.encode("latin-1")).digest() if token else None
-        return cls(ready, metrics, worker_info, digest, live)
+        hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+        return cls(ready, metrics, worker_info, digest, live, hosts)
 
 
 @dataclass(frozen=True)
@@ -130,10 +140,45 @@ def _not_allowed(path: str) -> _Reply:
     return _json_reply(HTTPStatus.NOT_FOUND, "not found")
 
 
-def _unauthorized(routes: Routes, environ: WSGIEnvironment) -> _Reply | None:
-    """401 unless the request carries the configured bearer token (or none is configured)."""
-    if routes.token_digest is None:
+def _host_name(host: str) -> str | None:
+    """The name or address of a `Host` header, without port, brackets or final dot; None
+    when what follows it is not a port."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+    elif host.count(":") == 1:
+        name, colon, port = host.partition(":")
+        rest = colon + port
+    else:
+        name, rest = host, ""
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
         return None
+    return name.rstrip(".")
+
+
+def _foreign_host(routes: Routes, environ: WSGIEnvironment) -> _Reply | None:
+    """403 when the `Host` header names a host name not allowed. An IP address (or no Host at
+    all) passes: a browser sends the page's own host name, and DNS rebinding needs a name."""
+    if routes.allowed_hosts is None or "HTTP_HOST" not in environ:
+        return None
+    name = _host_name(str(environ["HTTP_HOST"]))
+    try:
+        ipaddress.ip_address(name or "")
+    except ValueError:
+        if name not in routes.allowed_hosts:
+            reason = (
+                "the Host header names a host this endpoint does not answer to (add it to "
+                "LIFELONG_HTTP_ALLOWED_HOSTS, or require a token)"
+            )
+            return _refuse(environ, HTTPStatus.FORBIDDEN, reason)
+    return None
+
+
+def _unauthorized(routes: Routes, environ: WSGIEnvironment) -> _Reply | None:
+    """401 unless the request carries the configured bearer token; with none configured,
+    403 unless its `Host` is one answered to."""
+    if routes.token_digest is None:
+        return _foreign_host(routes, environ)
     scheme, _, credentials = str(environ.get("HTTP_AUTHORIZATION", "")).strip().partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
         return _refuse(

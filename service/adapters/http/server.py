@@ -1,15 +1,22 @@
-"""The HTTP server plumbing: waitress, with a deadline per request and a cap on connections.
+"""The HTTP server plumbing: waitress, with deadlines per request and caps on connections.
 
 waitress runs one event-loop thread that accepts connections and reads every request in full
 (headers, then the body, held in memory) before one of a few worker threads runs it, so a
 client that sends slowly costs a socket and a buffer, never a thread. On top of waitress's own
-limits this module adds a deadline per request: a request whose headers and body have not all
-arrived within `request_timeout_s` of its first byte is answered 408 and its connection closed
-(waitress alone only closes connections that stay silent, which a client trickling a byte at a
-time never does). At most `max_connections` connections are open at once; more wait in the
-kernel's accept queue. waitress's own refusals (400, 413, 431, ...) get the JSON replies every
-route gives, and the body of a request refused as too large is read and dropped, so the client
-sees the 413. The routes themselves are `service.adapters.http.routes`.
+limits this module adds:
+- deadlines: a request whose head (request line and headers) has not arrived within
+  `head_timeout_s` of its first byte, or whose head and body have not all arrived within
+  `request_timeout_s`, is answered 408 and its connection closed (waitress alone only closes
+  connections that stay silent, which a client trickling a byte at a time never does);
+- caps: at most `max_connections` connections are open at once (more wait in the kernel's
+  accept queue), and at most `max_connections_per_client` from one address: one more is
+  answered 429 and closed at once, so a single client cannot take every slot;
+- probes outside the pool: `/healthz` and `/readyz` are answered on the event loop as soon as
+  their head is in, never queued behind worker threads busy with other requests, so the
+  kubelet's probes are answered while the pool is saturated.
+waitress's own refusals (400, 413, 431, ...) get the JSON replies every route gives, and the
+body of a request refused as too large is read and dropped, so the client sees the 413. The
+routes themselves are `service.adapters.http.routes`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -33,6 +42,7 @@ from waitress.utilities import RequestEntityTooLarge
 
 from service.adapters.http.routes import (
     JSON,
+    PROBE_PATHS,
     App,
     LiveFn,
     MetricsFn,
@@ -46,6 +56,10 @@ from service.errors import ConfigError
 log = logging.getLogger("service.adapters.http")
 
 DEFAULT_MAX_CONNECTIONS = 100
+#: A fifth of the connections: a few workers, Prometheus and the kubelet from one node fit.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 20
+#: Sedna's worker library sends its request head (a few hundred bytes) in one segment.
+DEFAULT_HEAD_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_THREADS = 4
 # Request line and headers together; Sedna's worker library sends a few hundred bytes.
@@ -110,34 +124,66 @@ class _ErrorTask(ErrorTask):
         self.write(body)
 
 
+def _reply_bytes(status: HTTPStatus, message: str) -> bytes:
+    """A whole JSON reply that closes the connection, for answers written on the event loop."""
+    body = json_body(status, message)
+    head = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _is_probe(request: HTTPRequestParser) -> bool:
+    """Whether a complete request is a probe: answered on the event loop, not by the pool."""
+    # waitress's stubs say bytes and omit `path`: both are str (the path percent-decoded)
+    command, path = cast(str, request.command), cast(str, getattr(request, "path", ""))
+    return request.error is None and command in ("GET", "HEAD") and path in PROBE_PATHS
+
+
 class _Channel(HTTPChannel):
-    """One connection; remembers when its request in progress began (for the deadline)."""
+    """One connection; remembers when its request in progress began (for the deadlines) and
+    serves a probe itself, on the event loop, instead of queueing it for a worker thread."""
 
     parser_class = _Parser
     error_task_class = _ErrorTask
     request_started: float | None = None
+    # set while waitress parses received bytes; a probe completed then is served right after
+    receiving = False
+    probe_waiting = False
 
     def received(self, data: bytes) -> bool:
         if self.request is None:
             self.request_started = time.monotonic()
-        taken = super().received(data)
+        self.receiving = True
+        try:
+            taken = super().received(data)
+        finally:
+            self.receiving = False
         if self.request is None:
             self.request_started = None
+        if self.probe_waiting:
+            # `service` answers it and queues a pipelined request after it for the pool
+            self.probe_waiting = False
+            self.service()
         return taken
 
-    def began_before(self, moment: float) -> bool:
-        """Whether a request is in progress that began before `moment` (monotonic seconds)."""
-        return self.request_started is not None and self.request_started < moment
+    def missed_deadline(self, head_cutoff: float, request_cutoff: float) -> str | None:
+        """What of the request in progress is late: its head, begun before `head_cutoff` and
+        not all in, or the whole request, begun before `request_cutoff` (monotonic seconds)."""
+        started = self.request_started
+        if started is None:
+            return None
+        head_done = self.request is not None and self.request.headers_finished
+        if started < head_cutoff and not head_done:
+            return "request head"
+        return "request" if started < request_cutoff else None
 
-    def time_out(self, timeout_s: float) -> None:
+    def time_out(self, what: str, timeout_s: float) -> None:
         """Answer 408 and close; runs on the event loop while no task owns the connection."""
-        status = HTTPStatus.REQUEST_TIMEOUT
-        body = json_body(status, f"request not received in full within {timeout_s:g} s")
-        head = (
-            f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        reply = _reply_bytes(
+            HTTPStatus.REQUEST_TIMEOUT, f"{what} not received in full within {timeout_s:g} s"
         )
-        reply = head.encode() + body
         with self.outbuf_lock:
             self.outbufs[-1].append(reply)
             self.total_outbufs_len += len(reply)
@@ -147,37 +193,92 @@ class _Channel(HTTPChannel):
         self.request_started = None
         self.close_when_flushed = True
         log.info(
-            "HTTP request from %s not received in full within %g s: answered 408, closed",
-            self.addr[0], timeout_s,
+            "HTTP %s from %s not received in full within %g s: answered 408, closed",
+            what, self.addr[0], timeout_s,
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """What `_Server` enforces beyond waitress's own adjustments."""
+
+    head_timeout_s: float
+    request_timeout_s: float
+    max_connections_per_client: int
+
+
 class _Server(TcpWSGIServer):
-    """Waitress's TCP server with our channel and the per-request deadline."""
+    """Waitress's TCP server with our channel, the deadlines, the per-client cap and probes
+    served on the event loop."""
 
     channel_class = _Channel
 
-    def __init__(
-        self, app: App, sock: socket.socket, adj: Adjustments, request_timeout_s: float
-    ) -> None:
-        self.request_timeout_s = request_timeout_s
+    def __init__(self, app: App, sock: socket.socket, adj: Adjustments, limits: _Limits) -> None:
+        self.limits = limits
         self.socket_map: dict[int, Any] = {}  # waitress's dispatchers, keyed by descriptor
+        # addresses refused for being at their cap, logged once until they drop below it
+        self._capped: set[str] = set()
         sockinfo = (sock.family, sock.type, sock.proto, sock.getsockname())
         super().__init__(app, self.socket_map, True, sock, None, adj, sockinfo, bind_socket=False)
 
+    def _channels(self) -> Iterable[HTTPChannel]:
+        return list(cast(dict[int, HTTPChannel], self.active_channels).values())
+
+    def handle_accept(self) -> None:
+        """Accept one connection, or refuse it (429, closed) when its address is at its cap."""
+        try:
+            accepted = self.accept()
+        except OSError:  # a connection the client already abandoned, as waitress says
+            return
+        if accepted is None:
+            return
+        conn, addr = accepted
+        client = str(addr[0])
+        held = sum(1 for channel in self._channels() if channel.addr[0] == client)
+        if held >= self.limits.max_connections_per_client:
+            self._refuse(conn, client)
+            return
+        self._capped.discard(client)
+        self.channel_class(self, conn, addr, self.adj, map=self.socket_map)
+
+    def _refuse(self, conn: socket.socket, client: str) -> None:
+        cap = self.limits.max_connections_per_client
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            message = f"more than {cap} connections from your address: close one first"
+            conn.send(_reply_bytes(HTTPStatus.TOO_MANY_REQUESTS, message))
+            conn.shutdown(socket.SHUT_WR)
+        conn.close()
+        if client not in self._capped:
+            self._capped.add(client)
+            log.warning(
+                "HTTP client %s holds %d connections, the cap per client: further ones are "
+                "answered 429 and closed until it holds fewer", client, cap,
+            )  # fmt: skip
+
+    def add_task(self, task: object) -> None:
+        """Queue a connection's request for the pool, unless it is a probe arriving now: the
+        channel answers that itself as soon as waitress has parsed it."""
+        if isinstance(task, _Channel) and task.receiving and _is_probe(task.requests[0]):
+            task.probe_waiting = True
+            return
+        super().add_task(cast(Any, task))  # the stubs say Task: waitress passes the channel
+
     def maintenance(self, now: float) -> None:
-        """Waitress closes silent connections; this also ends requests past their deadline."""
+        """Waitress closes silent connections; this also ends requests past their deadlines."""
         super().maintenance(now)  # type: ignore[arg-type]  # stubs say int; it is time.time()
-        cutoff = time.monotonic() - self.request_timeout_s
-        channels = cast(dict[int, HTTPChannel], self.active_channels)
-        for channel in list(channels.values()):
+        limits = self.limits
+        moment = time.monotonic()
+        head_cutoff = moment - limits.head_timeout_s
+        request_cutoff = moment - limits.request_timeout_s
+        timeouts = {"request head": limits.head_timeout_s, "request": limits.request_timeout_s}
+        for channel in self._channels():
             # a connection whose complete request a worker thread is running is not late
-            if (
-                isinstance(channel, _Channel)
-                and channel.began_before(cutoff)
-                and not channel.requests
-            ):
-                channel.time_out(self.request_timeout_s)
+            if not isinstance(channel, _Channel) or channel.requests:
+                continue
+            missed = channel.missed_deadline(head_cutoff, request_cutoff)
+            if missed is not None:
+                channel.time_out(missed, timeouts[missed])
 
     def close(self) -> None:
         """Close the listener only: the wake-up pipe outlives the loop (see `end_loop`)."""
@@ -220,6 +321,9 @@ class HttpServer:
 
     `token`, when not empty, is required as `Authorization: Bearer <token>` on the worker
     endpoint and on /metrics (which names every job and dataset); the probes stay open.
+    Without a token, `allowed_hosts` (unless None) are the host names those two routes answer
+    to besides IP addresses, so a page a browser loaded from a name that the attacker points
+    at this address (DNS rebinding) cannot reach them.
     """
 
     def __init__(
@@ -233,16 +337,25 @@ class HttpServer:
         live: LiveFn = always_live,
         max_body_bytes: int = 1 << 20,
         token: str = "",
+        allowed_hosts: Sequence[str] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         threads: int = DEFAULT_THREADS,
     ) -> None:
         self._host = host
         self._port = port
-        self._routes = Routes.of(ready, metrics, worker_info, token, live)
+        self._routes = Routes.of(
+            ready, metrics, worker_info, token, live, allowed_hosts=allowed_hosts
+        )
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
-        self._request_timeout_s = request_timeout_s
+        self._limits = _Limits(
+            head_timeout_s=min(head_timeout_s, request_timeout_s),
+            request_timeout_s=request_timeout_s,
+            max_connections_per_client=max_connections_per_client,
+        )
         self._threads = threads
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -262,7 +375,7 @@ class HttpServer:
             threads=self._threads,
             # waitress counts its listener and its wake-up pipe among the connections
             connection_limit=self._max_connections + 2,
-            channel_timeout=max(1, round(self._request_timeout_s)),
+            channel_timeout=max(1, round(self._limits.request_timeout_s)),
             cleanup_interval=_CHECK_INTERVAL_S,
             asyncore_loop_timeout=_CHECK_INTERVAL_S,
             asyncore_use_poll=True,  # select() fails on descriptors above 1023
@@ -274,7 +387,7 @@ class HttpServer:
             expose_tracebacks=False,
             clear_untrusted_proxy_headers=True,
         )
-        server = _Server(App(self._routes), sock, adj, self._request_timeout_s)
+        server = _Server(App(self._routes), sock, adj, self._limits)
         self._port = int(sock.getsockname()[1])
         self._server = server
         self._thread = threading.Thread(

@@ -39,6 +39,7 @@ from service.cli.connections import (
 )
 from service.cli.kinds import JOB
 from service.cli.presence import PRESENCE_WAIT_S, online_replicas, require_served
+from service.cli.rendering import shown
 from service.errors import BrokerUnavailable, PermanentError
 
 DEFAULT_WAIT_S = 30.0
@@ -132,7 +133,7 @@ def _rollback(args: argparse.Namespace) -> int:
             f"serving node {node_cfg.node_name}? (`lifelong watch` shows what it says)"
         )
     ok, text = answer
-    print(text, file=sys.stdout if ok else sys.stderr, flush=True)
+    print(shown([text]), file=sys.stdout if ok else sys.stderr, flush=True)
     return EXIT_OK if ok else EXIT_PROBLEM
 
 

@@ -33,6 +33,7 @@ from service.cli.rendering import (
     history_lines,
     job_row,
     render,
+    shown,
 )
 from service.cli.rounds import describe_json, describe_lines, get_columns
 from service.core.rounds import decode_rounds
@@ -132,13 +133,13 @@ def _get(args: argparse.Namespace) -> int:
     elif not rows:
         # name the Redis read: the defaults may point at another one than the controller's
         where = f" in namespace {args.namespace}" if args.namespace else ""
-        shown = redact_url(cfg.redis_url)
-        print(f"No {args.kind.wire} resources found{where} in {shown}.", file=sys.stderr)
+        redis = redact_url(cfg.redis_url)
+        print(f"No {args.kind.wire} resources found{where} in {redis}.", file=sys.stderr)
     else:
         print(render(list(rows[0]), [list(row.values()) for row in rows]))
     if args.output != "json" and link is not None:
         # on stderr, so the table stays the only thing a pipe reads
-        print(gm_link_line(link, now_ms), file=sys.stderr)
+        print(shown([gm_link_line(link, now_ms)]), file=sys.stderr)
     return EXIT_OK
 
 
@@ -159,7 +160,8 @@ def _state_or_none(resource_key: str, raw: bytes) -> State | None:
     try:
         return decode_state(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        print(f"lifelong: skipped {resource_key}: its stored state is unreadable", file=sys.stderr)
+        skipped = f"lifelong: skipped {resource_key}: its stored state is unreadable"
+        print(shown([skipped]), file=sys.stderr)
         return None
 
 
@@ -198,7 +200,7 @@ def _describe(args: argparse.Namespace) -> int:
         lines = describe_dataset(state, users, records, now_ms)
     lines.append(gm_link_line(link, now_ms))
     lines += history_lines(records[-args.history :], now_ms)
-    print(redact("\n".join(lines)))
+    print(shown(lines))
     return EXIT_OK
 
 
