@@ -21,13 +21,32 @@ from typing import Literal, NamedTuple
 NUM_SHARDS = 16
 DEFAULT_PREFIX = "lifelong"
 
-#: The two kinds of resource, as resource keys spell them.
-Kind = Literal["job", "dataset"]
+#: The kinds of resource, as resource keys spell them: lifelong-learning jobs and datasets,
+#: which the controller runs, and the kinds it only stores (`StoredKind`).
+Kind = Literal["job", "dataset", "model", "jointinference", "federatedlearning"]
+StoredKind = Literal["model", "jointinference", "federatedlearning"]
 JOB_KIND: Kind = "job"
 DATASET_KIND: Kind = "dataset"
-#: The `resourceKind` of each kind on the wire (envelope headers).
+MODEL_KIND: StoredKind = "model"
+JOINT_INFERENCE_KIND: StoredKind = "jointinference"
+FEDERATED_LEARNING_KIND: StoredKind = "federatedlearning"
+#: The `resourceKind` of each kind on the wire (envelope headers, a report's `ownerKind`).
 WIRE_KINDS: Mapping[Kind, str] = MappingProxyType(
-    {JOB_KIND: "lifelonglearningjob", DATASET_KIND: "dataset"}
+    {
+        JOB_KIND: "lifelonglearningjob",
+        DATASET_KIND: "dataset",
+        MODEL_KIND: "model",
+        JOINT_INFERENCE_KIND: "jointinferenceservice",
+        FEDERATED_LEARNING_KIND: "federatedlearningjob",
+    }
+)
+#: The stored kinds by their wire name.
+STORED_KINDS: Mapping[str, StoredKind] = MappingProxyType(
+    {
+        WIRE_KINDS[MODEL_KIND]: MODEL_KIND,
+        WIRE_KINDS[JOINT_INFERENCE_KIND]: JOINT_INFERENCE_KIND,
+        WIRE_KINDS[FEDERATED_LEARNING_KIND]: FEDERATED_LEARNING_KIND,
+    }
 )
 # The ingress streams' consumer group and its one consumer: shard leases already guarantee a
 # single reader, and a fixed consumer name lets the next owner read its predecessor's
@@ -37,7 +56,7 @@ INGRESS_CONSUMER = "owner"
 
 
 class ResourceKey(NamedTuple):
-    """A job or dataset; its text form ``<kind>:<namespace>/<name>`` names it in Redis."""
+    """A resource of one of the kinds; ``<kind>:<namespace>/<name>`` names it in Redis."""
 
     kind: Kind
     namespace: str
@@ -57,7 +76,7 @@ class ResourceKey(NamedTuple):
 
 
 def rkey(kind: str, namespace: str, name: str) -> str:
-    """The resource key ``<kind>:<namespace>/<name>`` (kind is ``job`` or ``dataset``)."""
+    """The resource key ``<kind>:<namespace>/<name>`` (kind one of `Kind`)."""
     if kind not in WIRE_KINDS:
         raise ValueError(f"unknown resource kind {kind!r}")
     return f"{kind}:{namespace}/{name}"
@@ -77,10 +96,9 @@ def parse_rkey(text: str) -> ResourceKey:
     namespace, slash, name = path.partition("/")
     if not colon or not slash or not namespace or not name:
         raise ValueError(f"not a resource key: {text!r}")
-    if kind == JOB_KIND:
-        return ResourceKey(JOB_KIND, namespace, name)
-    if kind == DATASET_KIND:
-        return ResourceKey(DATASET_KIND, namespace, name)
+    for known in WIRE_KINDS:
+        if kind == known:
+            return ResourceKey(known, namespace, name)
     raise ValueError(f"unknown resource kind in {text!r}")
 
 

@@ -28,9 +28,13 @@ _SCHEMA_TYPES: Mapping[str, Any] = {
     "envelope.json": messages.Envelope,
     "dataset.json": messages.Dataset,
     "lifelonglearningjob.json": messages.LifelongLearningJob,
+    "model.json": messages.ModelResource,
+    "jointinferenceservice.json": messages.JointInferenceService,
+    "federatedlearningjob.json": messages.FederatedLearningJob,
     "worker-message.json": messages.WorkerMessage,
     "job-status.json": messages.JobStatus,
     "dataset-status.json": messages.DatasetStatus,
+    "report-status.json": messages.ReportStatus,
     "rejection.json": messages.Rejection,
     "presence.json": messages.Presence,
 }
@@ -65,7 +69,8 @@ class _Topic(NamedTuple):
 _CHANNELS: Mapping[str, _Topic] = {
     "downstream": _Topic(
         "{prefix}/{node}/downstream",
-        "Datasets and jobs from the cloud: insert or delete, content inline or base64; "
+        "Datasets, lifelong-learning jobs, Models, joint-inference services and "
+        "federated-learning jobs from the cloud: insert or delete, content inline or base64; "
         "and a job's rollback (operation `rollback`, content `{\"version\": V}` or none for "
         "the previously deployed version), refused on the errors topic with the reason.",
         "downstreamEnvelope",
@@ -73,7 +78,9 @@ _CHANNELS: Mapping[str, _Topic] = {
     ),
     "workerInfo": _Topic(
         "{prefix}/{node}/workers/{worker}/info",
-        "Worker reports (also accepted as POST /sedna/workers/{worker}/info).",
+        "Worker reports of lifelong-learning jobs, joint-inference services and "
+        "federated-learning jobs, by ownerKind (also accepted as POST "
+        "/sedna/workers/{worker}/info).",
         "workerMessage",
         "worker-message.json",
     ),
@@ -86,7 +93,8 @@ _CHANNELS: Mapping[str, _Topic] = {
     ),
     "upstream": _Topic(
         "{prefix}/{node}/upstream",
-        "Job and dataset status for the cloud (address set by LIFELONG_UPSTREAM_TOPIC, "
+        "Job and dataset status, and the forwarded reports of joint-inference services and "
+        "federated-learning jobs, for the cloud (address set by LIFELONG_UPSTREAM_TOPIC, "
         "which may also use {namespace}). Header `id` is unique per message.",
         "upstreamEnvelope",
         UPSTREAM_ENVELOPE_FILE,
@@ -119,6 +127,7 @@ _OPERATIONS: Mapping[str, tuple[str, str, bool]] = {
 def generate() -> dict[str, bytes]:
     """Every file of `schemas/`, by file name, as it should be on disk."""
     files = {name: _json_bytes(_json_schema(type_)) for name, type_ in _SCHEMA_TYPES.items()}
+    files["worker-message.json"] = _json_bytes(_worker_message_schema())
     files[UPSTREAM_ENVELOPE_FILE] = _json_bytes(_upstream_envelope_schema())
     files[ROLLBACK_ENVELOPE_FILE] = _json_bytes(_rollback_envelope_schema())
     files[ASYNCAPI_FILE] = _json_bytes(_asyncapi())
@@ -135,18 +144,36 @@ def _json_schema(type_: Any) -> dict[str, Any]:
     return {"$schema": JSON_SCHEMA_DIALECT, "$comment": _GENERATED_NOTE, **schema}
 
 
+def _worker_message_schema() -> dict[str, Any]:
+    """The generated schema, with the rule its type cannot say: `status` is required unless
+    the report is a joint-inference service's (Sedna's library reports those without one)."""
+    schema = _json_schema(messages.WorkerMessage)
+    optional = "^" + "".join(f"[{c}{c.upper()}]" for c in messages.STATUS_OPTIONAL_KIND) + "$"
+    schema["$defs"]["WorkerMessage"] |= {
+        "if": {"properties": {"ownerKind": {"pattern": optional}}},
+        "then": {},
+        "else": {"required": ["status"]},
+    }
+    return schema
+
+
 def _upstream_envelope_schema() -> dict[str, Any]:
     """Composed by hand from generated parts: msgspec cannot describe an untagged union of
-    Structs (`JobStatus | DatasetStatus`), which is what the upstream content is."""
-    (header, job_status, dataset_status), defs = msgspec.json.schema_components(
-        [messages.Header, messages.JobStatus, messages.DatasetStatus]
+    Structs (`JobStatus | DatasetStatus | ReportStatus`), which is what the upstream content
+    is (a forwarded report of a joint-inference service or federated-learning job is a
+    `ReportStatus`)."""
+    (header, job_status, dataset_status, report_status), defs = msgspec.json.schema_components(
+        [messages.Header, messages.JobStatus, messages.DatasetStatus, messages.ReportStatus]
     )
     envelope = messages.UpstreamEnvelope
     defs[envelope.__name__] = {
         "title": envelope.__name__,
         "description": envelope.__doc__,
         "type": "object",
-        "properties": {"header": header, "content": {"anyOf": [job_status, dataset_status]}},
+        "properties": {
+            "header": header,
+            "content": {"anyOf": [job_status, dataset_status, report_status]},
+        },
         "required": ["header", "content"],
     }
     return {
@@ -177,7 +204,7 @@ def _rollback_envelope_schema() -> dict[str, Any]:
                     {
                         "properties": {
                             "operation": {"pattern": "^[rR][oO][lL][lL][bB][aA][cC][kK]$"},
-                            "resourceKind": {"pattern": messages.OWNER_KIND_PATTERN},
+                            "resourceKind": {"pattern": messages.LIFELONG_KIND_PATTERN},
                         }
                     },
                 ]

@@ -18,11 +18,15 @@ from typing import Any
 
 import msgspec
 
-from service.messages import Dataset, LifelongLearningJob
+from service.messages import Dataset, LifelongLearningJob, ModelResource
 
 _HINT_CUTOFF = 0.6
-_RESOURCES: Mapping[str, type[Dataset] | type[LifelongLearningJob]] = {
-    t.__name__.lower(): t for t in (Dataset, LifelongLearningJob)
+#: The kinds whose spec the controller interprets, by `kind` in lower case (a joint-inference
+#: service's or federated-learning job's spec is stored and passed on, like a template).
+_RESOURCES: Mapping[str, type[Dataset] | type[LifelongLearningJob] | type[ModelResource]] = {
+    "dataset": Dataset,
+    "lifelonglearningjob": LifelongLearningJob,
+    "model": ModelResource,
 }
 
 
@@ -57,8 +61,8 @@ def unknown_fields(value: object, type_: type[Any], path: str = "$") -> list[Unk
 
 
 def unknown_spec_fields(obj: Mapping[str, Any]) -> list[UnknownField]:
-    """The unknown fields of a Dataset's or LifelongLearningJob's `spec`, the part the
-    controller interprets (its metadata, status and worker templates are not checked)."""
+    """The unknown fields of a Dataset's, LifelongLearningJob's or Model's `spec`, the part
+    the controller interprets (its metadata, status and worker templates are not checked)."""
     resource = _RESOURCES.get(str(obj.get("kind", "")).lower())
     if resource is None:
         return []

@@ -13,7 +13,7 @@ from service import config as config_mod
 from service import messages
 from service.cli.checking import DEFAULT_NAMESPACE
 from service.cli.envelopes import delete_envelope
-from service.cli.kinds import DATASET, Kind, kind_named
+from service.cli.kinds import DATASET, KINDS, Kind, kind_named
 from service.errors import InvalidMessage
 
 # argparse's type is generic only to type checkers, hence the string.
@@ -78,9 +78,8 @@ def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
 def kind_arg(text: str) -> Kind:
     kind = kind_named(text)
     if kind is None:
-        raise argparse.ArgumentTypeError(
-            f"unknown kind {text!r}: use dataset or lifelonglearningjob"
-        )
+        names = ", ".join(f"{kind.wire} ({kind.short})" for kind in KINDS)
+        raise argparse.ArgumentTypeError(f"unknown kind {text!r}: use one of {names}")
     return kind
 
 

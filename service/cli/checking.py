@@ -17,12 +17,19 @@ from typing import Any
 
 from service import messages
 from service.cli.envelopes import envelope_problems, insert_envelope
-from service.cli.kinds import DATASET, JOB, kind_of_wire
+from service.cli.kinds import (
+    DATASET,
+    FEDERATED_LEARNING,
+    JOB,
+    JOINT_INFERENCE,
+    MODEL,
+    kind_of_wire,
+)
 from service.cli.manifests import Document, documents_of
 from service.config import node_name_problem
 from service.errors import InvalidMessage
 from service.logs import escape_controls, redact
-from service.messages import Dataset, LifelongLearningJob
+from service.messages import Resource
 from service.wire_fields import unknown_spec_fields
 
 DEFAULT_NAMESPACE = "default"
@@ -64,12 +71,52 @@ _REFERENCE: dict[str, dict[str, Any]] = {
             "outputDir": "/output",
         },
     },
+    MODEL.wire: {
+        "apiVersion": messages.SEDNA_API_VERSION,
+        "kind": MODEL.title,
+        "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
+        "spec": {"url": "/models/example.pb", "format": "pb"},
+    },
+    JOINT_INFERENCE.wire: {
+        "apiVersion": messages.SEDNA_API_VERSION,
+        "kind": JOINT_INFERENCE.title,
+        "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
+        "spec": {
+            "edgeWorker": {
+                "model": {"name": "example"},
+                "hardExampleMining": {"name": "", "parameters": []},
+                "template": {},
+            },
+            "cloudWorker": {"model": {"name": "example"}, "template": {}},
+        },
+    },
+    FEDERATED_LEARNING.wire: {
+        "apiVersion": messages.SEDNA_API_VERSION,
+        "kind": FEDERATED_LEARNING.title,
+        "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
+        "spec": {
+            "aggregationWorker": {"model": {"name": "example"}, "template": {}},
+            "trainingWorkers": [],
+            "pretrainedModel": {"name": ""},
+            "transmitter": {},
+        },
+    },
+}
+#: Where a resource names the node(s) it is sent to, by kind: a Dataset's node, the node of
+#: a job's train worker or a service's edge worker, every training worker's node of a
+#: federated-learning job (Sedna's GM sends it to each); `[*]` stands for each list item.
+_NODE_PATHS: dict[str, str] = {
+    DATASET.wire: "$.spec.nodeName",
+    JOB.wire: "$.spec.trainSpec.template.spec.nodeName",
+    JOINT_INFERENCE.wire: "$.spec.edgeWorker.template.spec.nodeName",
+    FEDERATED_LEARNING.wire: "$.spec.trainingWorkers[*].template.spec.nodeName",
 }
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A document after validation: what to send and where, or why it cannot be sent."""
+    """A document after validation: what to send and where (no nodes: the default node), or
+    why it cannot be sent."""
 
     where: str
     problems: tuple[InvalidMessage, ...]
@@ -77,7 +124,7 @@ class Checked:
     kind: str = ""
     namespace: str = ""
     name: str = ""
-    node: str | None = None
+    nodes: tuple[str, ...] = ()
     envelope: bytes = b""
 
     @property
@@ -123,8 +170,8 @@ def check_document(
     title = _title(obj)
     resource, problems = resource_problems(obj, default_namespace)
     problems += [InvalidMessage(field.reason, field.path) for field in unknown_spec_fields(obj)]
-    node, node_problem = target_node(obj, default_node)
-    problems += [node_problem] if node_problem else []
+    nodes, node_problems = target_nodes(obj, default_node)
+    problems += node_problems
     if resource is None or problems:
         return Checked(doc.where, tuple(problems), title)
     meta = resource.metadata
@@ -135,7 +182,7 @@ def check_document(
     problems += envelope_problems(envelope, kind, meta.namespace, meta.name)
     return Checked(
         doc.where, tuple(problems), title, kind=kind, namespace=meta.namespace, name=meta.name,
-        node=node, envelope=envelope,
+        nodes=nodes, envelope=envelope,
     )  # fmt: skip
 
 
@@ -156,7 +203,7 @@ def _json_bytes(obj: object) -> bytes:
 
 def resource_problems(
     obj: dict[str, Any], default_namespace: str = DEFAULT_NAMESPACE
-) -> tuple[Dataset | LifelongLearningJob | None, list[InvalidMessage]]:
+) -> tuple[Resource | None, list[InvalidMessage]]:
     """The decoded resource (None if invalid) and every problem found on the way.
 
     The service's decoder stops at the first problem; each one found is patched with the same
@@ -255,26 +302,51 @@ def _presentable(problem: InvalidMessage, obj: dict[str, Any]) -> InvalidMessage
     return InvalidMessage(problem.reason + hint, problem.path) if hint else problem
 
 
-def target_node(
+def target_nodes(
     obj: dict[str, Any], default_node: str | None
-) -> tuple[str | None, InvalidMessage | None]:
-    """The node a resource is sent to, and the problem with the name it gives, if any.
+) -> tuple[tuple[str, ...], list[InvalidMessage]]:
+    """The nodes a resource is sent to (none: `default_node`'s, if given), and the problem
+    with each node name it gives.
 
-    A Dataset names its node in `spec.nodeName`; a job in its train template's
-    `spec.nodeName` (Sedna schedules the train worker there). Otherwise: `default_node`.
-    Templates are never validated by the controller, so the job's node is checked here.
+    A Dataset names its node in `spec.nodeName`; a lifelong-learning job in its train
+    template's `spec.nodeName` (Sedna schedules the train worker there), a joint-inference
+    service in its edge worker's, a federated-learning job in each training worker's (Sedna's
+    GM sends it to every one of them); a Model names none. Templates are never validated by
+    the controller, so the nodes they name are checked here.
     """
-    is_dataset = str(obj.get("kind", "")).lower() == DATASET.wire
-    path = "$.spec.nodeName" if is_dataset else "$.spec.trainSpec.template.spec.nodeName"
-    node = _lookup(obj, parse_path(path)[0])
-    if node is _MISSING or node is None or node == "":
-        return default_node, None
-    problem = node_name_problem(node) if isinstance(node, str) else "must be a node name"
-    if problem is None and isinstance(node, str):
-        return node, None
-    if is_dataset:
-        return None, None  # the Dataset's own schema reports it
-    return None, InvalidMessage(f"{problem}{_shell_variable_hint(node)}", path)
+    kind = str(obj.get("kind", "")).lower()
+    nodes: list[str] = []
+    problems = []
+    for path, node in _named_nodes(obj, _NODE_PATHS.get(kind)):
+        if node is _MISSING or node is None or node == "":
+            continue
+        problem = node_name_problem(node) if isinstance(node, str) else "must be a node name"
+        if problem is None and isinstance(node, str):
+            if node not in nodes:
+                nodes.append(node)
+        elif kind != DATASET.wire:  # the Dataset's own schema reports it
+            problems.append(InvalidMessage(f"{problem}{_shell_variable_hint(node)}", path))
+    if not nodes and not problems and default_node is not None:
+        nodes.append(default_node)
+    return tuple(nodes), problems
+
+
+def _named_nodes(obj: dict[str, Any], path: str | None) -> list[tuple[str, object]]:
+    """The value at `path` in `obj`, or at each list item's where it says `[*]`, with the
+    path of each."""
+    if path is None:
+        return []
+    head, star, tail = path.partition("[*]")
+    if not star:
+        return [(path, _lookup(obj, parse_path(path)[0]))]
+    items = _lookup(obj, parse_path(head)[0])
+    if not isinstance(items, list):
+        return []
+    found = []
+    for i, item in enumerate(items):
+        where = f"{head}[{i}]{tail}"
+        found.append((where, _lookup(item, parse_path("$" + tail)[0])))
+    return found
 
 
 def _with_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:

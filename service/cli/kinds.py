@@ -1,30 +1,32 @@
 """The resource kinds as the CLI names them: every spelling a user may type, derived from
 the kinds `service.keys` defines (the store kind of a resource key and its wire kind, an
-envelope's `resourceKind`) and the resource types of `service.messages`.
+envelope's `resourceKind`), with the title a manifest gives each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.keys import DATASET_KIND, JOB_KIND, WIRE_KINDS
+from service.keys import (
+    DATASET_KIND,
+    FEDERATED_LEARNING_KIND,
+    JOB_KIND,
+    JOINT_INFERENCE_KIND,
+    MODEL_KIND,
+    WIRE_KINDS,
+)
 from service.keys import Kind as StoreKind
-from service.messages import Dataset, LifelongLearningJob
 
 
 @dataclass(frozen=True)
 class Kind:
     """One resource kind under all its names."""
 
-    resource: type[Dataset] | type[LifelongLearningJob]
+    #: as a manifest writes it: `Dataset`, `LifelongLearningJob`, `Model`...
+    title: str
     store: StoreKind
     plural: str
     short: str
-
-    @property
-    def title(self) -> str:
-        """As a manifest writes it: `Dataset`, `LifelongLearningJob`."""
-        return self.resource.__name__
 
     @property
     def wire(self) -> str:
@@ -36,9 +38,16 @@ class Kind:
         return (self.wire, self.wire + "s", self.store, self.plural, self.short)
 
 
-DATASET = Kind(Dataset, DATASET_KIND, plural="datasets", short="ds")
-JOB = Kind(LifelongLearningJob, JOB_KIND, plural="jobs", short="llj")
-KINDS = (DATASET, JOB)
+DATASET = Kind("Dataset", DATASET_KIND, plural="datasets", short="ds")
+JOB = Kind("LifelongLearningJob", JOB_KIND, plural="jobs", short="llj")
+MODEL = Kind("Model", MODEL_KIND, plural="models", short="mo")
+JOINT_INFERENCE = Kind(
+    "JointInferenceService", JOINT_INFERENCE_KIND, plural="jointinferenceservices", short="ji"
+)
+FEDERATED_LEARNING = Kind(
+    "FederatedLearningJob", FEDERATED_LEARNING_KIND, plural="federatedlearningjobs", short="fl"
+)
+KINDS = (DATASET, JOB, MODEL, JOINT_INFERENCE, FEDERATED_LEARNING)
 _BY_NAME = {name: kind for kind in KINDS for name in kind.names()}
 
 

@@ -1,4 +1,5 @@
-"""What the operator commands print: tables, ages, job and dataset views, watch lines.
+"""What the operator commands print: tables, ages, job, dataset and stored-resource views,
+watch lines.
 
 Pure functions of stored state and messages, kept apart from the commands so they are
 tested without servers; plain text (no colours, no box drawing) so output pipes
@@ -17,11 +18,11 @@ from typing import Any
 
 from service import messages
 from service.core import paths, samples
-from service.core.state import DatasetState, JobState, ModelRef
+from service.core.state import DatasetState, JobState, ModelRef, ResourceState
 from service.history import HistoryRecord, last_change_ms
 from service.keys import parse_rkey
 from service.logs import escape_controls, redact
-from service.messages import LifelongLearningJob, rfc3339_utc
+from service.messages import LifelongLearningJob, StoredResource, rfc3339_utc
 from service.runtime.gm import GmLinkRecord
 
 COLUMN_GAP = "   "
@@ -300,6 +301,105 @@ def describe_dataset(
         _field("Last change", since),
         _field("Used by", jobs),
     ]
+
+
+def resource_row(state: ResourceState, changed_ms: int | None, now_ms: int) -> dict[str, Cell]:
+    """One `get models` row (what the model holds), or one `get ji`/`get fl` row (how many
+    of its workers' reports were forwarded, and the latest)."""
+    age = None if changed_ms is None else format_age(now_ms - changed_ms)
+    if state.model is not None:
+        return {
+            "namespace": state.namespace,
+            "name": state.name,
+            "format": state.model.format or None,
+            "url": redact(state.model.url),
+            "devices": ",".join(state.model.devices) or None,
+            "age": age,
+        }
+    last = None
+    if state.last_report:
+        last = f"{state.last_report} {format_age(now_ms - state.last_report_ms)} ago"
+    return {
+        "namespace": state.namespace,
+        "name": state.name,
+        "reports": state.reports,
+        "last report": last,
+        "age": age,
+    }
+
+
+def describe_resource(
+    state: ResourceState,
+    resource: StoredResource | None,
+    records: Sequence[HistoryRecord],
+    now_ms: int,
+) -> list[str]:
+    """`describe model|ji|fl`: what the controller keeps of the resource (a Model's url,
+    format, devices and credential; the workers, models and nodes of a service or job) and
+    the reports it forwarded."""
+    changed = last_change_ms(records)
+    lines = [
+        _field("Name", state.name),
+        _field("Namespace", state.namespace),
+        _field("Last change", "-" if changed is None else f"{format_age(now_ms - changed)} ago"),
+    ]
+    if state.model is not None:
+        model = state.model
+        credential = f"annotation {messages.CREDENTIAL_ANNOTATION} (hidden)"
+        lines += [
+            _field("URL", model.url),
+            _field("Format", model.format or "-"),
+            _field("Devices", ", ".join(model.devices) or "-"),
+            _field("Credential", credential if model.credential else "none"),
+        ]
+        return lines
+    lines += _stored_spec_lines(resource)
+    last = "-"
+    if state.last_report:
+        last = f"{state.last_report}, {format_age(now_ms - state.last_report_ms)} ago"
+    lines += [_field("Reports", f"{state.reports} forwarded upstream"), _field("Last report", last)]
+    return lines
+
+
+def _stored_spec_lines(resource: StoredResource | None) -> list[str]:
+    """The workers of a joint-inference service or a federated-learning job: their models,
+    datasets, nodes and images."""
+    if isinstance(resource, messages.JointInferenceService):
+        edge, cloud = resource.spec.edge_worker, resource.spec.cloud_worker
+        mining = edge.hard_example_mining.name if edge.hard_example_mining else ""
+        return [
+            _field("Edge worker", _worker_line(edge.model.name, edge.template)),
+            _field("Hard examples", mining or "-"),
+            _field("Cloud worker", _worker_line(cloud.model.name, cloud.template)),
+        ]
+    if isinstance(resource, messages.FederatedLearningJob):
+        spec = resource.spec
+        lines = [
+            _field("Aggregation", _worker_line(spec.aggregation_worker.model.name,
+                                               spec.aggregation_worker.template)),
+        ]  # fmt: skip
+        pretrained = spec.pretrained_model.name if spec.pretrained_model else ""
+        lines.append(_field("Pretrained", pretrained or "-"))
+        lines += [
+            _field("Training", f"dataset {w.dataset.name}; {_pod_line(w.template)}")
+            for w in spec.training_workers
+        ]
+        return lines
+    return []
+
+
+def _worker_line(model: str, template: dict[str, Any]) -> str:
+    return f"model {model}; {_pod_line(template)}"
+
+
+def _pod_line(template: dict[str, Any]) -> str:
+    """A pod template's node and images, as `node N; image I`."""
+    pod = template.get("spec")
+    pod = pod if isinstance(pod, dict) else {}
+    node = pod.get("nodeName")
+    images = [c.get("image") for c in pod.get("containers") or [] if isinstance(c, dict)]
+    named = ", ".join(i for i in images if isinstance(i, str)) or "-"
+    return f"node {node if isinstance(node, str) and node else '-'}; image {named}"
 
 
 def _key_path(resource_key: str) -> str:

@@ -1,8 +1,8 @@
 """Effects a transition asks for, as data: messages to publish, refusals, notes, timers, and
 work that does I/O in the background and reports back as an event.
 
-Work items are stored as msgpack intents in Redis until done; `Publish`, `Reject`, `Refused`,
-`DatasetUnreadable`, `RecordRound`, `Note` and `ScheduleCheck` are folded into the
+Work items are stored as msgpack intents in Redis until done; `Publish`, `Forward`, `Reject`,
+`Refused`, `DatasetUnreadable`, `RecordRound`, `Note` and `ScheduleCheck` are folded into the
 transition's commit and never stored on their own.
 """
 
@@ -14,7 +14,7 @@ from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
 from service.core.state import DatasetInfo, RoundPhase
 from service.errors import RejectCode
-from service.messages import DatasetStatus, JobStatus
+from service.messages import DatasetStatus, JobStatus, ReportStatus
 
 #: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
 GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})
@@ -39,6 +39,16 @@ class Publish(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag
     name: str
     status: JobStatus | DatasetStatus
     to_gm: bool = True
+
+
+class Forward(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="forward"):
+    """A worker report of a stored resource (a joint-inference service, a federated-learning
+    job), forwarded upstream under the resource's kind; `id` is stable like a `Publish`'s."""
+
+    id: str
+    namespace: str
+    name: str
+    status: ReportStatus
 
 
 class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="reject"):
@@ -185,7 +195,17 @@ Work = (
     | DetachDataset
     | ReleaseOutputDir
 )
-Effect = Publish | Reject | Refused | DatasetUnreadable | RecordRound | Note | ScheduleCheck | Work
+Effect = (
+    Publish
+    | Forward
+    | Reject
+    | Refused
+    | DatasetUnreadable
+    | RecordRound
+    | Note
+    | ScheduleCheck
+    | Work
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _work_decoder = msgspec.msgpack.Decoder(Work)

@@ -1,5 +1,6 @@
 """Events the core reacts to: resources applied and deleted, worker reports, timers and the
-results of effects. Tagged msgspec structs, stored in the ingress streams as msgpack."""
+results of effects (and, for the resources it only stores, their inserts, deletes and the
+reports of their workers). Tagged msgspec structs, stored in the ingress streams as msgpack."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any, Literal
 import msgspec
 
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, GmView, JobSpec, RoundPhase
-from service.messages import WorkerKind, WorkerStatus
+from service.core.state import DatasetInfo, GmView, JobSpec, ModelInfo, RoundPhase
+from service.messages import ReportedStatus, WorkerKind, WorkerStatus
 
 
 class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):
@@ -139,6 +140,48 @@ class RollbackRequested(
     version: int | None = None
 
 
+class ResourceApplied(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="resource-applied"
+):
+    """A Model, joint-inference service or federated-learning job was inserted; `kind` is
+    its resource key's kind, `model` what a Model holds."""
+
+    kind: str
+    namespace: str
+    name: str
+    digest: str
+    model: ModelInfo | None = None
+
+
+class ResourceDeleted(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="resource-deleted"
+):
+    kind: str
+    namespace: str
+    name: str
+
+
+class OwnerReported(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="owner-reported"
+):
+    """A worker of a joint-inference service or a federated-learning job (`kind`, as its
+    resource key spells it) reported; it is forwarded upstream as it came. `status` is empty
+    when the report gave none; `owner_info` is its `ownerInfo` as JSON text."""
+
+    kind: str
+    namespace: str
+    name: str  # the owning service or job
+    worker: str
+    phase: WorkerKind
+    status: ReportedStatus
+    results: tuple[dict[str, Any], ...] = ()
+    owner_info: bytes = b"{}"
+    channel: Literal["mqtt", "http"] = "mqtt"
+
+
+#: The events of the resources the controller only stores.
+StoredEvent = ResourceApplied | ResourceDeleted | OwnerReported
+
 Event = (
     JobApplied
     | JobDeleted
@@ -151,4 +194,7 @@ Event = (
     | RoundWritten
     | ModelCopied
     | RollbackRequested
+    | ResourceApplied
+    | ResourceDeleted
+    | OwnerReported
 )

@@ -1,4 +1,5 @@
-"""The states of jobs and datasets: small frozen typed values, stored in Redis as msgpack."""
+"""The states of jobs, datasets and stored resources (Models, joint-inference services,
+federated-learning jobs): small frozen typed values, stored in Redis as msgpack."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ __all__ = [
     "GmView",
     "JobSpec",
     "JobState",
+    "ModelInfo",
     "ModelRef",
     "Phase",
+    "ResourceState",
     "RoundPhase",
     "State",
     "Step",
@@ -157,7 +160,33 @@ class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     unreadable: str | None = None
 
 
-State = JobState | DatasetState
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a Model resource says: where the model is, its format, the device SoC versions it
+    runs on, and whether it names an S3 credential (the annotation; never kept here)."""
+
+    url: str
+    format: str = ""
+    devices: tuple[str, ...] = ()
+    credential: bool = False
+
+
+class ResourceState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="resource"):
+    """A resource the controller stores and runs nothing of: a Model (`model` says what it
+    holds), a joint-inference service or a federated-learning job, whose workers' reports
+    are forwarded upstream. `kind` is its resource key's kind; `reports` counts the reports
+    forwarded, `last_report` is the latest one's `kind/status`, at `last_report_ms`."""
+
+    kind: str
+    namespace: str
+    name: str
+    digest: str
+    model: ModelInfo | None = None
+    reports: int = 0
+    last_report: str = ""
+    last_report_ms: int = 0
+
+
+State = JobState | DatasetState | ResourceState
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(State)

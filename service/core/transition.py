@@ -2,20 +2,24 @@
 
 No I/O, no clock, no randomness: time, ids and settings arrive in `ctx`. Everything a job or
 dataset decides lives in this package and nowhere else; the shell carries the effects out.
-Job events go to `service.core.jobs`, dataset events to `service.core.datasets`.
+Job events go to `service.core.jobs`, dataset events to `service.core.datasets`, the events of
+the resources the controller only stores to `service.core.passthrough`.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from service.core import datasets, jobs
+from service.core import datasets, jobs, passthrough
 from service.core.effects import Effect, Publish, Reject
 from service.core.events import (
     DatasetApplied,
     DatasetDeleted,
     DatasetPolled,
     Event,
+    OwnerReported,
+    ResourceApplied,
+    ResourceDeleted,
     Tick,
 )
 from service.core.outcome import Context, Outcome, Recorder, Verdict
@@ -31,6 +35,8 @@ def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
         isinstance(event, Tick) and event.kind == "dataset"
     ):
         result = datasets.apply(state, event, out)
+    elif isinstance(event, ResourceApplied | ResourceDeleted | OwnerReported):
+        result = passthrough.apply(state, event, out)
     else:
         result = jobs.apply(state, event, out)
     result = _stamp_phase(state, result, ctx.now_ms)

@@ -2,7 +2,10 @@
 
 Everything that arrives (the MQTT downstream and worker topics, the HTTP worker endpoint)
 passes through `accept_downstream` or `accept_report`, which return an `Accepted` ready to
-append to the target shard's ingress stream or raise `InvalidMessage` with the reason. An
+append to the target shard's ingress stream or raise `InvalidMessage` with the reason. A
+worker report goes to its owner by `ownerKind`: a lifelong-learning job's to the job, a
+joint-inference service's or federated-learning job's to the stored resource it forwards
+through; an incremental-learning job's is refused (that kind is not managed yet). An
 `Accepted` keeps the first bytes of the original payload so a later rejection (a report for
 an unknown job, say) can still show what was refused.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
@@ -25,18 +29,22 @@ from service.core.events import (
     Event,
     JobApplied,
     JobDeleted,
+    OwnerReported,
+    ResourceApplied,
+    ResourceDeleted,
     RollbackRequested,
     Tick,
     WorkerReported,
 )
 from service.core.gate import GateSpec
 from service.core.paths import DataRoots
-from service.core.state import GmView, JobSpec
+from service.core.state import GmView, JobSpec, ModelInfo
 from service.core.triggers import TriggerSpec, parse_hhmm
 from service.errors import InvalidMessage
-from service.keys import dataset_key, job_key
+from service.keys import STORED_KINDS, dataset_key, job_key, rkey
 from service.runtime.gm import GM_TOPIC
 from service.wire.fields import invalid
+from service.wire.workers import STATUS_REQUIRED
 
 
 class Accepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -67,6 +75,8 @@ def target_of(event: Event) -> str:
         isinstance(event, Tick) and event.kind == "dataset"
     ):
         return dataset_key(event.namespace, event.name)
+    if isinstance(event, ResourceApplied | ResourceDeleted | OwnerReported):
+        return rkey(event.kind, event.namespace, event.name)
     return job_key(event.namespace, event.name)
 
 
@@ -98,8 +108,8 @@ def accept_report(
 ) -> Accepted:
     """A worker report sent under `worker` (its topic level or HTTP path) and, on a
     namespaced topic, under `namespace` (which the broker's ACL grants that namespace's
-    workers only), as an event."""
-    report = worker_event(messages.decode_worker_message(payload), channel)
+    workers only), as an event for its owner's kind."""
+    report = report_event(messages.decode_worker_message(payload), channel)
     if report.worker != worker:
         raise InvalidMessage(
             f"worker name {report.worker!r} does not match {worker!r} in the topic or path",
@@ -129,7 +139,7 @@ def worker_topic_levels(topic: str) -> tuple[str | None, str] | None:
     return None
 
 
-def digest(resource: messages.Dataset | messages.LifelongLearningJob) -> str:
+def digest(resource: messages.Resource) -> str:
     """What makes a re-sent resource "identical": its spec and its credential.
 
     Sedna's GM re-sends every resource on each resync, with fresh status and
@@ -188,7 +198,30 @@ def downstream_event(
             return JobDeleted(namespace=namespace, name=name), None
         case messages.JobRollback(namespace=namespace, name=name, version=version):
             return RollbackRequested(namespace=namespace, name=name, version=version), None
+        case messages.ResourceInsert(resource=resource, raw=raw):
+            messages.credential_of(resource.metadata)
+            model = resource if isinstance(resource, messages.ModelResource) else None
+            stored = ResourceApplied(
+                kind=STORED_KINDS[resource.kind.lower()],
+                namespace=resource.metadata.namespace,
+                name=resource.metadata.name,
+                digest=digest(resource),
+                model=None if model is None else model_info(model),
+            )
+            return stored, raw
+        case messages.ResourceDelete(kind=kind, namespace=namespace, name=name):
+            return ResourceDeleted(kind=STORED_KINDS[kind], namespace=namespace, name=name), None
     raise InvalidMessage("unsupported downstream message")  # pragma: no cover - exhaustive
+
+
+def model_info(model: messages.ModelResource) -> ModelInfo:
+    """What a Model holds, as its state keeps it (the credential only as "named")."""
+    return ModelInfo(
+        url=model.spec.url,
+        format=model.spec.format,
+        devices=tuple(model.spec.devices),
+        credential=messages.CREDENTIAL_ANNOTATION in model.metadata.annotations,
+    )
 
 
 def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
@@ -294,9 +327,43 @@ def gate_spec(trigger: messages.DeployTrigger | None) -> GateSpec | None:
     )
 
 
+#: Why a report of an owner kind this controller does not manage yet is refused.
+NOT_MANAGED = MappingProxyType(
+    {
+        "incrementallearningjob": "incremental-learning jobs are not yet managed by this "
+        "controller (keep Sedna's local controller on nodes that run them)"
+    }
+)
+
+
+def report_event(
+    report: messages.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
+) -> WorkerReported | OwnerReported:
+    """The event of a worker report, for its owner's kind (`ownerKind`)."""
+    kind = report.owner_kind
+    if kind in NOT_MANAGED:
+        raise InvalidMessage(NOT_MANAGED[kind], "$.ownerKind")
+    if kind not in STORED_KINDS:
+        return worker_event(report, channel)
+    return OwnerReported(
+        kind=STORED_KINDS[kind],
+        namespace=report.namespace,
+        name=report.owner_name,
+        worker=report.name,
+        phase=report.kind,
+        status=report.status or "",
+        results=tuple(report.results),
+        owner_info=b"{}" if report.owner_info is None else bytes(report.owner_info),
+        channel=channel,
+    )
+
+
 def worker_event(
     report: messages.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
 ) -> WorkerReported:
+    """The event of a lifelong-learning job's worker report."""
+    if report.status is None:
+        raise InvalidMessage(STATUS_REQUIRED, "$.status")
     owner_info = b"{}" if report.owner_info is None else bytes(report.owner_info)
     return WorkerReported(
         namespace=report.namespace,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -21,6 +21,7 @@ from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
 from service.core.effects import (
     DatasetUnreadable,
+    Forward,
     Note,
     Publish,
     RecordRound,
@@ -31,6 +32,7 @@ from service.core.effects import (
     encode_work,
 )
 from service.core.outcome import Outcome
+from service.core.passthrough import gm_accepts
 from service.core.rounds import encode_round
 from service.core.state import State, encode_state
 from service.errors import RejectCode
@@ -134,6 +136,11 @@ class _Fold:
                 self.outbox.append(entry)
                 if config.gm_address and effect.to_gm:
                     self.gm.append((entry.id, entry.payload))
+            elif isinstance(effect, Forward):
+                entry = _upstream(self.rkey, effect, config)
+                self.outbox.append(entry)
+                if config.gm_address and gm_accepts(parse_rkey(self.rkey).kind, effect.status):
+                    self.gm.append((entry.id, entry.payload))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)
                 self.rejected.append(refusal)
@@ -181,8 +188,9 @@ class _Fold:
         )
 
 
-def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
-    """The upstream envelope of a status; its header keeps the effect's stable id."""
+def _upstream(rkey: str, effect: Publish | Forward, config: Config) -> OutboxEntry:
+    """The upstream envelope of a status (or a forwarded report) under the resource's kind;
+    its header keeps the effect's stable id."""
     header = messages.Header(
         namespace=effect.namespace,
         resource_kind=parse_rkey(rkey).wire_kind,
@@ -192,7 +200,7 @@ def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
     )
     payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
     status = effect.status
-    if len(payload) > messages.MAX_PAYLOAD_BYTES and isinstance(status, messages.JobStatus):
+    if len(payload) > messages.MAX_PAYLOAD_BYTES and not isinstance(status, messages.DatasetStatus):
         for trimmed in _trimmed(status, len(payload)):
             envelope = messages.UpstreamEnvelope(header=header, content=trimmed)
             payload = messages.encode(envelope)
@@ -201,31 +209,28 @@ def _upstream(rkey: str, effect: Publish, config: Config) -> OutboxEntry:
     return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
 
 
-def _trimmed(status: messages.JobStatus, size: int) -> Iterator[messages.JobStatus]:
+Forwarded = TypeVar("Forwarded", bound=messages.JobStatus | messages.ReportStatus)
+
+
+def _trimmed(status: Forwarded, size: int) -> Iterator[Forwarded]:
     """Smaller forms of a forwarded report too large to send (outbound messages keep the
     inbound size limit): its results as {format, url} only and no ownerInfo, then no results
     at all; the reason says so."""
     output = status.output
     if output is None:
         return
+    models = output.models or []
     note = (
         f"the report is {size} bytes forwarded, over the {messages.MAX_PAYLOAD_BYTES}-byte "
-        f"limit: {{}} left out of its {len(output.models)} results; ownerInfo left out"
+        f"limit: {{}} left out of its {len(models)} results; ownerInfo left out"
     )
     empty = msgspec.Raw(b"{}")
-    slim: list[dict[str, Any]] = [
-        {k: r[k] for k in ("format", "url") if k in r} for r in output.models
-    ]
-    yield msgspec.structs.replace(
-        status,
-        reason=note.format("everything but each result's format and url"),
-        output=messages.JobOutput(models=slim, owner_info=empty),
-    )
-    yield msgspec.structs.replace(
-        status,
-        reason=note.format("all"),
-        output=messages.JobOutput(models=[], owner_info=empty),
-    )
+    slim: list[dict[str, Any]] = [{k: r[k] for k in ("format", "url") if k in r} for r in models]
+    for left_out, kept in (("everything but each result's format and url", slim), ("all", [])):
+        trimmed = msgspec.structs.replace(
+            output, models=kept if output.models is not None else None, owner_info=empty
+        )
+        yield msgspec.structs.replace(status, reason=note.format(left_out), output=trimmed)
 
 
 def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:

@@ -20,8 +20,8 @@ from typing import Literal
 import msgspec
 
 from service.adapters.redis_store import Quarantine
-from service.core.events import DatasetDeleted, JobDeleted
-from service.keys import dataset_key, job_key, parse_rkey, shard_of
+from service.core.events import DatasetDeleted, JobDeleted, ResourceDeleted
+from service.keys import WIRE_KINDS, dataset_key, job_key, parse_rkey, rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.accept import Accepted
 
@@ -32,6 +32,8 @@ Cause = Literal["state", "entry"]
 FIRST_RETRY_MS = 1_000
 MAX_RETRY_MS = 300_000
 _DATASET_EVENTS = ("dataset-applied", "dataset-deleted", "dataset-polled")
+#: The events of stored resources, whose `kind` field is their resource key's kind.
+_STORED_EVENTS = ("resource-applied", "resource-deleted", "owner-reported")
 
 
 class QuarantineMark(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,8 +115,14 @@ def guess_target(shard: int, data: bytes) -> str | None:
     tag, namespace, name = event.get("type"), event.get("namespace"), event.get("name")
     if not all(isinstance(x, str) and x for x in (tag, namespace, name)):
         return None
-    dataset = tag in _DATASET_EVENTS or (tag == "tick" and event.get("kind") == "dataset")
-    key = (dataset_key if dataset else job_key)(str(namespace), str(name))
+    kind = event.get("kind")
+    if tag in _STORED_EVENTS:
+        if kind not in WIRE_KINDS:
+            return None
+        key = rkey(str(kind), str(namespace), str(name))
+    else:
+        dataset = tag in _DATASET_EVENTS or (tag == "tick" and kind == "dataset")
+        key = (dataset_key if dataset else job_key)(str(namespace), str(name))
     return key if shard_of(key) == shard else None
 
 
@@ -122,7 +130,9 @@ def last_delete(entries: Sequence[Held]) -> int | None:
     """The index of the last decoded delete event among the entries."""
     for i in range(len(entries) - 1, -1, -1):
         accepted = entries[i].accepted
-        if accepted is not None and isinstance(accepted.event, JobDeleted | DatasetDeleted):
+        if accepted is not None and isinstance(
+            accepted.event, JobDeleted | DatasetDeleted | ResourceDeleted
+        ):
             return i
     return None
 

@@ -175,8 +175,12 @@ def entry_event(entry: IngressEntry) -> tuple[str, Held]:
             key = parse_rkey(entry.timer_rkey)
         except ValueError as e:
             return UNKNOWN, Held(entry.entry_id, None, entry.timer_rkey.encode(), str(e))
+        kind = key.kind
+        if kind not in ("job", "dataset"):
+            reason = f"a timer of {entry.timer_rkey}: only jobs and datasets have timers"
+            return UNKNOWN, Held(entry.entry_id, None, entry.timer_rkey.encode(), reason)
         tick = Tick(
-            kind=key.kind, namespace=key.namespace, name=key.name,
+            kind=kind, namespace=key.namespace, name=key.name,
             due_ms=entry.timer_due_ms or 0,
         )  # fmt: skip
         return entry.timer_rkey, Held(entry.entry_id, Accepted(event=tick))

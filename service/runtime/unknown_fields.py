@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import msgspec
 
-from service.core.events import DatasetApplied, JobApplied
+from service.core.events import DatasetApplied, JobApplied, ResourceApplied
 from service.runtime.accept import Accepted, target_of
 from service.wire_fields import unknown_spec_fields
 
@@ -32,7 +32,8 @@ class UnknownFields:
 
     def check(self, accepted: Accepted) -> None:
         event = accepted.event
-        if not isinstance(event, JobApplied | DatasetApplied) or accepted.resource is None:
+        stored = JobApplied | DatasetApplied | ResourceApplied
+        if not isinstance(event, stored) or accepted.resource is None:
             return
         version = (target_of(event), event.digest)
         if version in self._told:

@@ -1,5 +1,7 @@
-"""`POST /sedna/workers/{worker}/info`: Sedna's worker library reports here; treated exactly
-like the MQTT worker topic, but answered at once (200, or 400 with the reason)."""
+"""`POST /sedna/workers/{worker}/info`: Sedna's worker library reports here, for every job
+kind it reports for (lifelong learning, joint inference, federated learning; dispatched by
+`ownerKind`); treated exactly like the MQTT worker topic, but answered at once (200, or 400
+with the reason)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from typing import Protocol
 
 import msgspec
 
-from service.core import reports
-from service.core.events import WorkerReported
+from service.core import passthrough, reports
+from service.core.effects import Reject
+from service.core.events import OwnerReported, WorkerReported
 from service.core.state import decode_state
 from service.errors import InvalidMessage, StoreUnavailable
 from service.keys import shard_of
@@ -45,15 +48,20 @@ class WorkerEndpoint:
         topic = f"http:/sedna/workers/{worker}/info"
         try:
             accepted = accept_report(topic, worker, body, now_ms, channel="http")
-            assert isinstance(accepted.event, WorkerReported)
-            job = target_of(accepted.event)
+            event = accepted.event
+            assert isinstance(event, WorkerReported | OwnerReported)
+            job = target_of(event)
             raw = self._store.load([job])[job]
             try:
                 state = decode_state(raw) if raw else None
             except (msgspec.DecodeError, msgspec.ValidationError):
-                reason = f"job {job} is quarantined: its stored state cannot be decoded"
+                reason = f"{job} is quarantined: its stored state cannot be decoded"
                 raise InvalidMessage(reason, "$.ownerName", code="quarantined") from None
-            refusal = reports.refusal(state, accepted.event, self._volume_prefix)
+            refusal: Reject | None
+            if isinstance(event, OwnerReported):
+                refusal = passthrough.refusal(state, event)
+            else:
+                refusal = reports.refusal(state, event, self._volume_prefix)
             if refusal is not None:
                 raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
             self._store.append_ingress(shard_of(job), encode_accepted(accepted))

@@ -1,5 +1,6 @@
 """What the cloud sends down, decoded: the envelope and resource decoders, and the events
-they yield (insert, delete or rollback of a dataset or job).
+they yield (insert, delete or rollback of a dataset or job; insert or delete of a Model, a
+joint-inference service or a federated-learning job, which are stored and not run).
 
 Decoders raise :class:`~service.errors.InvalidMessage` (reason + JSON path such as
 ``$.spec.dataset.trainProb``) and nothing else, whatever bytes arrive. Rules that span
@@ -9,9 +10,9 @@ fields, which the types cannot say, are checked after conversion.
 import base64
 import binascii
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -32,8 +33,11 @@ from service.wire.resources import (
     Condition,
     Dataset,
     Envelope,
+    FederatedLearningJob,
     Header,
+    JointInferenceService,
     LifelongLearningJob,
+    ModelResource,
     ObjectMeta,
 )
 
@@ -90,12 +94,72 @@ class JobRollback(msgspec.Struct, frozen=True, kw_only=True):
     version: int | None = None
 
 
-Downstream = DatasetInsert | DatasetDelete | JobInsert | JobDelete | JobRollback
-R = TypeVar("R", Dataset, LifelongLearningJob)
+#: The resources the controller stores without running anything of them.
+StoredResource = ModelResource | JointInferenceService | FederatedLearningJob
+Resource = Dataset | LifelongLearningJob | StoredResource
 
 
-_RESOURCE_KINDS: Mapping[str, str] = MappingProxyType(
-    {"dataset": "Dataset", "lifelonglearningjob": "LifelongLearningJob"}
+class ResourceInsert(msgspec.Struct, frozen=True, kw_only=True):
+    """A Model, joint-inference service or federated-learning job was created or re-sent;
+    `raw` is its canonical JSON (sorted keys, without the status Sedna's GM sends)."""
+
+    resource: StoredResource
+    raw: bytes
+
+    @property
+    def kind(self) -> str:
+        """The resource's kind as an envelope header carries it (`model`, ...)."""
+        return self.resource.kind.lower()
+
+    def __repr__(self) -> str:
+        """Leave `raw` out: it may hold the credential annotation."""
+        return f"ResourceInsert(resource={self.resource!r}, raw=<{len(self.raw)} bytes>)"
+
+
+class ResourceDelete(msgspec.Struct, frozen=True, kw_only=True):
+    """A Model, joint-inference service or federated-learning job was deleted; `kind` as an
+    envelope header carries it (`model`, `jointinferenceservice`, `federatedlearningjob`)."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+Downstream = (
+    DatasetInsert
+    | DatasetDelete
+    | JobInsert
+    | JobDelete
+    | JobRollback
+    | ResourceInsert
+    | ResourceDelete
+)
+R = TypeVar("R", bound=Resource)
+
+
+class _Kind(NamedTuple):
+    """A resource kind: as manifests write it, and its type."""
+
+    title: str
+    type: type[Resource]
+
+
+#: Every kind the cloud may send down, by `resourceKind` (lower case).
+_RESOURCE_KINDS: Mapping[str, _Kind] = MappingProxyType(
+    {
+        "dataset": _Kind("Dataset", Dataset),
+        "lifelonglearningjob": _Kind("LifelongLearningJob", LifelongLearningJob),
+        "model": _Kind("Model", ModelResource),
+        "jointinferenceservice": _Kind("JointInferenceService", JointInferenceService),
+        "federatedlearningjob": _Kind("FederatedLearningJob", FederatedLearningJob),
+    }
+)
+#: A kind Sedna's local controller manages that this one does not run yet.
+_NOT_YET = MappingProxyType(
+    {
+        "incrementallearningjob": "incremental-learning jobs are not yet managed by this "
+        "controller (keep Sedna's local controller on nodes that run them)"
+    }
 )
 
 
@@ -107,33 +171,45 @@ def decode_envelope(data: bytes) -> Downstream:
     """
     envelope = convert(decode_json_object(data), Envelope)
     header = envelope.header
-    kind = header.resource_kind.lower()
-    if kind not in _RESOURCE_KINDS:
-        expected = " or ".join(_RESOURCE_KINDS)
-        reason = f"unknown resourceKind {quoted(header.resource_kind)}; expected {expected}"
-        raise InvalidMessage(reason, "$.header.resourceKind")
+    kind = _kind_of(header.resource_kind, "$.header.resourceKind", "resourceKind")
     operation = header.operation.lower()
     if operation == "delete":
         if kind == "dataset":
             return DatasetDelete(namespace=header.namespace, name=header.resource_name)
-        return JobDelete(namespace=header.namespace, name=header.resource_name)
+        if kind == "lifelonglearningjob":
+            return JobDelete(namespace=header.namespace, name=header.resource_name)
+        return ResourceDelete(kind=kind, namespace=header.namespace, name=header.resource_name)
     if operation == "rollback" and kind == "lifelonglearningjob":
         return _rollback(header, envelope.content)
     if operation != "insert":
-        expected = "insert, delete or rollback" if kind != "dataset" else "insert or delete"
+        rollback = kind == "lifelonglearningjob"
+        expected = "insert, delete or rollback" if rollback else "insert or delete"
         reason = f"unknown operation {quoted(header.operation)}; expected {expected}"
         raise InvalidMessage(reason, "$.header.operation")
-    content = _with_defaults(
-        _content_object(envelope.content), header.namespace, _RESOURCE_KINDS[kind]
-    )
-    if kind == "dataset":
-        dataset = _resource_object(content, Dataset)
-        _check_matches_header(dataset.metadata, header)
-        return DatasetInsert(dataset=dataset, raw=canonical(content))
-    job = _resource_object(content, LifelongLearningJob)
-    _check_matches_header(job.metadata, header)
+    title, type_ = _RESOURCE_KINDS[kind]
+    content = _with_defaults(_content_object(envelope.content), header.namespace, title)
+    resource = _resource_object(content, type_)
+    _check_matches_header(resource.metadata, header)
+    if isinstance(resource, Dataset):
+        return DatasetInsert(dataset=resource, raw=canonical(content))
     # the status Sedna's GM sends grows with every round: read once, never stored
-    return JobInsert(job=job, raw=canonical({k: v for k, v in content.items() if k != "status"}))
+    raw = canonical({k: v for k, v in content.items() if k != "status"})
+    if isinstance(resource, LifelongLearningJob):
+        return JobInsert(job=resource, raw=raw)
+    return ResourceInsert(resource=resource, raw=raw)
+
+
+def _kind_of(text: str, path: str, field: str) -> str:
+    """A kind named by an envelope's `resourceKind` or a manifest's `kind` (`field`), in lower
+    case; refused when this controller does not take it, saying why."""
+    kind = text.lower()
+    if kind in _NOT_YET:
+        raise InvalidMessage(_NOT_YET[kind], path)
+    if kind not in _RESOURCE_KINDS:
+        expected = ", ".join(_RESOURCE_KINDS)
+        reason = f"unknown {field} {quoted(text)}; expected one of {expected}"
+        raise InvalidMessage(reason, path)
+    return kind
 
 
 def _rollback(header: Header, content: object) -> JobRollback:
@@ -161,19 +237,24 @@ def decode_job(data: bytes, *, default_namespace: str = "default") -> LifelongLe
     return _resource_object(obj, LifelongLearningJob)
 
 
-def decode_resource(
-    data: bytes, *, default_namespace: str = "default"
-) -> Dataset | LifelongLearningJob:
+def decode_resource(data: bytes, *, default_namespace: str = "default") -> Resource:
     """Decode a resource whose `kind` says what it is (`apply -f`, `validate -f`)."""
     obj = decode_json_object(data)
     kind = obj.get("kind")
-    if not isinstance(kind, str) or kind.lower() not in _RESOURCE_KINDS:
-        expected = " or ".join(_RESOURCE_KINDS.values())
-        raise InvalidMessage(f"must be {expected}", "$.kind")
-    obj = _with_defaults(obj, default_namespace, kind)
-    if kind.lower() == "dataset":
-        return _resource_object(obj, Dataset)
-    return _resource_object(obj, LifelongLearningJob)
+    if not isinstance(kind, str):
+        expected = ", ".join(k.title for k in _RESOURCE_KINDS.values())
+        raise InvalidMessage(f"must be one of {expected}", "$.kind")
+    title, type_ = _RESOURCE_KINDS[_kind_of(kind, "$.kind", "kind")]
+    return _resource_object(_with_defaults(obj, default_namespace, title), type_)
+
+
+def decode_stored(data: bytes) -> StoredResource:
+    """Decode a stored Model, joint-inference service or federated-learning job (the raw
+    resource JSON kept beside its state)."""
+    resource = decode_resource(data)
+    if isinstance(resource, Dataset | LifelongLearningJob):
+        raise InvalidMessage(f"{resource.kind} is not a stored-only resource", "$.kind")
+    return resource
 
 
 def _content_object(content: object) -> dict[str, Any]:
@@ -210,20 +291,15 @@ def _with_defaults(obj: dict[str, Any], namespace: str, kind: str) -> dict[str, 
 def _resource_object(obj: dict[str, Any], type_: type[R]) -> R:
     resource = convert(obj, type_)
     check_integers(obj)
-    if resource.kind.lower() != type_.__name__.lower():
-        raise InvalidMessage(f"{quoted(resource.kind)} is not {type_.__name__}", "$.kind")
+    title = next(k.title for k in _RESOURCE_KINDS.values() if k.type is type_)
+    if resource.kind.lower() != title.lower():
+        raise InvalidMessage(f"{quoted(resource.kind)} is not {title}", "$.kind")
     _check_annotations(resource.metadata)
+    for path, template in _templates(resource):
+        check_free_form(encode(template), path, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH)
     if isinstance(resource, LifelongLearningJob):
         _check_job_name(resource.metadata.name)
         spec = resource.spec
-        for name, template in (
-            ("trainSpec", spec.train_spec.template),
-            ("evalSpec", spec.eval_spec.template),
-            ("deploySpec", spec.deploy_spec.template),
-        ):
-            text = encode(template)
-            path = f"$.spec.{name}.template"
-            check_free_form(text, path, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH)
         _check_condition(spec.train_spec.trigger.condition, "$.spec.trainSpec.trigger.condition")
         deploy = spec.deploy_spec.trigger
         if deploy is not None:
@@ -242,6 +318,26 @@ def _check_job_name(name: str) -> None:
             f"fit {MAX_WORKER_NAME_CHARS}"
         )
         raise InvalidMessage(reason, "$.metadata.name", code="too_long")
+def _templates(resource: Resource) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The free-form parts of a resource (pod templates, autoscaling), each with its path:
+    kept and passed on, never read, each within the template caps."""
+    if isinstance(resource, LifelongLearningJob):
+        spec = resource.spec
+        yield "$.spec.trainSpec.template", spec.train_spec.template
+        yield "$.spec.evalSpec.template", spec.eval_spec.template
+        yield "$.spec.deploySpec.template", spec.deploy_spec.template
+    elif isinstance(resource, JointInferenceService):
+        for name, worker in (
+            ("edgeWorker", resource.spec.edge_worker),
+            ("cloudWorker", resource.spec.cloud_worker),
+        ):
+            yield f"$.spec.{name}.template", worker.template
+            if worker.hpa is not None:
+                yield f"$.spec.{name}.hpa", worker.hpa
+    elif isinstance(resource, FederatedLearningJob):
+        yield "$.spec.aggregationWorker.template", resource.spec.aggregation_worker.template
+        for i, training in enumerate(resource.spec.training_workers):
+            yield f"$.spec.trainingWorkers[{i}].template", training.template
 
 
 def _check_annotations(metadata: ObjectMeta) -> None:

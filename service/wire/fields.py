@@ -27,7 +27,25 @@ DATASET_FORMAT_PATTERN = r"^([tT][xX][tT]|[cC][sS][vV])" + _END
 CLOCK_TIME_PATTERN = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)" + _END
 METRIC_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])?)?" + _END
 NUMERIC_STRING_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?" + _END
-OWNER_KIND_PATTERN = "^" + "".join(f"[{c}{c.upper()}]" for c in "lifelonglearningjob") + _END
+#: The job kinds whose workers report to a local controller, as Sedna's worker library
+#: spells them (`ownerKind`); matched in any case.
+OWNER_KINDS = (
+    "lifelonglearningjob",
+    "incrementallearningjob",
+    "jointinferenceservice",
+    "federatedlearningjob",
+)
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c}{c.upper()}]" for c in word)
+
+
+LIFELONG_KIND_PATTERN = "^" + _any_case("lifelonglearningjob") + _END
+OWNER_KIND_PATTERN = "^(" + "|".join(map(_any_case, OWNER_KINDS)) + ")" + _END
+#: A name another resource is referred to by, or empty (Sedna's GM sends an unset optional
+#: reference, such as a federated-learning job's `pretrainedModel`, as `{"name": ""}`).
+OPTIONAL_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN.replace("^", "^(", 1).replace(_END, ")?" + _END)
 
 _PATTERN_REASONS: Mapping[str, str] = MappingProxyType(
     {
@@ -41,7 +59,12 @@ _PATTERN_REASONS: Mapping[str, str] = MappingProxyType(
         CLOCK_TIME_PATTERN: "must be a time of day 'HH:MM' between 00:00 and 24:00",
         METRIC_PATTERN: "must be a metric name like 'num_of_samples' or 'name[i]'",
         NUMERIC_STRING_PATTERN: "must be a number or a numeric string",
-        OWNER_KIND_PATTERN: "must be 'lifelonglearningjob' (any case)",
+        OWNER_KIND_PATTERN: "must be one of "
+        + ", ".join(repr(kind) for kind in OWNER_KINDS)
+        + " (any case): the job kinds whose workers report to a local controller",
+        LIFELONG_KIND_PATTERN: "must be 'lifelonglearningjob' (any case)",
+        OPTIONAL_NAME_PATTERN: "must be empty or a DNS-1123 subdomain (lowercase letters, "
+        "digits, '-' and '.', each part starting and ending with a letter or digit)",
     }
 )
 
@@ -78,6 +101,18 @@ ClockTime = Annotated[
 MetricName = Annotated[str, msgspec.Meta(max_length=253, pattern=METRIC_PATTERN)]
 NumericString = Annotated[str, msgspec.Meta(max_length=64, pattern=NUMERIC_STRING_PATTERN)]
 OwnerKind = Annotated[str, msgspec.Meta(pattern=OWNER_KIND_PATTERN)]
+OptionalName = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=253, pattern=OPTIONAL_NAME_PATTERN, description="empty or a DNS-1123 subdomain"
+    ),
+]
+#: A model's format (`pb`, `pth`, `ckpt`, `onnx`, `hf`...): a short free name.
+ModelFormat = Annotated[str, msgspec.Meta(max_length=64)]
+#: A device SoC version a model runs on (a Model's `device_soc_versions`).
+DeviceSoc = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+#: A short free-form string of a spec (a hard-example-mining algorithm and its parameters).
+ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
 Probability = Annotated[float, msgspec.Meta(ge=0, le=1)]
 PeriodSeconds = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -85,6 +120,9 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Operator = Literal["", "gt", "ge", "eq", "ne", "lt", "le", ">", ">=", "=", "==", "!=", "<", "<="]
 WorkerKind = Literal["train", "eval", "deploy", "inference"]
 WorkerStatus = Literal["ready", "running", "completed", "failed"]
+#: A forwarded report's status: a worker's, or empty when it gave none (Sedna's
+#: joint-inference worker library reports without one, and Sedna's LC forwards it so).
+ReportedStatus = Literal["ready", "running", "completed", "failed", ""]
 
 #: A JSON object kept as its text: validated once, at intake, then passed on as it came.
 JsonObject = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]

@@ -1,5 +1,6 @@
-"""The resources the cloud sends down: Sedna's Dataset and LifelongLearningJob, their
-metadata and specs, and the envelope that carries them.
+"""The resources the cloud sends down: Sedna's Dataset, LifelongLearningJob, Model,
+JointInferenceService and FederatedLearningJob, their metadata and specs, and the envelope
+that carries them.
 
 Unknown fields are ignored (a newer Sedna may add some); `service.wire_fields` names them
 for the CLI.
@@ -14,13 +15,17 @@ from service.wire.fields import (
     ClockTime,
     Count,
     DatasetFormat,
+    DeviceSoc,
     DnsLabel,
     DnsSubdomain,
     MetricName,
+    ModelFormat,
     NumericString,
     Operator,
+    OptionalName,
     PeriodSeconds,
     Probability,
+    ShortText,
     StorageUrl,
 )
 
@@ -194,3 +199,131 @@ class LifelongLearningJob(Wire, frozen=True, kw_only=True):
     metadata: ObjectMeta
     spec: LifelongLearningJobSpec
     status: JobResourceStatus | None = None
+
+
+class ModelSpec(Wire, frozen=True, kw_only=True):
+    """Where a model lives, its format, and the device SoC versions it runs on."""
+
+    url: StorageUrl
+    format: ModelFormat = ""
+    devices: list[DeviceSoc] = msgspec.field(default_factory=list, name="device_soc_versions")
+    credential_name: DnsSubdomain | None = None
+
+
+class ModelResource(Wire, frozen=True, kw_only=True):
+    """Sedna's Model resource: a model jobs name (an incremental-learning job's initial and
+    deploy model, a service's worker models); its S3 credential comes in the annotation."""
+
+    api_version: str = SEDNA_API_VERSION
+    kind: str = "Model"
+    metadata: ObjectMeta
+    spec: ModelSpec
+
+
+class NameRef(Wire, frozen=True, kw_only=True):
+    """Another resource named by a spec (a worker's Model, a training worker's Dataset)."""
+
+    name: DnsSubdomain
+
+
+class OptionalNameRef(Wire, frozen=True, kw_only=True):
+    """An optional reference, which Sedna's GM sends as `{"name": ""}` when unset."""
+
+    name: OptionalName = ""
+
+
+class Parameter(Wire, frozen=True, kw_only=True):
+    """One `key`/`value` parameter of a hard-example-mining algorithm."""
+
+    key: ShortText
+    value: ShortText = ""
+
+
+class HardExampleMining(Wire, frozen=True, kw_only=True):
+    """The edge worker's hard-example-mining algorithm and its parameters."""
+
+    name: ShortText = ""
+    parameters: list[Parameter] = []
+
+
+class EdgeWorker(Wire, frozen=True, kw_only=True):
+    """A joint-inference service's edge worker: its small model, hard-example mining, pod
+    template and autoscaling (templates and `hpa` are kept, never read)."""
+
+    model: NameRef
+    hard_example_mining: HardExampleMining | None = None
+    template: dict[str, Any] = {}
+    hpa: dict[str, Any] | None = None
+
+
+class CloudWorker(Wire, frozen=True, kw_only=True):
+    """A joint-inference service's cloud worker: its big model and pod template."""
+
+    model: NameRef
+    template: dict[str, Any] = {}
+    hpa: dict[str, Any] | None = None
+
+
+class JointInferenceServiceSpec(Wire, frozen=True, kw_only=True):
+    """The two workers of a joint-inference service."""
+
+    edge_worker: EdgeWorker
+    cloud_worker: CloudWorker
+
+
+class JointInferenceService(Wire, frozen=True, kw_only=True):
+    """Sedna's JointInferenceService: stored so its workers' reports are bound to it and
+    forwarded upstream; the controller runs nothing of it."""
+
+    api_version: str = SEDNA_API_VERSION
+    kind: str = "JointInferenceService"
+    metadata: ObjectMeta
+    spec: JointInferenceServiceSpec
+
+
+class AggregationWorker(Wire, frozen=True, kw_only=True):
+    """A federated-learning job's aggregation worker: the Model it trains, its template."""
+
+    model: NameRef
+    template: dict[str, Any] = {}
+
+
+class TrainingWorker(Wire, frozen=True, kw_only=True):
+    """One training worker of a federated-learning job: its Dataset and its template."""
+
+    dataset: NameRef
+    template: dict[str, Any] = {}
+
+
+class S3Transmitter(Wire, frozen=True, kw_only=True):
+    """Aggregation data exchanged through S3."""
+
+    agg_data_path: StorageUrl = msgspec.field(name="aggDataPath")
+    credential_name: DnsSubdomain | None = None
+
+
+class Transmitter(Wire, frozen=True, kw_only=True):
+    """How workers and the aggregator exchange data: S3, a websocket (`ws: {}`), or both."""
+
+    s3: S3Transmitter | None = None
+    ws: dict[str, Any] | None = None
+
+
+class FederatedLearningJobSpec(Wire, frozen=True, kw_only=True):
+    """A federated-learning job's aggregation worker, training workers, pretrained model
+    and transmitter."""
+
+    aggregation_worker: AggregationWorker
+    training_workers: list[TrainingWorker]
+    pretrained_model: OptionalNameRef | None = None
+    transmitter: Transmitter | None = None
+
+
+class FederatedLearningJob(Wire, frozen=True, kw_only=True):
+    """Sedna's FederatedLearningJob: stored so its workers' reports are bound to it and
+    forwarded upstream; the controller runs nothing of it."""
+
+    api_version: str = SEDNA_API_VERSION
+    kind: str = "FederatedLearningJob"
+    metadata: ObjectMeta
+    spec: FederatedLearningJobSpec

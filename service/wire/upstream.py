@@ -13,7 +13,7 @@ import msgspec
 
 from service import masking
 from service.wire.base import Wire
-from service.wire.fields import Count, JsonObject, WorkerKind, WorkerStatus
+from service.wire.fields import Count, JsonObject, ReportedStatus, WorkerKind, WorkerStatus
 from service.wire.limits import REJECTION_PAYLOAD_BYTES
 from service.wire.resources import Header
 
@@ -87,6 +87,26 @@ class JobStatus(Wire, frozen=True, kw_only=True):
     rollback: RollbackResult | None = None
 
 
+class ReportOutput(Wire, frozen=True, kw_only=True):
+    """A forwarded report's output: the owner info as reported and, for a
+    federated-learning job, the worker's results (`models`) as reported."""
+
+    models: list[dict[str, Any]] | None = None
+    owner_info: JsonObject
+
+
+class ReportStatus(Wire, frozen=True, kw_only=True):
+    """A worker report of a joint-inference service or a federated-learning job, forwarded
+    upstream as Sedna's local controller forwards it: the worker's kind as `phase`, its
+    status (empty when it gave none), its output. `reason` only says what was left out of
+    a report too large to forward whole."""
+
+    phase: WorkerKind
+    status: ReportedStatus
+    output: ReportOutput
+    reason: str | None = None
+
+
 class DatasetStatus(Wire, frozen=True, kw_only=True):
     """Upstream dataset status, sent whenever the sample count changes."""
 
@@ -97,7 +117,7 @@ class UpstreamEnvelope(Wire, frozen=True, kw_only=True):
     """An upstream envelope (operation `status`); encoded only, never decoded."""
 
     header: Header
-    content: JobStatus | DatasetStatus
+    content: JobStatus | DatasetStatus | ReportStatus
 
 
 class Rejection(Wire, frozen=True, kw_only=True):

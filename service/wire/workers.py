@@ -39,9 +39,19 @@ class Model(Wire, frozen=True, kw_only=True):
     metrics: dict[str, Any] | None = None
 
 
+#: The owner kind whose reports may leave `status` out: Sedna's joint-inference worker
+#: library reports its inference counts without one.
+STATUS_OPTIONAL_KIND = "jointinferenceservice"
+STATUS_REQUIRED = (
+    "required: only a joint-inference service's worker may report without a status "
+    "(ready, running, completed or failed)"
+)
+
+
 class WorkerMessage(Wire, frozen=True, kw_only=True):
     """Sedna's worker report; `results` stays raw so a malformed one cannot fail decoding,
-    and `ownerInfo` may be null (a Go nil map), which reads as empty."""
+    and `ownerInfo` may be null (a Go nil map), which reads as empty. `status` is required
+    except of a joint-inference service's worker (None: it gave none)."""
 
     name: DnsSubdomain
     namespace: DnsLabel
@@ -49,7 +59,7 @@ class WorkerMessage(Wire, frozen=True, kw_only=True):
     owner_kind: OwnerKind
     owner_info: JsonObject | None = None
     kind: WorkerKind
-    status: WorkerStatus
+    status: WorkerStatus | None = None
     results: list[dict[str, Any]] = []
 
 
@@ -66,12 +76,13 @@ class _WorkerWire(Wire, frozen=True, kw_only=True):
     owner_kind: OwnerKind
     owner_info: msgspec.Raw = _JSON_NULL
     kind: WorkerKind
-    status: WorkerStatus
+    status: WorkerStatus | None = None
     results: msgspec.Raw = _JSON_NULL
 
 
 def decode_worker_message(data: bytes) -> WorkerMessage:
-    """Decode and validate a worker report; `ownerKind` comes back lower-cased.
+    """Decode and validate a worker report; `ownerKind` comes back lower-cased; `status`
+    may be absent from a joint-inference worker's report only.
 
     `results` and `ownerInfo` of null (a Go nil) read as empty, and results that are not
     objects are dropped: a malformed report must still move the job on ("no usable model"),
@@ -87,6 +98,9 @@ def decode_worker_message(data: bytes) -> WorkerMessage:
         raise invalid(e) from None
     except (msgspec.DecodeError, RecursionError) as e:
         raise not_json(e, "$") from None
+    owner_kind = wire.owner_kind.lower()
+    if wire.status is None and owner_kind != STATUS_OPTIONAL_KIND:
+        raise InvalidMessage(STATUS_REQUIRED, "$.status")
     owner_info: msgspec.Raw | None = wire.owner_info
     if bytes(wire.owner_info) == b"null":
         owner_info = None
@@ -101,7 +115,7 @@ def decode_worker_message(data: bytes) -> WorkerMessage:
         name=wire.name,
         namespace=wire.namespace,
         owner_name=wire.owner_name,
-        owner_kind=wire.owner_kind.lower(),
+        owner_kind=owner_kind,
         owner_info=owner_info,
         kind=wire.kind,
         status=wire.status,

@@ -249,7 +249,7 @@ GARBAGE: list[tuple[str | bytes, str]] = [
         "$.content",
     ),
     (
-        '{"header":{"namespace":"default","resourceKind":"jointinferenceservice",'
+        '{"header":{"namespace":"default","resourceKind":"reidjob",'
         '"resourceName":"x","operation":"update"},"content":null}\n',
         "unknown resourceKind",
     ),

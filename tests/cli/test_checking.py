@@ -45,7 +45,11 @@ def test_a_bad_operator_does_not_invent_further_problems() -> None:
 def test_an_unknown_kind_stops_at_one_problem() -> None:
     _, problems = checking.resource_problems({"kind": "Pod", "metadata": {"name": "x"}})
     assert [(p.path, p.reason) for p in problems] == [
-        ("$.kind", "must be Dataset or LifelongLearningJob")
+        (
+            "$.kind",
+            "unknown kind 'Pod'; expected one of dataset, lifelonglearningjob, model, "
+            "jointinferenceservice, federatedlearningjob",
+        )
     ]
 
 
@@ -79,23 +83,23 @@ def test_parse_path(path: str, segments: list[str | int], exact: bool) -> None:
 
 
 def test_each_resource_routes_to_the_node_it_names() -> None:
-    assert checking.target_node(DATASET, "default-node") == ("edge-1", None)
-    assert checking.target_node(JOB, "default-node") == ("edge-2", None)
+    assert checking.target_nodes(DATASET, "default-node") == (("edge-1",), [])
+    assert checking.target_nodes(JOB, "default-node") == (("edge-2",), [])
     unrouted = copy(JOB)
     unrouted["spec"]["trainSpec"]["template"] = {"spec": {"containers": []}}
-    assert checking.target_node(unrouted, "default-node") == ("default-node", None)
+    assert checking.target_nodes(unrouted, "default-node") == (("default-node",), [])
     bad = copy(JOB)
     bad["spec"]["trainSpec"]["template"]["spec"]["nodeName"] = "a/b"
-    node, problem = checking.target_node(bad, "default-node")
-    assert node is None and problem is not None
-    assert problem.path == "$.spec.trainSpec.template.spec.nodeName"
+    nodes, problems = checking.target_nodes(bad, "default-node")
+    assert nodes == ()
+    assert [p.path for p in problems] == ["$.spec.trainSpec.template.spec.nodeName"]
 
 
 def test_checked_envelope_is_what_the_controller_accepts() -> None:
     checked = check(DATASET, default_namespace="team-b", default_node="n0")
     assert checked.problems == ()
-    assert (checked.kind, checked.namespace, checked.name, checked.node) == (
-        "dataset", "team-b", "ds", "edge-1",
+    assert (checked.kind, checked.namespace, checked.name, checked.nodes) == (
+        "dataset", "team-b", "ds", ("edge-1",),
     )  # fmt: skip
     decoded = messages.decode_envelope(checked.envelope)
     assert isinstance(decoded, messages.DatasetInsert)

@@ -16,7 +16,12 @@ from service.cli.envelopes import delete_envelope
      ("LifelongLearningJob", "lifelonglearningjob", keys.JOB_KIND),
      ("lifelonglearningjobs", "lifelonglearningjob", keys.JOB_KIND),
      ("job", "lifelonglearningjob", keys.JOB_KIND), ("jobs", "lifelonglearningjob", keys.JOB_KIND),
-     ("llj", "lifelonglearningjob", keys.JOB_KIND)],
+     ("llj", "lifelonglearningjob", keys.JOB_KIND),
+     ("models", "model", keys.MODEL_KIND), ("Model", "model", keys.MODEL_KIND),
+     ("ji", "jointinferenceservice", keys.JOINT_INFERENCE_KIND),
+     ("JointInferenceServices", "jointinferenceservice", keys.JOINT_INFERENCE_KIND),
+     ("fl", "federatedlearningjob", keys.FEDERATED_LEARNING_KIND),
+     ("federatedlearningjob", "federatedlearningjob", keys.FEDERATED_LEARNING_KIND)],
 )  # fmt: skip
 def test_every_alias_names_one_kind(typed: str, wire: str, store: str) -> None:
     kind = kinds.kind_named(typed)
@@ -35,5 +40,7 @@ def test_wire_kinds_are_what_the_controller_decodes() -> None:
     decoded = {
         type(messages.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in kinds.KINDS
     }
-    assert decoded == {messages.DatasetDelete, messages.JobDelete}
-    assert {k.title for k in kinds.KINDS} == {"Dataset", "LifelongLearningJob"}
+    assert decoded == {messages.DatasetDelete, messages.JobDelete, messages.ResourceDelete}
+    assert {k.title for k in kinds.KINDS} == {
+        "Dataset", "LifelongLearningJob", "Model", "JointInferenceService", "FederatedLearningJob",
+    }  # fmt: skip

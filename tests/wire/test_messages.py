@@ -584,8 +584,8 @@ def test_worker_validation_names_the_field(changes: dict[str, Any], path: str) -
 def test_worker_message_missing_field() -> None:
     data = json.dumps({k: v for k, v in WORKER.items() if k != "status"}).encode()
     error = invalid(data, decode_worker_message)
-    assert error.path == "$"
-    assert "status" in error.reason
+    assert error.path == "$.status"
+    assert "required" in error.reason and "joint-inference" in error.reason
 
 
 # --- upstream encoding ------------------------------------------------------------------------

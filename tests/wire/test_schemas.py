@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from service import messages, schemas
+from tests.sedna_kinds import FEDERATED_LEARNING, FL_REPORT, JI_REPORT, JOINT_INFERENCE, MODELS
 from tests.wire.test_messages import DATASET, JOB, WORKER
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
@@ -18,6 +20,10 @@ EXPECTED_FILES = {
     "envelope.json",
     "dataset.json",
     "lifelonglearningjob.json",
+    "model.json",
+    "jointinferenceservice.json",
+    "federatedlearningjob.json",
+    "report-status.json",
     "worker-message.json",
     "job-status.json",
     "dataset-status.json",
@@ -161,6 +167,20 @@ def _upstream_status() -> bytes:
     return messages.encode(messages.UpstreamEnvelope(header=header, content=status))
 
 
+def _forwarded_report() -> bytes:
+    """A joint-inference report forwarded as Sedna's LC forwards it: no status given."""
+    header = messages.Header(
+        namespace="default",
+        resource_kind="jointinferenceservice",
+        resource_name="helmet-detection-inference-example",
+        operation="status",
+        id="m-2",
+    )
+    output = messages.ReportOutput(owner_info=msgspec.Raw(b'{"inferenceNumber": 3}'))
+    status = messages.ReportStatus(phase="inference", status="", output=output)
+    return messages.encode(messages.UpstreamEnvelope(header=header, content=status))
+
+
 def _upstream_count() -> bytes:
     header = messages.Header(
         namespace="default", resource_kind="dataset", resource_name="d", operation="status"
@@ -190,6 +210,13 @@ def _valid_samples() -> list[tuple[str, Any]]:
         ("dataset.json", DATASET),
         ("lifelonglearningjob.json", JOB),
         ("worker-message.json", WORKER),
+        ("worker-message.json", JI_REPORT),
+        ("worker-message.json", FL_REPORT),
+        ("model.json", MODELS[0]),
+        ("model.json", MODELS[1]),
+        ("jointinferenceservice.json", JOINT_INFERENCE),
+        ("federatedlearningjob.json", FEDERATED_LEARNING),
+        ("upstream-envelope.json", json.loads(_forwarded_report())),
         ("job-status.json", json.loads(messages.encode(forwarded))),
         ("dataset-status.json", {"numberOfSamples": 3}),
         ("rollback-envelope.json", ROLLBACK),
@@ -218,6 +245,11 @@ def _invalid_samples() -> list[tuple[str, Any]]:
         ("lifelonglearningjob.json", {**JOB, "spec": {**JOB["spec"], "outputDir": "/a/../b"}}),
         ("worker-message.json", {**WORKER, "status": "done"}),
         ("worker-message.json", {**WORKER, "ownerKind": "dataset"}),
+        ("worker-message.json", {k: v for k, v in WORKER.items() if k != "status"}),
+        ("worker-message.json", {k: v for k, v in FL_REPORT.items() if k != "status"}),
+        ("model.json", {**MODELS[0], "spec": {"url": "/a/../b", "format": "pb"}}),
+        ("jointinferenceservice.json", {**JOINT_INFERENCE, "spec": {"edgeWorker": {}}}),
+        ("federatedlearningjob.json", {**FEDERATED_LEARNING, "metadata": {"name": "Yolo"}}),
         ("dataset-status.json", {"numberOfSamples": -1}),
         ("rollback-envelope.json", {**ROLLBACK, "content": {"version": 0}}),
         ("rollback-envelope.json", {**ROLLBACK, "header": {**ROLLBACK["header"],
@@ -258,14 +290,8 @@ def test_schema_requires_the_contract_fields() -> None:
     """Without jsonschema too: the key fields are required where the contract needs them."""
     files = schemas.generate()
     worker = json.loads(files["worker-message.json"])["$defs"]["WorkerMessage"]
-    assert set(worker["required"]) == {
-        "name",
-        "namespace",
-        "ownerName",
-        "ownerKind",
-        "kind",
-        "status",
-    }
+    assert set(worker["required"]) == {"name", "namespace", "ownerName", "ownerKind", "kind"}
+    assert worker["else"] == {"required": ["status"]}, "status: required but of joint inference"
     job_input = json.loads(files["job-status.json"])["$defs"]["JobInput"]["properties"]
     assert {"models", "dataURL", "dataIndexURL", "outputDir", "deployedModel"} == set(job_input)
     rejection = json.loads(files["rejection.json"])["$defs"]["Rejection"]

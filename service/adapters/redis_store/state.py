@@ -51,8 +51,8 @@ class States:
         return None if stored is None else zlib.decompress(stored)
 
     def list_rkeys(self, kind: str | None, shards: Sequence[int]) -> list[str]:
-        """Every resource with state (of these shards), sorted; ``kind`` (``job``/``dataset``)
-        filters."""
+        """Every resource with state (of these shards), sorted; ``kind`` (a resource key's
+        kind: ``job``, ``dataset``, ``model``...) filters."""
         keys = [self._keys.index(shard) for shard in shards]
         members = self._redis.run([Routed(k, ("SMEMBERS", k)) for k in keys], what="list_rkeys")
         prefix = f"{kind}:" if kind else ""

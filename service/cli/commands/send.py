@@ -47,9 +47,11 @@ APPLY_EXAMPLES = (
   lifelong apply -f all.yaml -n team-a       # namespace for documents that name none
 
 Each Dataset goes to the node in its spec.nodeName, each LifelongLearningJob to the node in
-spec.trainSpec.template.spec.nodeName, anything else to LIFELONG_NODE_NAME. Nothing is sent
-unless every document is valid and every node it goes to is served by a live controller
-(--force sends anyway)."""
+spec.trainSpec.template.spec.nodeName, each JointInferenceService to its edge worker's node
+(spec.edgeWorker.template.spec.nodeName), each FederatedLearningJob to every training
+worker's node (spec.trainingWorkers[*].template.spec.nodeName), anything else (a Model) to
+LIFELONG_NODE_NAME. Nothing is sent unless every document is valid and every node it goes
+to is served by a live controller (--force sends anyway)."""
     + COMMON_NOTE
 )
 
@@ -57,6 +59,7 @@ DELETE_EXAMPLES = (
     """examples:
   lifelong delete lifelonglearningjob atcii-classifier-demo
   lifelong delete dataset lifelong-dataset --node edge-node
+  lifelong delete ji <name>                 # a joint-inference service (fl, model alike)
 
 Nothing is sent unless the node is served by a live controller (--force sends anyway).
 """
@@ -76,8 +79,10 @@ def register(commands: Subcommands) -> None:
 
     delete = subcommand(commands, "delete", "delete resources from an edge node", DELETE_EXAMPLES)
     delete.add_argument(
-        "kind", type=kind_arg, metavar="KIND", help="dataset or lifelonglearningjob"
-    )
+        "kind", type=kind_arg, metavar="KIND",
+        help="dataset, lifelonglearningjob, model, jointinferenceservice (ji) or "
+        "federatedlearningjob (fl)",
+    )  # fmt: skip
     delete.add_argument("names", nargs="+", type=name_arg, metavar="NAME")
     add_namespace_flag(delete, "the resource's namespace (default: default)")
     delete.add_argument(
@@ -109,10 +114,11 @@ def _apply(args: argparse.Namespace) -> int:
     if not checked:
         raise InvalidMessage(f"no resources found in {', '.join(args.filename)}", "")
     outgoing = [
-        (c.label, cfg.for_node(c.node or cfg.node_name).downstream_topic(), c.envelope)
+        (c.label, cfg.for_node(node).downstream_topic(), c.envelope)
         for c in checked
+        for node in c.nodes or (cfg.node_name,)
     ]
-    nodes = [c.node or cfg.node_name for c in checked]
+    nodes = [node for c in checked for node in c.nodes or (cfg.node_name,)]
     _send(cfg, "apply", nodes, outgoing, args)
     return EXIT_OK
 

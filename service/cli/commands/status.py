@@ -1,5 +1,6 @@
 """`lifelong get` and `lifelong describe`: what the controllers wrote to Redis, as tables and
-detailed views (read only)."""
+detailed views (read only), for every kind: jobs, datasets, models, joint-inference services
+and federated-learning jobs."""
 
 from __future__ import annotations
 
@@ -24,25 +25,27 @@ from service.cli.arguments import (
     subcommand,
 )
 from service.cli.connections import EXIT_OK, EXIT_PROBLEM, command_config, store_session
-from service.cli.kinds import DATASET
+from service.cli.kinds import DATASET, JOB
 from service.cli.rendering import (
     dataset_row,
     describe_dataset,
     describe_job,
+    describe_resource,
     gm_link_line,
     history_lines,
     job_row,
     render,
+    resource_row,
     shown,
 )
 from service.cli.rounds import describe_json, describe_lines, get_columns
 from service.core.rounds import decode_rounds
-from service.core.state import DatasetState, JobState, State, decode_state
+from service.core.state import DatasetState, JobState, ResourceState, State, decode_state
 from service.errors import InvalidMessage, PermanentError
 from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
-from service.messages import LifelongLearningJob
+from service.messages import LifelongLearningJob, StoredResource
 from service.runtime.gm import GmLinkRecord
 from service.urls import redact_url
 
@@ -54,6 +57,9 @@ GET_EXAMPLES = (
   lifelong get jobs
   lifelong get datasets -n default
   lifelong get jobs -o json | jq '.[].phase'
+  lifelong get models
+  lifelong get ji          # joint-inference services: the reports of their workers forwarded
+  lifelong get fl          # federated-learning jobs, the same
 
 STATE is the job's step (waiting, preparing, running, copying, staged: due, waiting for
 Sedna's GM to show the stage Waiting), or no-dataset when its dataset is unknown, binding on
@@ -71,10 +77,14 @@ DESCRIBE_EXAMPLES = (
   lifelong describe job atcii-classifier-demo
   lifelong describe job atcii-classifier-demo -o json | jq '.rounds[-1]'
   lifelong describe dataset lifelong-dataset --history 50
+  lifelong describe model <name>            # ji and fl alike
 
 A job shows its deploy gate, the deployed model (and the versions a rollback can restore)
 and its last 50 rounds (times, sample counts, the metrics of the new and of the deployed
-model, why a round was not deployed) under a sparkline of the main metric.
+model, why a round was not deployed) under a sparkline of the main metric. A model shows
+its url, format, devices and whether it names a credential; a joint-inference service or a
+federated-learning job its workers (models, datasets, nodes, images) and the reports of its
+workers forwarded upstream.
 """
     + COMMON_NOTE
 )
@@ -82,8 +92,10 @@ model, why a round was not deployed) under a sparkline of the main metric.
 
 def register(commands: Subcommands) -> None:
     """Add get and describe."""
-    get = subcommand(commands, "get", "list jobs or datasets with their progress", GET_EXAMPLES)
-    get.add_argument("kind", type=kind_arg, metavar="jobs|datasets")
+    get = subcommand(
+        commands, "get", "list jobs, datasets, models, ji or fl with their progress", GET_EXAMPLES
+    )
+    get.add_argument("kind", type=kind_arg, metavar="jobs|datasets|models|ji|fl")
     get.add_argument(
         "-n", "--namespace", type=namespace_arg, default=None,
         help="only this namespace (default: all)",
@@ -93,10 +105,10 @@ def register(commands: Subcommands) -> None:
     get.set_defaults(func=_get)
 
     describe = subcommand(
-        commands, "describe", "show one job or dataset in detail, with its history",
+        commands, "describe", "show one job, dataset, model, ji or fl in detail, with its history",
         DESCRIBE_EXAMPLES,
     )  # fmt: skip
-    describe.add_argument("kind", type=kind_arg, metavar="job|dataset")
+    describe.add_argument("kind", type=kind_arg, metavar="job|dataset|model|ji|fl")
     describe.add_argument("name", type=name_arg, metavar="NAME")
     add_namespace_flag(describe, "the resource's namespace (default: default)")
     describe.add_argument(
@@ -128,6 +140,8 @@ def _get(args: argparse.Namespace) -> int:
             rows.append({**job_row(state, changed[key], now_ms), **get_columns(state)})
         elif isinstance(state, DatasetState):
             rows.append(dataset_row(state, changed[key], now_ms))
+        elif isinstance(state, ResourceState):
+            rows.append(resource_row(state, changed[key], now_ms))
     if args.output == "json":
         print(json.dumps(rows, indent=2))
     elif not rows:
@@ -184,7 +198,7 @@ def _describe(args: argparse.Namespace) -> int:
         resource = store.load_resource(key)
         records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
         users = store.dataset_jobs(key) if args.kind is DATASET else []
-        rounds = decode_rounds(store.rounds(key)) if args.kind is not DATASET else []
+        rounds = decode_rounds(store.rounds(key)) if args.kind is JOB else []
         link = _gm_link(store)
     state = _state_or_none(key, raw)
     if state is None:
@@ -196,6 +210,8 @@ def _describe(args: argparse.Namespace) -> int:
     if isinstance(state, JobState):
         lines = describe_job(state, _decoded_job(resource), records, now_ms)
         lines += describe_lines(state, rounds)
+    elif isinstance(state, ResourceState):
+        lines = describe_resource(state, _decoded_stored(resource), records, now_ms)
     else:
         lines = describe_dataset(state, users, records, now_ms)
     lines.append(gm_link_line(link, now_ms))
@@ -209,5 +225,14 @@ def _decoded_job(raw: bytes | None) -> LifelongLearningJob | None:
         return None
     try:
         return messages.decode_job(raw)
+    except InvalidMessage:
+        return None
+
+
+def _decoded_stored(raw: bytes | None) -> StoredResource | None:
+    if raw is None:
+        return None
+    try:
+        return messages.decode_stored(raw)
     except InvalidMessage:
         return None

@@ -49,6 +49,6 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"{len(lines)} problem(s) in {len(checked)} resource(s)", file=sys.stderr)
         return EXIT_PROBLEM
     for c in checked:
-        routed = f", for node {c.node}" if c.node else ""
+        routed = f", for node {', '.join(c.nodes)}" if c.nodes else ""
         print(f"{c.where}: {c.kind_title} {c.namespace}/{c.name} is valid{routed}")
     return EXIT_OK
