@@ -86,7 +86,12 @@ class Conditions:
         self.conditions: list[dict[str, str]] = []
 
     def show(self, stage: str, kind: str) -> None:
-        self.conditions.append({"stage": stage, "type": kind, "status": "True"})
+        """The GM's next copy: a status the controller reported is marked as the GM marks it;
+        a Waiting is the GM's own."""
+        condition = {"stage": stage, "type": kind, "status": "True"}
+        if kind != "Waiting":
+            condition["message"] = "reported by lc"
+        self.conditions.append(condition)
         self.gm.insert(NODE, {**self.job, "status": {"conditions": list(self.conditions)}})
 
 
