@@ -143,6 +143,8 @@ class Heartbeats:
         watched = _Watched(name, thread or threading.current_thread(), self.monotonic())
         with self._lock:
             self._watched[name] = watched
+        if self._metrics is not None:  # the stall count exists (at 0) from the first watch
+            self._metrics.thread_stalls.labels(thread=name)
         return Beat(self, watched)
 
     def forget(self, watched: _Watched) -> None:
@@ -155,10 +157,14 @@ class Heartbeats:
 
     def live(self) -> tuple[bool, str]:
         """(False, which threads and how long they have been silent) when a watched thread
-        ended or has not beaten for the whole lease; else (True, "ok")."""
+        ended or has not beaten for the whole lease; else (True, "ok"). Right after a pause
+        of the whole process (`_paused`) the answer is True: no thread is to blame."""
         now = self.monotonic()
         with self._lock:
             watched = list(self._watched.values())
+            paused = self._paused(now, watched)
+        if paused:
+            return True, "ok"
         dead = [
             _silence(w, now) for w in watched
             if not w.thread.is_alive() or now - w.last_s > self.dead_after_s
@@ -177,16 +183,9 @@ class Heartbeats:
         now = self.monotonic()
         with self._lock:
             watched = list(self._watched.values())
-            gap = 0.0 if self._checked_s is None else now - self._checked_s
+            paused = self._paused(now, watched)
             self._checked_s = now
-            if gap > self.stall_after_s:
-                for w in watched:
-                    w.last_s = max(w.last_s, now)
-        if gap > self.stall_after_s:
-            log.warning(
-                "the whole process was paused for %.1f s (every thread at once, the watchdog "
-                "too): no thread is blamed", gap,
-            )  # fmt: skip
+        if paused:
             return
         frames = None
         for w in watched:
@@ -216,6 +215,23 @@ class Heartbeats:
                     w.name, age, self.stall_after_s, self.dead_after_s,
                     _stack(frames.get(w.thread.ident or -1)),
                 )  # fmt: skip
+
+    def _paused(self, now: float, watched: list[_Watched]) -> bool:
+        """Whether the watchdog last looked more than the stall limit ago, as only a pause of
+        the whole process explains (SIGSTOP, a frozen VM): then the beats count from now, so
+        that neither the watchdog nor a liveness question asked first after the pause
+        blames a thread for it. Called under the lock."""
+        gap = 0.0 if self._checked_s is None else now - self._checked_s
+        if gap <= self.stall_after_s:
+            return False
+        self._checked_s = now
+        for w in watched:
+            w.last_s = max(w.last_s, now)
+        log.warning(
+            "the whole process was paused for %.1f s (every thread at once, the watchdog "
+            "too): no thread is blamed", gap,
+        )  # fmt: skip
+        return True
 
     def run(self, stop: threading.Event) -> None:
         """The watchdog's loop, until ``stop``; it beats like every watched thread."""

@@ -92,7 +92,7 @@ def test_a_stall_is_logged_once_with_its_stack_counted_and_fails_liveness_past_t
     advance(clock, heartbeats, LEASE_S / 2)  # exactly half the lease: not yet a stall
     heartbeats.check()
     assert stall_lines(caplog) == []
-    assert value(metrics, "lifelong_thread_stalls_total", "processor") is None
+    assert value(metrics, "lifelong_thread_stalls_total", "processor") == 0
     assert value(metrics, "lifelong_thread_beat_age_seconds", "processor") == LEASE_S / 2
 
     advance(clock, heartbeats, 0.5)
@@ -133,7 +133,7 @@ def test_a_loop_that_beats_each_time_round_is_never_stalled(
         beat()
         heartbeats.check()
     assert heartbeats.live() == (True, "ok")
-    assert value(metrics, "lifelong_thread_stalls_total", "intake") is None
+    assert value(metrics, "lifelong_thread_stalls_total", "intake") == 0
 
 
 def test_a_thread_that_ended_counts_as_stalled_at_once(
@@ -230,3 +230,20 @@ def test_a_paused_process_blames_no_thread(
     heartbeats.check()
     assert len(stall_lines(caplog)) == 1
     assert value(metrics, "lifelong_thread_stalls_total", "processor") == 1
+
+
+def test_a_liveness_question_asked_first_after_a_pause_blames_no_thread(
+    heartbeats: Heartbeats, clock: StepClock, sleeper: Sleeper, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease loop may ask before the watchdog looks again after a pause: the answer is
+    live, and a thread silent for a whole lease after the pause is dead again."""
+    caplog.set_level(logging.INFO, logger="service.heartbeat")
+    heartbeats.watch("processor", sleeper.thread)
+    heartbeats.check()
+    clock.now += LEASE_S * 3
+    assert heartbeats.live() == (True, "ok")
+    assert any("whole process was paused" in r.getMessage() for r in caplog.records)
+    heartbeats.check()
+    assert stall_lines(caplog) == []
+    advance(clock, heartbeats, LEASE_S + 1)
+    assert heartbeats.live()[0] is False
