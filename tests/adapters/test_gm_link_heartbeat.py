@@ -63,7 +63,7 @@ def test_a_sender_waiting_on_a_gm_that_does_not_read_keeps_beating(gm: GmStandIn
 
     def send() -> None:
         with heartbeats.watch("gm-outbox"):
-            huge = b'{"pad":"' + b"x" * (64 << 20) + b'"}'  # more than the socket buffers hold
+            huge = b'{"pad":"' + b"x" * (16 << 20) + b'"}'  # more than the socket buffers hold
             sent.append(link.send(STATUS_HEADER, huge))
         done.set()
 

@@ -17,7 +17,7 @@ import pytest
 
 from service.core.rounds import decode_rounds
 from service.failpoints import EXIT_CODE
-from service.keys import job_key
+from service.keys import dataset_key, job_key
 from tests.faults.conftest import (
     QUIET_POLLS,
     QUIET_TRIGGER,
@@ -103,6 +103,8 @@ def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: b
     round_to_eval(stack, out, 2)
     cloud.downstream("dataset", "delete", None, name=DATASET)
     with probe_of(stack.redis_url) as probe:
+        gone = dataset_key(NS, DATASET)
+        wait_until(lambda: probe.store.load([gone])[gone] is None, 10, "A to apply the delete")
         wait_until(lambda: _settled(probe), 10, "A to settle")
         assert a.stop() == 0
         assert deploy_file.read_bytes() == b"model 1 " * 1000
