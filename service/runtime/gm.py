@@ -6,7 +6,8 @@ message. The link hands on only so many frames the intake has not finished with
 (`GmInbound.taken`), then stops reading: a flooding GM is slowed down, not buffered.
 
 Upstream messages reach the GM from the per-shard GM outbox streams the commits write beside
-the MQTT outbox: in stream order per shard, each removed once the link wrote it.
+the MQTT outbox: in stream order per shard, each removed once the link wrote it. With
+nothing to send the forwarder blocks on those streams, so a commit on any replica wakes it.
 While the link is down they wait, and go out in order once it is back.
 
 What the GM gets: websocket has no acknowledgement, so a message counts as sent once it was
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 #: The topic GM frames are taken in under (rejections show it as their topic).
 GM_TOPIC = "gm"
+#: how long the forwarder waits when the link is down, or at most for a new message
 POLL_S = 0.2
 #: the link's record in Redis is refreshed this often, and whenever its status changes
 REPORT_EVERY_S = 2.0
@@ -178,8 +180,12 @@ class GmBridge:
                 if status != reported or self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
                     self._report()
                     reported_at, reported = self._clock.monotonic_s(), status
-                if self._link.state.status != "up" or not self._send_pending():
+                if self._link.state.status != "up":
                     self._stop.wait(POLL_S)
+                elif (sent := self._send_pending()) is None:
+                    self._stop.wait(POLL_S)  # the link refused: it is going down
+                elif not sent:
+                    self._store.gm_outbox_wait(range(NUM_SHARDS), int(POLL_S * 1000))
             except StoreUnavailable as e:
                 log.warning("GM outbox waits for redis: %s", e)
                 self._stop.wait(STORE_RETRY_S)
@@ -187,8 +193,8 @@ class GmBridge:
                 log.exception("GM outbox failed; continuing")
                 self._stop.wait(STORE_RETRY_S)
 
-    def _send_pending(self) -> bool:
-        """Send one batch per shard, in order; False when there was nothing to send or the
+    def _send_pending(self) -> bool | None:
+        """Send one batch per shard, in order: whether anything was sent, or None when the
         link refused a message (the rest then waits, in order). An entry that is not an
         upstream envelope is set aside and the next one goes on."""
         sent_any = False
@@ -210,7 +216,7 @@ class GmBridge:
             self._store.gm_outbox_done(shard, done)
             sent_any = sent_any or bool(done)
             if refused:
-                return False
+                return None
         return sent_any
 
     def _report(self) -> None:

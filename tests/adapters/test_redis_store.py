@@ -14,6 +14,7 @@ from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
 from service.errors import LeaseLost, StoreUnavailable
 from service.keys import INGRESS_GROUP, NUM_SHARDS, Keys, rkey, shard_of
 from tests.servers import Server
+from tests.wait import wait_until
 
 JOB = rkey("job", "default", "fruits")
 SHARD = shard_of(JOB)
@@ -281,6 +282,27 @@ def test_read_ingress_spans_shards_and_blocks_until_an_entry(store: RedisStore) 
     assert time.monotonic() - start >= 0.15
     with pytest.raises(ValueError):
         store.read_ingress([a], count=1, block_ms=5_000, pending=False)
+
+
+def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
+    redis_proc: Server, raw: redis.Redis[bytes]
+) -> None:
+    """The wait ends at once while a message waits, and when another client adds one, long
+    before its block (a minute here) would end it."""
+    store = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=120.0)
+    waiter = threading.Thread(
+        target=store.gm_outbox_wait, args=(range(NUM_SHARDS), 60_000), daemon=True
+    )
+    try:
+        waiter.start()
+        wait_until(lambda: any(c.get("cmd") == "xread" for c in raw.client_list()), 10,
+                   "the blocked read")  # fmt: skip
+        raw.xadd(store.keys.gm_outbox(SHARD), {"payload": b"{}"})
+        waiter.join(30)
+        assert not waiter.is_alive(), "a new message ends the wait"
+        store.gm_outbox_wait(range(NUM_SHARDS), 60_000)  # one waits: returns at once
+    finally:
+        store.close()
 
 
 def test_append_ingress_dedupe(store: RedisStore) -> None:

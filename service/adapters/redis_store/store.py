@@ -59,7 +59,9 @@ class RedisStore:
             redis, cluster=target.topology == "cluster", socket_timeout_s=socket_timeout_s
         )
         self._states = States(redis)
-        self._outboxes = Outboxes(redis)
+        self._outboxes = Outboxes(
+            redis, cluster=target.topology == "cluster", socket_timeout_s=socket_timeout_s
+        )
         self._leases = Leases(redis)
         self._records = Records(redis)
 
@@ -164,6 +166,9 @@ class RedisStore:
 
     def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
         self._outboxes.gm_outbox_done(shard, stream_ids)
+
+    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> None:
+        self._outboxes.gm_outbox_wait(shards, block_ms)
 
     def pending_effects(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
         return self._outboxes.pending_effects(shards)
