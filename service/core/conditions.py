@@ -16,13 +16,14 @@ one, for every job that came over the GM link:
 Until the GM shows it, a due stage waits in step `staged`. A stage is "shown" only by a copy
 that holds every status the job sent the GM: the GM appends one condition marked "reported
 by lc" per status it takes in, so the copy must hold as many of them as the job has sent
-(`gm_reported`). A ready thus never follows the completed before it until the GM has taken
-that in (and any write-back from a copy older than it has been done), and goes out at most
-once per (round, stage). When the GM's write-back drops a status the job sent, no copy ever
-holds it: `Context.gm_resend_ms` after the job last sent something, the job believes the
-GM's latest copy. While the GM still shows a stage `Waiting` that long after its ready went
-out (the frame died with its connection, or the write-back dropped it), the same ready is
-sent again.
+(`gm_reported`); once one did, every later copy counts too, also one whose write-back lost
+a status again (it was written after the GM took the status in). A ready thus never follows
+the completed before it until the GM has taken that in, and goes out at most once per
+(round, stage). When no copy is seen holding a status the job sent (the write-back dropped
+it before its copy went out), the job believes the GM's latest copy `STAGED_DOUBT_MS` after
+it last sent something when a stage waits to start, else after `Context.gm_resend_ms`. While
+the GM still shows a stage `Waiting` `gm_resend_ms` after its ready went out (the frame died
+with its connection, or the write-back dropped it), the same ready is sent again.
 
 When the GM moves the job elsewhere mid-round (a pod failed: `*/Failed`, then
 `Train/Waiting`), the job follows: the round fails as on a worker's `failed` report. When the
@@ -56,6 +57,13 @@ replace = msgspec.structs.replace
 _MODELS_KEPT = reports.MAX_MODELS_KEPT
 #: The stages whose condition makes a running stage's end: the GM went past it, or back.
 _FAILED = "failed"
+
+#: How long a staged job doubts a copy that lacks a status it sent the GM. The GM takes a
+#: status in and sends the copy that holds it within milliseconds; when its write-back
+#: dropped the status before that copy went out (a forwarded `completed` racing the GM's
+#: own pod-succeeded path), no copy ever holds it, and the job believes the latest copy
+#: after this long instead of after `Context.gm_resend_ms`.
+STAGED_DOUBT_MS = 2_000
 
 _status_decoder = msgspec.json.Decoder(JobStatus)
 _encoder = msgspec.json.Encoder()
@@ -178,6 +186,10 @@ def may_start(job: JobState, out: Recorder, stage: Phase) -> bool:
 def follow(job: JobState, view: GmView, out: Recorder) -> JobState:
     """A new copy from the GM: remember what it shows and do what it asks for."""
     job = replace(job, gm=view)
+    if view.reported >= job.gm_reported:
+        # the GM holds every status sent so far: a later copy that lost one to the GM's
+        # write-back was still written after the GM took it in, so it counts as caught up
+        job = replace(job, gm_reported=0)
     sent = job.gm_sent
     if sent is not None and (view.stage, view.type) != (sent.stage, "waiting"):
         job = replace(job, gm_sent=None)  # the GM took the ready in (or moved on)
@@ -301,13 +313,24 @@ def _waiting_on_gm(job: JobState) -> bool:
     return job.gm_sent is not None or not caught_up(job) or job.step == "staged"
 
 
+def _doubt_ms(job: JobState, out: Recorder) -> int:
+    """How long after its last status to the GM the job doubts a copy that lacks it."""
+    if job.step == "staged":
+        return min(STAGED_DOUBT_MS, out.ctx.gm_resend_ms)
+    return out.ctx.gm_resend_ms
+
+
 def _wait_timer(job: JobState, out: Recorder) -> JobState:
     """While the job waits on the GM, a timer `gm_resend_ms` after it last sent the GM
-    something (or after its last ready), for `resend` to look again."""
+    something (or after its last ready), or, while a staged job doubts the GM's copy, when
+    the doubt ends; for `resend` to look again."""
     if not _waiting_on_gm(job):
         return job
     base_ms = job.gm_sent.at_ms if job.gm_sent is not None else job.gm_sent_ms
-    due_ms = max(base_ms + out.ctx.gm_resend_ms, out.ctx.now_ms + 1)
+    due_ms = base_ms + out.ctx.gm_resend_ms
+    if not caught_up(job):
+        due_ms = min(due_ms, job.gm_sent_ms + _doubt_ms(job, out))
+    due_ms = max(due_ms, out.ctx.now_ms + 1)
     if job.next_check_ms is not None and job.next_check_ms <= due_ms:
         return job
     out.schedule(due_ms)
@@ -316,14 +339,15 @@ def _wait_timer(job: JobState, out: Recorder) -> JobState:
 
 def resend(job: JobState, event: Tick, out: Recorder) -> JobState:
     """A timer while the job waits on the GM. A status the job sent that no copy holds
-    `gm_resend_ms` later was dropped by the GM's write-back: the job believes the GM's
-    latest copy (and starts what it shows). The last ready goes again if the GM still shows
-    its stage `Waiting` that long after it went out."""
+    `gm_resend_ms` later (`STAGED_DOUBT_MS` for a staged job) was dropped by the GM's
+    write-back: the job believes the GM's latest copy (and starts what it shows). The last
+    ready goes again if the GM still shows its stage `Waiting` `gm_resend_ms` after it went
+    out."""
     gm = job.gm
     if gm is None:
         return job
     now = out.ctx.now_ms
-    if not caught_up(job) and now >= job.gm_sent_ms + out.ctx.gm_resend_ms:
+    if not caught_up(job) and now >= job.gm_sent_ms + _doubt_ms(job, out):
         out.note(
             f"the GM's copy still lacks {job.gm_reported - gm.reported} of the statuses sent "
             f"to it {(now - job.gm_sent_ms) / 1000:g} s ago: following its latest copy"

@@ -136,7 +136,7 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     #: what Sedna's GM shows of the job (None: the job came over MQTT: event-driven flow)
     gm: GmView | None = None
     #: how many reported conditions the GM's copy holds once the GM has taken in every status
-    #: the job sent it: only such a copy shows what the GM did after them
+    #: the job sent it: only such a copy shows what the GM did after them (0 once a copy did)
     gm_reported: int = 0
     #: when the job last sent the GM a status (ms)
     gm_sent_ms: int = 0

@@ -12,7 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.conditions import REPORTED_BY_LC, view_of
+from service.core.conditions import REPORTED_BY_LC, STAGED_DOUBT_MS, view_of
 from service.core.effects import CopyModel, Publish, WriteRound, gm_accepts
 from service.core.events import JobApplied, ModelCopied, RollbackRequested
 from service.core.gate import GateSpec
@@ -359,3 +359,44 @@ def test_a_ready_the_gms_write_back_dropped_is_sent_again() -> None:
     gm.step("Eval", "Ready", {"input": {"outputDir": f"{OUT}/eval/1"}})
     driver.now_ms += 60_000
     assert readies(driver.tick()) == [], "taken in at last"
+
+
+def test_a_staged_eval_believes_the_gm_soon_when_its_write_back_dropped_the_completed() -> None:
+    """The GM's pod path completed the train stage and wrote back over the forwarded
+    `completed`: the copy shows Eval/Waiting but never the job's status. The eval starts
+    once the doubt is over, not a resend interval later."""
+    driver, gm = started()
+    driver.written("train")
+    gm.step("Train", "Ready", {"input": {"outputDir": f"{OUT}/train/1"}})
+    driver.apply(report("train", "completed", f"{OUT}/train/1/m.pkl"))
+    assert driver.job.step == "staged"
+    due = driver.job.next_check_ms
+    assert due is not None and due == driver.now_ms + STAGED_DOUBT_MS
+    gm.add("Train", "Completed")  # the GM's own; the forwarded one is lost
+    gm.taken -= 1  # (not taken in: the write-back dropped it)
+    gm.conditions[-1] = JobCondition(stage="Train", type="Completed")
+    gm.step("Eval", "Waiting")
+    assert driver.job.step == "staged", "a copy lacking the completed is doubted at first"
+    driver.now_ms += STAGED_DOUBT_MS - 1
+    driver.tick()
+    assert driver.job.step == "staged"
+    driver.now_ms += 1
+    driver.tick()
+    assert driver.job.step == "preparing" and driver.last_write().phase == "eval"
+    assert readies(driver.written("eval")) == [("eval", "ready")]
+
+
+def test_a_copy_after_one_that_held_every_status_counts_though_it_lost_one() -> None:
+    """Once a copy held the forwarded `completed`, a later copy the write-back wrote without
+    it still comes after it: its Eval/Waiting starts the eval at once."""
+    driver, gm = started()
+    driver.written("train")
+    gm.step("Train", "Ready", {"input": {"outputDir": f"{OUT}/train/1"}})
+    driver.apply(report("train", "completed", f"{OUT}/train/1/m.pkl"))
+    gm.step("Train", "Completed")  # the forwarded one, taken in
+    assert driver.job.step == "staged"
+    del gm.conditions[-1]  # the GM's write-back from its older copy drops it again...
+    gm.add("Train", "Completed")
+    gm.conditions[-1] = JobCondition(stage="Train", type="Completed")
+    gm.step("Eval", "Waiting")  # ...and moves on
+    assert driver.job.step == "preparing" and driver.last_write().phase == "eval"
