@@ -39,7 +39,6 @@ the callers translate them (missing source, transient or permanent failure).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
@@ -50,6 +49,7 @@ import posixpath
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from service.core.paths import DataRoots, segments
 from service.errors import ConfigError, Refused
@@ -114,6 +114,14 @@ def resolve_root(root: str) -> str:
     return real
 
 
+class Directory(NamedTuple):
+    """A directory opened by ``LocalFiles.directory``."""
+
+    fd: int
+    #: whether this call made it: then it holds nothing but what others put there since
+    made: bool
+
+
 class LocalFiles:
     """Opens a job's local files for reading and its directories for writing, by the policy."""
 
@@ -136,25 +144,25 @@ class LocalFiles:
         root, names = self._locate(path)
         if not names:
             raise NotAllowed(f"{path} is a directory, not a regular file")
-        parent = self._open_beneath(root, names[:-1], create=False)
+        parent, _ = self._open_beneath(root, names[:-1], create=False)
         try:
             return _open_regular(parent, names[-1], path)
         finally:
             os.close(parent)
 
     @contextmanager
-    def directory(self, path: str, *, create: bool) -> Iterator[int]:
-        """A descriptor of the directory ``path``, creating missing components if ``create``.
+    def directory(self, path: str, *, create: bool) -> Iterator[Directory]:
+        """The directory ``path`` opened, creating missing components if ``create``.
 
-        Write beneath it with ``dir_fd=`` calls: they land in the directory the walk checked
-        even if a component is swapped for a symlink afterwards.
+        Write beneath its descriptor with ``dir_fd=`` calls: they land in the directory the
+        policy checked even if a component is swapped for a symlink afterwards.
         """
         root, names = self._locate(path)
-        fd = self._open_beneath(root, names, create=create)
+        opened = Directory(*self._open_beneath(root, names, create=create))
         try:
-            yield fd
+            yield opened
         finally:
-            os.close(fd)
+            os.close(opened.fd)
 
     def _locate(self, path: str) -> tuple[str, tuple[str, ...]]:
         """The root to start from and the components below it; ``NotAllowed`` by the
@@ -166,14 +174,15 @@ class LocalFiles:
             raise NotAllowed(problem or f"{path} is not under a data root")
         return root, parts[len(root_parts) :]
 
-    def _open_beneath(self, root: str, names: tuple[str, ...], *, create: bool) -> int:
+    def _open_beneath(self, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
         """A descriptor of the directory ``names`` beneath ``root``, opened in one call
-        where the kernel can; a missing one made (if ``create``) under its parent's."""
+        where the kernel can, and whether it was made: a missing one is (if ``create``),
+        under its parent's descriptor."""
         openat2 = self._openat2
         if openat2 is None:
             return self._walk(root, names, create=create)
         try:
-            return openat2(posixpath.join(self._real[root], *names), _OPEN_DIR)
+            return openat2(posixpath.join(self._real[root], *names), _OPEN_DIR), False
         except FileNotFoundError:
             if not create:
                 raise
@@ -181,34 +190,34 @@ class LocalFiles:
                 return self._walk(root, names, create=True)
         except OSError:  # a link or a file on the way: the walk says which (or a race ended)
             return self._walk(root, names, create=create)
-        parent = self._open_beneath(root, names[:-1], create=True)
+        parent, _ = self._open_beneath(root, names[:-1], create=True)
         try:
             return _open_step(parent, root, names, create=True)
         finally:
             os.close(parent)
 
-    def _walk(self, root: str, names: tuple[str, ...], *, create: bool) -> int:
-        fd = self._open_root(root, create=create)
+    def _walk(self, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
+        fd, made = self._open_root(root, create=create)
         try:
             for depth in range(len(names)):
-                inner = _open_step(fd, root, names[: depth + 1], create=create)
+                inner, made = _open_step(fd, root, names[: depth + 1], create=create)
                 os.close(fd)
                 fd = inner
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, made
 
-    def _open_root(self, root: str, *, create: bool) -> int:
+    def _open_root(self, root: str, *, create: bool) -> tuple[int, bool]:
         """A descriptor of the root, reached from "/" along its resolved path without
         following a link (one swapped in since start-up is refused), the missing part of
         that path made first if ``create`` (an output root that does not exist yet)."""
         real = self._real[root]
-        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd, made = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), False
         try:
             for name in segments(real) or ():
                 try:
-                    inner = _open_dir(fd, name, create=create)
+                    inner, made = _open_dir(fd, name, create=create)
                 except OSError as e:
                     if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                         raise
@@ -221,12 +230,13 @@ class LocalFiles:
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, made
 
 
-def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) -> int:
+def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
     """The directory ``names[-1]`` in ``parent`` (the directory ``names[:-1]`` beneath
-    ``root``), made first if missing and ``create``; ``NotAllowed`` if it is no directory."""
+    ``root``), made first if missing and ``create``, and whether it was made; ``NotAllowed``
+    if it is no directory."""
     name = names[-1]
     try:
         return _open_dir(parent, name, create=create)
@@ -237,19 +247,23 @@ def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) 
         raise _not_wanted(posixpath.join(root, *names), mode, "a directory") from e
 
 
-def _open_dir(parent: int, name: str, *, create: bool) -> int:
+def _open_dir(parent: int, name: str, *, create: bool) -> tuple[int, bool]:
     """A descriptor of the directory ``name`` in ``parent`` (never through a symlink),
-    made first if missing and ``create``. Opened first: every round writes into directories
-    that mostly exist already, and a mkdir that fails with EEXIST costs as much as one that
-    succeeds."""
+    made first if missing and ``create``, and whether this call made it. Opened first:
+    every round writes into directories that mostly exist already, and a mkdir that fails
+    with EEXIST costs as much as one that succeeds."""
     try:
-        return os.open(name, _OPEN_DIR, dir_fd=parent)
+        return os.open(name, _OPEN_DIR, dir_fd=parent), False
     except FileNotFoundError:
         if not create:
             raise
-    with contextlib.suppress(FileExistsError):  # another writer made it meanwhile
+    try:
         os.mkdir(name, dir_fd=parent)
-    return os.open(name, _OPEN_DIR, dir_fd=parent)
+    except FileExistsError:  # another writer made it meanwhile
+        made = False
+    else:
+        made = True
+    return os.open(name, _OPEN_DIR, dir_fd=parent), made
 
 
 def _open_regular(parent: int, name: str, path: str) -> int:

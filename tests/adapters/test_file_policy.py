@@ -640,8 +640,10 @@ def test_dot_dot_and_missing_roots(tmp_path: Path, in_one_call: bool) -> None:
         pass
     later = tmp_path / "later"
     files = LocalFiles(DataRoots(roots=(str(later),)), in_one_call=in_one_call)
-    with files.directory(str(later / "out" / "deploy"), create=True) as fd:
-        assert os.fstat(fd).st_ino == (later / "out" / "deploy").stat().st_ino
+    for made in (True, False):
+        with files.directory(str(later / "out" / "deploy"), create=True) as opened:
+            assert os.fstat(opened.fd).st_ino == (later / "out" / "deploy").stat().st_ino
+            assert opened.made is made
     with pytest.raises(FileNotFoundError):
         files.open_regular(str(later / "out" / "none"))
 
