@@ -7,7 +7,10 @@ Layout of each test: `root/` is the only data root; `root/out/` is the job's out
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import platform
 import re
 import socket
 import stat
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from service.adapters import files as files_module
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
 from service.adapters.files import LocalFiles, NotAllowed
@@ -90,11 +94,11 @@ class Layout:
         }
 
 
-def layout_in(tmp_path: Path, **caps: int) -> Layout:
+def layout_in(tmp_path: Path, *, in_one_call: bool = True, **caps: int) -> Layout:
     root, outside, staging = tmp_path / "root", tmp_path / "outside", tmp_path / "staging"
     for d in (root / "out", outside, staging):
         d.mkdir(parents=True)
-    files = LocalFiles(DataRoots(roots=(str(root),)))
+    files = LocalFiles(DataRoots(roots=(str(root),)), in_one_call=in_one_call)
     store = BlobStore(
         S3Clients(), files=files, attempts=3, max_backoff_s=0.01, tmp_dir=str(staging), **caps
     )
@@ -102,9 +106,14 @@ def layout_in(tmp_path: Path, **caps: int) -> Layout:
     return Layout(root, root / "out", outside, staging, files, store, reader)
 
 
-@pytest.fixture
-def lay(tmp_path: Path) -> Layout:
-    return layout_in(tmp_path)
+#: Both ways of reaching a path: one openat2 call, and the walk one component at a time
+#: (where the kernel has no openat2); every attack here is tried on each.
+WAYS = pytest.mark.parametrize("in_one_call", [True, False], ids=["openat2", "walk"])
+
+
+@pytest.fixture(params=[True, False], ids=["openat2", "walk"])
+def lay(tmp_path: Path, request: pytest.FixtureRequest) -> Layout:
+    return layout_in(tmp_path, in_one_call=request.param)
 
 
 def deployed(lay: Layout, content: bytes = b"the deployed model") -> None:
@@ -409,13 +418,15 @@ def test_a_symlinked_round_dir_is_refused(lay: Layout, link: str) -> None:
 # ================================================================ F10: system directories
 
 
-def test_system_directories_are_refused_at_effect_time(tmp_path: Path) -> None:
+@WAYS
+def test_system_directories_are_refused_at_effect_time(tmp_path: Path, in_one_call: bool) -> None:
     """Seen through a volume prefix, as in a Sedna pod: `<rootfs>/etc` is the host's /etc."""
     rootfs = tmp_path / "rootfs"
     dataset = rootfs / "data" / "d.txt"
     dataset.parent.mkdir(parents=True)
     dataset.write_bytes(b"s0\n")
-    files = LocalFiles(DataRoots(roots=(str(rootfs),), prefix=str(rootfs)))
+    roots = DataRoots(roots=(str(rootfs),), prefix=str(rootfs))
+    files = LocalFiles(roots, in_one_call=in_one_call)
     store = BlobStore(S3Clients(), files=files, attempts=1, tmp_dir=str(tmp_path))
     for target, system in (("etc/cron.d", "/etc"), ("usr/lib", "/usr"), ("proc/1", "/proc")):
         with pytest.raises(Refused, match=f"system directory {system}"):
@@ -535,13 +546,17 @@ def test_roots_in_directories_others_can_change_are_refused(
         LocalFiles(roots)
 
 
-def test_a_root_is_resolved_once_and_never_followed_later(tmp_path: Path) -> None:
+@WAYS
+def test_a_root_is_resolved_once_and_never_followed_later(
+    tmp_path: Path, in_one_call: bool
+) -> None:
     real = tmp_path / "volume"
     (real / "d.txt").parent.mkdir()
     (real / "d.txt").write_text("s0\ns1\n")
     mount = tmp_path / "mount"
     mount.symlink_to(real)  # the operator's root may be a link: followed once, at start
-    reader = DatasetReader(S3Clients(), files=LocalFiles(DataRoots(roots=(str(mount),))))
+    files = LocalFiles(DataRoots(roots=(str(mount),)), in_one_call=in_one_call)
+    reader = DatasetReader(S3Clients(), files=files)
     assert reader.poll(str(mount / "d.txt"), "txt", Cursor(), None).num_samples == 2
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -587,3 +602,72 @@ def test_old_rounds_are_pruned_but_kept_ones_and_foreign_content_stay(lay: Layou
     assert sorted(p.name for p in phase.iterdir()) == ["1", "2", "5", "6", "latest"]
     assert sorted(p.name for p in (phase / "2").iterdir()) == ["notes.txt"]
     assert lay.store.prune_rounds("s3://b/out/data/train/6/data.txt", lambda v: False) == []
+
+
+# ================================================================ F11: the two ways to a path
+
+
+def test_openat2_follows_no_link_anywhere_on_the_path(tmp_path: Path) -> None:
+    openat2 = files_module.kernel_openat2()
+    if openat2 is None:
+        pytest.skip("this kernel has no openat2 (paths are walked)")
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "a" / "last").symlink_to(inner)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = openat2(str(inner), flags)
+    try:
+        assert os.fstat(fd).st_ino == inner.stat().st_ino
+    finally:
+        os.close(fd)
+    for through in (tmp_path / "link" / "b", tmp_path / "a" / "last"):
+        with pytest.raises(OSError) as refused:
+            os.close(openat2(str(through), flags))
+        assert refused.value.errno == errno.ELOOP
+
+
+@WAYS
+def test_dot_dot_and_missing_roots(tmp_path: Path, in_one_call: bool) -> None:
+    """'..' never climbs out of a root; a root that does not exist yet is made on a write."""
+    lay = layout_in(tmp_path, in_one_call=in_one_call)
+    (lay.outside / "secret").write_bytes(b"secret")
+    escape = f"{lay.out}/../../outside"
+    refused = re.escape("is not an absolute path without '..'")
+    with pytest.raises(NotAllowed, match=refused):
+        lay.files.open_regular(f"{escape}/secret")
+    with pytest.raises(NotAllowed, match=refused), lay.files.directory(escape, create=True):
+        pass
+    later = tmp_path / "later"
+    files = LocalFiles(DataRoots(roots=(str(later),)), in_one_call=in_one_call)
+    for made in (True, False):
+        with files.directory(str(later / "out" / "deploy"), create=True) as opened:
+            assert os.fstat(opened.fd).st_ino == (later / "out" / "deploy").stat().st_ino
+            assert opened.made is made
+    with pytest.raises(FileNotFoundError):
+        files.open_regular(str(later / "out" / "none"))
+
+
+@pytest.mark.parametrize(
+    ("machine", "number", "why"),
+    [
+        ("vax", None, "no openat2 system call known on vax"),
+        ("x86_64", 1 << 20, "openat2 fails here"),  # ENOSYS, as a seccomp filter answers
+    ],
+)
+def test_without_openat2_paths_are_walked_and_the_log_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    machine: str,
+    number: int | None,
+    why: str,
+) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(files_module, "_SYS_OPENAT2", {} if number is None else {machine: number})
+    with caplog.at_level(logging.INFO, logger=files_module.__name__):
+        assert files_module.kernel_openat2.__wrapped__() is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{why}"
+        + ("" if number is None else " (Function not implemented)")
+        + ": local paths are walked one component at a time"
+    ]

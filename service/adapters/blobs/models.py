@@ -125,11 +125,12 @@ class ModelCopier:
             self._check_model_size(url, source.size)
             if expect is not None and source.size != expect.size:
                 raise _changed(url, None, expect, source.size)
-            buffer = memoryview(bytearray(BLOCK_BYTES))
+            # a block, or the whole model if smaller: zeroing a block for a small model costs
+            # more than copying it
+            buffer = memoryview(bytearray(max(1, min(BLOCK_BYTES, source.size))))
             digest = _Digest()
             if isinstance(source, LocalSource):
                 _copy_extents(source, out, buffer, digest)
-                out.truncate(source.size)
             else:
                 _copy_stream(source, out, buffer, digest)
             return digest.result()
@@ -170,18 +171,23 @@ def _changed(
 def _copy_extents(
     source: LocalSource, out: PipelinedWriter, buffer: memoryview, digest: _Digest
 ) -> None:
-    """The data stretches of a local source, each at its own offset in ``out``."""
+    """The data stretches of a local source, each at its own offset in ``out`` (a new,
+    empty file), which is then cut to the source's size: a hole before a stretch or at the
+    end stays one."""
     position = 0
     for start, end in source.extents():
-        digest.zeros(start - position)
-        out.seek(start)
-        position = start
+        if start != position:
+            digest.zeros(start - position)
+            out.seek(start)
+            position = start
         while position < end and (size := source.read_at(buffer[: end - position], position)):
             digest.update(buffer[:size])
             out.write(buffer[:size])
             position += size
             failpoints.hit("blob-mid-copy", out)
-    digest.zeros(source.size - position)
+    if position != source.size:  # a hole at the end (or a source cut short since its open)
+        digest.zeros(source.size - position)
+        out.truncate(source.size)
 
 
 def _copy_stream(

@@ -186,7 +186,7 @@ def prune(files: LocalFiles, phase_dir: str, keep: Callable[[int], bool]) -> lis
     versions. A directory that holds anything else, or is not a directory, is left as it is;
     nothing is followed through a link."""
     removed = []
-    with files.directory(phase_dir, create=False) as parent:
+    with files.directory(phase_dir, create=False) as (parent, _):
         for name in os.listdir(parent):
             if not name.isdecimal() or keep(int(name)):
                 continue

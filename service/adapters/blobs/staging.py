@@ -7,12 +7,13 @@ by the file access policy (``LocalFiles``), and the temporary file is created, r
 removed through that directory's descriptor, never through the path again. S3 targets are
 uploaded from a temporary file. Temporary files are removed on every path; the ones a writer
 on this host left when it died mid-write (a crash: no ``finally`` ran) are swept by the next
-writer in the same directory.
+writer in the same directory (but for one that writer has just made, which holds none).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import posixpath
 import secrets
@@ -70,19 +71,22 @@ class Staging:
         context = f"writing {path}"
         directory, name = posixpath.split(path)
         prefix = f".{name}."
-        with io_errors(context), self._files.directory(directory, create=True) as dir_fd:
-            _sweep_dead_writers(dir_fd, prefix)
+        with io_errors(context), self._files.directory(directory, create=True) as (dir_fd, made):
+            if not made:
+                _sweep_dead_writers(dir_fd, prefix)
             tmp_name, fd = _create_temporary(dir_fd, prefix)
             try:
-                with os.fdopen(fd, "wb") as out:
+                # a buffer size given spares the isatty() probe of a default one
+                with os.fdopen(fd, "wb", buffering=io.DEFAULT_BUFFER_SIZE) as out:
                     yield out
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                os.fsync(dir_fd)  # the rename itself is durable
-            finally:
+            except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp_name, dir_fd=dir_fd)
+                raise
+            os.fsync(dir_fd)  # the rename itself is durable
 
     def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
         location = s3.parse_s3_url(url)

@@ -107,21 +107,22 @@ class BlobStore:
         """
 
         def once() -> int:
-            with round_writer(
-                self._staging,
-                fmt=fmt,
-                data_url=data_url,
-                index_url=index_url,
-                index_prefix=index_prefix,
-                cred=dest_cred,
-                max_bytes=self._max_round,
-            ) as writer:
+            with (
+                round_writer(
+                    self._staging,
+                    fmt=fmt,
+                    data_url=data_url,
+                    index_url=index_url,
+                    index_prefix=index_prefix,
+                    cred=dest_cred,
+                    max_bytes=self._max_round,
+                ) as writer,
+                open_source(self._s3, self._files, source_url, source_cred) as source,
+            ):
+                # one open serves every run: each is a scan from the start of what it saw
+                check_dataset_size(source_url, source.size, self._max_dataset)
                 for run in ascending_runs(ranges) or [[]]:
-                    with open_source(self._s3, self._files, source_url, source_cred) as source:
-                        check_dataset_size(source_url, source.size, self._max_dataset)
-                        copy_run(
-                            source, run, writer, url=source_url, fmt=fmt, max_line=self._max_line
-                        )
+                    copy_run(source, run, writer, url=source_url, fmt=fmt, max_line=self._max_line)
                 return writer.written
 
         return self._retry(once)

@@ -210,7 +210,7 @@ def open_local(files: LocalFiles, path: str) -> io.BufferedReader:
         raise NotAllowed(f"{path}: permission denied") from e
     except OSError as e:
         raise translate_io(e, f"reading {path}") from e
-    return os.fdopen(fd, "rb")
+    return io.BufferedReader(io.FileIO(fd, "r"))  # os.fdopen's isatty() probe spared
 
 
 def read_exact(read_into: ReadInto, n: int) -> bytes:
