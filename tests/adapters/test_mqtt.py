@@ -20,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from paho.mqtt.enums import MQTTProtocolVersion
+from paho.mqtt import _packet as paho_packet
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
+from service.adapters.mqtt.paho_client import (
+    PUBACK_NO_PROPERTIES,
+    PUBACK_TAKEN,
+    LeanClient,
+)
 from service.errors import ConfigError
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running
 from tests.wait import wait_until
@@ -580,6 +586,55 @@ def test_done_callbacks_may_publish_while_other_threads_publish(mosquitto: Serve
         tickets = [client.publish("direct/out", b"d") for _ in range(count)]
         assert chained_done.wait(20)
         assert all(ticket.wait(10) for ticket in tickets)
+
+
+@pytest.mark.parametrize("pin", ["", "?protocol=3.1.1"])
+def test_a_bare_puback_completes_its_publish_without_pahos_decoder(
+    mosquitto: Server, pin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LeanClient` reads a bare PUBACK's packet id itself; should paho rename or reshape the
+    method it overrides, its decoder would run again (or nothing would complete) and this
+    fails."""
+    decoded: list[int] = []
+    decode_puback = paho_packet.decode_puback
+
+    def counting(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
+        decoded.append(len(packet))
+        return decode_puback(header, packet, protocol)
+
+    monkeypatch.setattr(paho_packet, "decode_puback", counting)
+    with client_for(url_of(mosquitto) + pin) as client:
+        assert isinstance(client._paho, LeanClient)  # test-only peek
+        tickets = [client.publish("lean/out", b"m") for _ in range(200)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        assert not any(ticket.refused for ticket in tickets)
+    assert decoded == []
+
+
+@pytest.mark.parametrize(
+    "protocol, tail",
+    [(MQTTProtocolVersion.MQTTv311, b""), (MQTTProtocolVersion.MQTTv5, b"")]
+    + [(MQTTProtocolVersion.MQTTv5, bytes([code])) for code in PUBACK_TAKEN]
+    + [(MQTTProtocolVersion.MQTTv5, bytes([code, 0])) for code in PUBACK_TAKEN],
+)
+@pytest.mark.parametrize("mid", [1, 255, 256, 4660, 65535])
+def test_a_bare_puback_means_to_paho_what_lean_client_reads(
+    protocol: MQTTProtocolVersion, tail: bytes, mid: int
+) -> None:
+    """paho's own decoder reads every bare PUBACK as its packet id, a reason code that is no
+    failure and no properties, as `LeanClient` does; a refusal or properties are left to it."""
+    client = LeanClient(CallbackAPIVersion.VERSION2, protocol=protocol)
+    packet = bytearray(mid.to_bytes(2, "big") + tail)
+    decoded = paho_packet.decode_puback(0x40, packet, protocol)
+    read = client._bare_puback_reason(packet)
+    assert read is not None
+    assert (decoded.mid, decoded.reason.value) == (mid, read.value)
+    assert not read.is_failure and not decoded.reason.is_failure
+    assert decoded.properties.json() == PUBACK_NO_PROPERTIES.json() == {}
+    refused = bytearray(mid.to_bytes(2, "big") + b"\x87")
+    with_properties = bytearray(mid.to_bytes(2, "big") + b"\x00\x03\x1f\x00\x00")
+    assert client._bare_puback_reason(refused) is None
+    assert client._bare_puback_reason(with_properties) is None
 
 
 def test_subscriptions_renewed_after_broker_restart(mosquitto: Server) -> None:

@@ -8,6 +8,8 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
   CONNACK.
 - Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
   3.1.1 the clean session flag is fixed when the object is made.
+- `LeanClient`: a bare PUBACK (the broker's "success, no properties": the packet id alone)
+  completes its publish without paho decoding a reason code and a properties object for it.
 - `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
   id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
   DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
@@ -20,10 +22,10 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -35,8 +37,57 @@ from service.errors import ConfigError
 log = logging.getLogger("service.mqtt")
 
 _QOS_WILL = 1
+_PACKET_ID_LENGTH = 2
 # MQTT 5 reason code of a DISCONNECT asking the broker to publish the will (spec, 2.4).
 DISCONNECT_WITH_WILL = 0x04
+
+
+# The reason codes of a PUBACK whose message the broker took, each made once: every such
+# PUBACK hands these same objects to ``on_publish``, which must only read them.
+PUBACK_TAKEN = {
+    code: ReasonCode(PacketTypes.PUBACK, identifier=code)
+    for code in (0x00, 0x10)  # Success; No matching subscribers
+}
+PUBACK_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+
+
+class LeanClient(paho.Client):
+    """A paho client that completes a publish on a bare PUBACK without decoding it.
+
+    A bare PUBACK says the broker took the message and carries no properties: its packet id
+    alone (under 3.1.1 every PUBACK), or under MQTT 5 also a reason code of `PUBACK_TAKEN`,
+    alone or with an empty property length (mosquitto sends the reason code). paho's decoder
+    builds a `ReasonCode` and a `Properties` for each PUBACK, which cost paho's network
+    thread more than the rest of its handling; here the packet id and reason code are read
+    and paho's own completion (`_do_on_publish`, under its lock, as paho calls it) runs with
+    the shared objects. Any other PUBACK (a refusal, properties), and every PUBCOMP, goes
+    through paho's handler. This overrides a private paho method; the tests pin that a bare
+    PUBACK from a real broker takes this path and completes the publish, so a paho that
+    renames or reshapes it fails them instead of quietly decoding again.
+    """
+
+    def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
+        packet = self._in_packet["packet"]
+        reason = self._bare_puback_reason(packet) if cmd == "PUBACK" else None
+        if reason is None:
+            return super()._handle_pubackcomp(cmd)
+        mid = (packet[0] << 8) | packet[1]
+        with self._out_message_mutex:
+            if mid in self._out_messages:  # a duplicate PUBACK completes nothing twice
+                return self._do_on_publish(mid, reason, PUBACK_NO_PROPERTIES)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _bare_puback_reason(self, packet: bytearray) -> ReasonCode | None:
+        """The reason code of a bare PUBACK (the packet after its fixed header); None for any
+        other, which paho's decoder is to read."""
+        size = len(packet)
+        if size == _PACKET_ID_LENGTH:
+            return PUBACK_TAKEN[0x00]
+        if self._protocol != MQTTProtocolVersion.MQTTv5 or size > _PACKET_ID_LENGTH + 2:
+            return None
+        if size == _PACKET_ID_LENGTH + 2 and packet[3] != 0:  # properties follow
+            return None
+        return PUBACK_TAKEN.get(packet[2])
 
 
 def new_client(
@@ -44,7 +95,7 @@ def new_client(
 ) -> paho.Client:
     """A paho client speaking ``protocol``, with credentials, TLS and will set; no callbacks."""
     clean_session = None if protocol == MQTTProtocolVersion.MQTTv5 else settings.clean_start
-    client = paho.Client(
+    client = LeanClient(
         callback_api_version=CallbackAPIVersion.VERSION2,
         client_id=settings.client_id,
         clean_session=clean_session,
