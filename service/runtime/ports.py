@@ -80,10 +80,13 @@ class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
 
 class OutboxStore(Protocol):
     def outbox_read(
-        self, shards: Sequence[int], count: int = 1000
+        self,
+        shards: Sequence[int],
+        count: int = 1000,
+        skip: Mapping[int, tuple[str, str]] | None = None,
     ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]: ...
 
-    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
+    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None: ...
 
 
 class TimerStore(Protocol):
