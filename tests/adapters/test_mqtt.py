@@ -611,6 +611,38 @@ def test_a_bare_puback_completes_its_publish_without_pahos_decoder(
     assert decoded == []
 
 
+class _CountingWakeUps:
+    """Stands in for paho's wake-up socket: counts the bytes each thread writes to it."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.by_thread: dict[str, int] = {}
+
+    def send(self, data: bytes) -> int:
+        name = threading.current_thread().name
+        self.by_thread[name] = self.by_thread.get(name, 0) + 1
+        return int(self._sock.send(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(mosquitto: Server) -> None:
+    """paho keeps 20 publishes in flight and lets the next one out on its own thread as a
+    PUBACK comes: `LeanClient` queues those without writing paho a wake-up byte. Should
+    paho rename or reshape what it overrides, its thread would write them (or nothing would
+    go out) and this fails."""
+    with client_for(url_of(mosquitto)) as client:
+        lean = client._paho  # test-only peek
+        counting = _CountingWakeUps(lean._sockpairW)
+        lean._sockpairW = counting  # type: ignore[assignment]
+        tickets = [client.publish("lean/out", b"m") for _ in range(200)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        assert lean._thread is not None
+        assert counting.by_thread.get(lean._thread.name, 0) == 0
+        assert counting.by_thread.get(threading.current_thread().name, 0) >= 1
+
+
 @pytest.mark.parametrize(
     "protocol, tail",
     [(MQTTProtocolVersion.MQTTv311, b""), (MQTTProtocolVersion.MQTTv5, b"")]

@@ -8,8 +8,9 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
   CONNACK.
 - Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
   3.1.1 the clean session flag is fixed when the object is made.
-- `LeanClient`: a bare PUBACK (the broker's "success, no properties": the packet id alone)
-  completes its publish without paho decoding a reason code and a properties object for it.
+- `LeanClient`: a bare PUBACK (the broker took the message; no properties) completes its
+  publish without paho decoding a reason code and a properties object for it, and a packet
+  paho's own thread queues writes it no wake-up byte.
 - `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
   id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
   DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
@@ -75,6 +76,35 @@ class LeanClient(paho.Client):
         with self._out_message_mutex:
             if mid in self._out_messages:  # a duplicate PUBACK completes nothing twice
                 return self._do_on_publish(mid, reason, PUBACK_NO_PROPERTIES)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _packet_queue(
+        self,
+        command: int,
+        packet: bytes | bytearray,
+        mid: int,
+        qos: int,
+        info: paho.MQTTMessageInfo | None = None,
+    ) -> MQTTErrorCode:
+        """Queue a packet for paho's thread to write. paho also writes a byte to its wake-up
+        socket pair each time, so that its thread leaves ``select``; its own thread needs no
+        such byte (a system call per packet, and another pass of the loop to read it back):
+        it computes what to wait for after handling what it read, and a non-empty queue makes
+        it wait for the socket to be writable. A PUBACK letting the next queued publish out
+        is queued on that thread."""
+        if self._thread is None or threading.current_thread() is not self._thread:
+            return super()._packet_queue(command, packet, mid, qos, info)
+        self._out_packet.append(
+            {
+                "command": command,
+                "mid": mid,
+                "qos": qos,
+                "pos": 0,
+                "to_process": len(packet),
+                "packet": packet,
+                "info": info,
+            }
+        )
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _bare_puback_reason(self, packet: bytearray) -> ReasonCode | None:
