@@ -60,11 +60,14 @@ class OutboxPublisher:
         self._acked: list[Key] = []
         self._last_sweep = 0.0
 
-    def send(self, shard: int, entries: Sequence[tuple[str, OutboxEntry]]) -> None:
-        """Publish just-committed entries now (called by the committing thread)."""
+    def send(self, committed: Sequence[tuple[int, Sequence[tuple[str, OutboxEntry]]]]) -> None:
+        """Publish just-committed entries now, per shard with their stream ids, as one batch
+        (called by the committing thread)."""
         now = self._clock.monotonic_s()
-        for stream_id, entry in entries:
-            self._publish((shard, stream_id), entry, now)
+        with self._mqtt.batch():
+            for shard, entries in committed:
+                for stream_id, entry in entries:
+                    self._publish((shard, stream_id), entry, now)
 
     def wake(self, shards: set[int] | None = None) -> None:
         """Entries may wait unsent in these shards (None: sweep every held shard)."""
@@ -197,18 +200,19 @@ class OutboxPublisher:
                 self._last_sweep = now
         if not shards:
             return
-        for shard, entries in self._store.outbox_read(sorted(shards), skip=skip).items():
-            unreadable: list[str] = []
-            for stream_id, entry in entries:
-                if isinstance(entry, Unreadable):
-                    self._rejections.unreadable(
-                        "outbox", f"shard {shard} entry {stream_id}", entry.reason, entry.raw,
-                        self._clock.now_ms(),
-                    )  # fmt: skip
-                    unreadable.append(stream_id)
-                else:
-                    self._publish((shard, stream_id), entry, now)
-            self._store.outbox_done({shard: unreadable})
+        unreadable: dict[int, list[str]] = {}
+        with self._mqtt.batch():
+            for shard, entries in self._store.outbox_read(sorted(shards), skip=skip).items():
+                for stream_id, entry in entries:
+                    if isinstance(entry, Unreadable):
+                        self._rejections.unreadable(
+                            "outbox", f"shard {shard} entry {stream_id}", entry.reason,
+                            entry.raw, self._clock.now_ms(),
+                        )  # fmt: skip
+                        unreadable.setdefault(shard, []).append(stream_id)
+                    else:
+                        self._publish((shard, stream_id), entry, now)
+        self._store.outbox_done(unreadable)
 
 
 def _spans(keys: Iterable[Key]) -> dict[int, tuple[str, str]]:

@@ -643,6 +643,29 @@ def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(mosquitto: Se
         assert counting.by_thread.get(threading.current_thread().name, 0) >= 1
 
 
+def test_a_batch_of_publishes_wakes_pahos_thread_once(mosquitto: Server) -> None:
+    """Inside `MqttClient.batch` the publishing thread queues its packets without waking
+    paho's thread, and wakes it once at the end: all go out."""
+    url = url_of(mosquitto)
+    with client_for(url, subscriptions=("lean/+",)) as sub, client_for(url) as client:
+        subscribed(sub, url, "lean/probe")
+        lean = client._paho  # test-only peek
+        counting = _CountingWakeUps(lean._sockpairW)
+        lean._sockpairW = counting  # type: ignore[assignment]
+        with client.batch():
+            tickets = [client.publish("lean/out", str(n).encode()) for n in range(10)]
+            with client.batch():  # nested: the outer one wakes
+                tickets.append(client.publish("lean/out", b"10"))
+        assert counting.by_thread == {threading.current_thread().name: 1}
+        assert all(ticket.wait(10) for ticket in tickets)
+        received: list[bytes] = []
+        while len(received) < 11:
+            payload = get(sub.inbound).payload
+            if payload != b"probe":  # a late copy of the subscription's proof
+                received.append(payload)
+        assert received == [str(n).encode() for n in range(11)]
+
+
 @pytest.mark.parametrize(
     "protocol, tail",
     [(MQTTProtocolVersion.MQTTv311, b""), (MQTTProtocolVersion.MQTTv5, b"")]

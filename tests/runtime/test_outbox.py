@@ -5,6 +5,7 @@ the same entry at once, publish it once."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 from collections.abc import Mapping, Sequence
 
@@ -28,7 +29,9 @@ def rejections(dead_letters: DeadLetters, publisher: Publisher) -> Rejections:
                       errors_topic="sedna/node1/errors", metrics=Metrics())  # fmt: skip
 
 
-def test_finish_forgets_what_the_broker_acknowledged(mosquitto: Server, redis_proc: Server) -> None:
+def test_finish_forgets_what_the_broker_acknowledged(
+    mosquitto: Server, redis_proc: Server
+) -> None:
     store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"))
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     inbound: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
@@ -56,7 +59,7 @@ def test_finish_forgets_what_the_broker_acknowledged(mosquitto: Server, redis_pr
             store, publisher, lambda: [SHARD], clock=SystemClock(),
             rejections=rejections(store, publisher),
         )  # fmt: skip
-        outbox.send(SHARD, [(stream_id, entry) for stream_id in ids])
+        outbox.send([(SHARD, [(stream_id, entry) for stream_id in ids])])
         assert inbound.get(timeout=5).payload == entry.payload
         # acknowledged, but no outbox thread ran to delete it: a stop now would leave it
         assert [i for i, _ in store.outbox_read([SHARD])[SHARD]] == ids
@@ -75,6 +78,9 @@ class _RacingMqtt:
     def __init__(self) -> None:
         self.published: list[bytes] = []
         self.meanwhile: list[object] = []
+
+    def batch(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
     def publish(self, topic: str, payload: bytes, qos: int = 1) -> PublishTicket:
         self.published.append(payload)
@@ -105,10 +111,10 @@ def test_an_entry_the_sweep_is_publishing_is_not_sent_again_by_the_committer() -
         _OneEntryOutbox(entry), mqtt, lambda: [SHARD], clock=SystemClock(),  # type: ignore[arg-type]
         rejections=rejections(None, mqtt),  # type: ignore[arg-type]
     )  # fmt: skip
-    mqtt.meanwhile.append(lambda: outbox.send(SHARD, [("1-0", entry)]))
+    mqtt.meanwhile.append(lambda: outbox.send([(SHARD, [("1-0", entry)])]))
     outbox.run_once()  # the sweep publishes the entry; the committer's send comes meanwhile
     assert mqtt.published == [b"{}"]
-    outbox.send(SHARD, [("1-0", entry)])  # and once it is in flight
+    outbox.send([(SHARD, [("1-0", entry)])])  # and once it is in flight
     assert mqtt.published == [b"{}"]
 
 
@@ -117,6 +123,9 @@ class _Acking:
 
     def __init__(self) -> None:
         self.tickets: dict[bytes, PublishTicket] = {}
+
+    def batch(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
     def publish(self, topic: str, payload: bytes, qos: int = 1) -> PublishTicket:
         self.tickets[payload] = PublishTicket(len(self.tickets) + 1)
@@ -163,8 +172,7 @@ def test_acknowledged_entries_of_every_shard_are_deleted_in_one_round_trip() -> 
         store, mqtt, lambda: [], clock=SystemClock(),  # type: ignore[arg-type]
         rejections=rejections(None, mqtt),  # type: ignore[arg-type]
     )  # fmt: skip
-    for shard, entries in stream.items():
-        outbox.send(shard, entries)
+    outbox.send(list(stream.items()))
     for payload in (b"1/0", b"2/1", b"1/2", b"2/0"):
         mqtt.ack(payload)
     outbox.run_once()
@@ -181,7 +189,7 @@ def test_the_periodic_sweep_does_not_read_back_what_is_in_flight() -> None:
         store, mqtt, lambda: [1, 2, 3], clock=SystemClock(),  # type: ignore[arg-type]
         rejections=rejections(None, mqtt),  # type: ignore[arg-type]
     )  # fmt: skip
-    outbox.send(1, [stream[1][3], stream[1][1], stream[1][2]])
+    outbox.send([(1, [stream[1][3], stream[1][1], stream[1][2]])])
     outbox.wake({2})  # shard 2 is dirty: read whole
     outbox.run_once()
     assert store.reads == [{1: ("1-1", "1-3"), 2: None, 3: None}]

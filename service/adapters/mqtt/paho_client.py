@@ -9,8 +9,9 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
 - Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
   3.1.1 the clean session flag is fixed when the object is made.
 - `LeanClient`: a bare PUBACK (the broker took the message; no properties) completes its
-  publish without paho decoding a reason code and a properties object for it, and a packet
-  paho's own thread queues writes it no wake-up byte.
+  publish without paho decoding a reason code and a properties object for it; a packet
+  paho's own thread queues writes it no wake-up byte, and a `LeanClient.batch` of packets
+  one in all.
 - `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
   id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
   DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
@@ -20,9 +21,11 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import threading
+from collections.abc import Iterator
 from typing import Any, Literal, cast
 
 import paho.mqtt.client as paho
@@ -39,6 +42,7 @@ log = logging.getLogger("service.mqtt")
 
 _QOS_WILL = 1
 _PACKET_ID_LENGTH = 2
+_WAKE_UP = b"0"  # the byte paho writes to its wake-up socket pair
 # MQTT 5 reason code of a DISCONNECT asking the broker to publish the will (spec, 2.4).
 DISCONNECT_WITH_WILL = 0x04
 
@@ -78,6 +82,33 @@ class LeanClient(paho.Client):
                 return self._do_on_publish(mid, reason, PUBACK_NO_PROPERTIES)
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._batch = threading.local()  # per thread: inside `batch`, and anything queued
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Packets this thread queues inside (publishes, acks) wake paho's thread once, at
+        the end, instead of once each: it then writes them in one pass."""
+        if getattr(self._batch, "open", False):
+            yield
+            return
+        self._batch.open, self._batch.queued = True, False
+        try:
+            yield
+        finally:
+            self._batch.open = False
+            if self._batch.queued:
+                self._wake()
+
+    def _wake(self) -> None:
+        """What paho does after queueing a packet: one byte on its wake-up socket pair, so
+        that its thread leaves ``select`` and writes."""
+        sock = self._sockpairW
+        if sock is not None:
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                sock.send(_WAKE_UP)
+
     def _packet_queue(
         self,
         command: int,
@@ -86,14 +117,19 @@ class LeanClient(paho.Client):
         qos: int,
         info: paho.MQTTMessageInfo | None = None,
     ) -> MQTTErrorCode:
-        """Queue a packet for paho's thread to write. paho also writes a byte to its wake-up
-        socket pair each time, so that its thread leaves ``select``; its own thread needs no
-        such byte (a system call per packet, and another pass of the loop to read it back):
-        it computes what to wait for after handling what it read, and a non-empty queue makes
-        it wait for the socket to be writable. A PUBACK letting the next queued publish out
-        is queued on that thread."""
-        if self._thread is None or threading.current_thread() is not self._thread:
+        """Queue a packet for paho's thread to write. paho also wakes that thread each time
+        (`_wake`); here it is not woken for a packet queued inside `batch` (`batch` wakes it
+        once at the end), nor for one queued on that thread itself: it computes what to
+        wait for after handling what it read, and a non-empty queue makes it wait for the
+        socket to be writable. A PUBACK letting the next queued publish out is queued on
+        that thread."""
+        thread = self._thread
+        if thread is None:
             return super()._packet_queue(command, packet, mid, qos, info)
+        if threading.current_thread() is not thread:
+            if not getattr(self._batch, "open", False):
+                return super()._packet_queue(command, packet, mid, qos, info)
+            self._batch.queued = True
         self._out_packet.append(
             {
                 "command": command,
@@ -122,7 +158,7 @@ class LeanClient(paho.Client):
 
 def new_client(
     settings: MqttSettings, endpoint: MqttEndpoint, protocol: MQTTProtocolVersion
-) -> paho.Client:
+) -> LeanClient:
     """A paho client speaking ``protocol``, with credentials, TLS and will set; no callbacks."""
     clean_session = None if protocol == MQTTProtocolVersion.MQTTv5 else settings.clean_start
     client = LeanClient(
