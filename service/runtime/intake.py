@@ -183,8 +183,7 @@ class Intake:
             accepted.append((msg, shard, encode_accepted(event), digest))
         if accepted and self._append(accepted):
             failpoints.hit("intake-before-ack")
-            for msg, *_ in accepted:
-                self._ack(msg)
+            self._ack_all([msg for msg, *_ in accepted])
 
     def _append(self, accepted: list[tuple[Inbound, int, bytes, str | None]]) -> bool:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
@@ -221,9 +220,17 @@ class Intake:
         return accept_report(msg.topic, worker, msg.payload, now_ms, namespace=namespace)
 
     def _ack(self, msg: Inbound) -> None:
+        self._ack_all([msg])
+
+    def _ack_all(self, msgs: list[Inbound]) -> None:
+        """PUBACK these messages, in one batch (one wake-up of the client's network thread)."""
         with self._lock:
-            if self._client is not None:
-                self._client.ack(msg)
+            client = self._client
+            if client is None:
+                return
+            with client.batch():
+                for msg in msgs:
+                    client.ack(msg)
 
 
 def _digest(msg: Inbound) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from service import failpoints
 from service.adapters.mqtt import PublishTicket
@@ -27,6 +27,8 @@ from service.runtime.rejections import Rejections
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 5.0
+BUSY_WAIT_S = 0.05  # between rounds while entries are in flight
+IDLE_WAIT_S = 1.0
 
 Key = tuple[int, str]  # (shard, outbox stream id)
 
@@ -58,11 +60,14 @@ class OutboxPublisher:
         self._acked: list[Key] = []
         self._last_sweep = 0.0
 
-    def send(self, shard: int, entries: Sequence[tuple[str, OutboxEntry]]) -> None:
-        """Publish just-committed entries now (called by the committing thread)."""
+    def send(self, committed: Sequence[tuple[int, Sequence[tuple[str, OutboxEntry]]]]) -> None:
+        """Publish just-committed entries now, per shard with their stream ids, as one batch
+        (called by the committing thread)."""
         now = self._clock.monotonic_s()
-        for stream_id, entry in entries:
-            self._publish((shard, stream_id), entry, now)
+        with self._mqtt.batch():
+            for shard, entries in committed:
+                for stream_id, entry in entries:
+                    self._publish((shard, stream_id), entry, now)
 
     def wake(self, shards: set[int] | None = None) -> None:
         """Entries may wait unsent in these shards (None: sweep every held shard)."""
@@ -101,7 +106,7 @@ class OutboxPublisher:
         self._forget_acknowledged()
 
     def wait(self, stop: threading.Event) -> None:
-        self._wake.wait(0.05 if self.depth else 1.0)
+        self._wake.wait(BUSY_WAIT_S if self.depth else IDLE_WAIT_S)
         if stop.is_set():
             self._wake.set()
 
@@ -135,27 +140,29 @@ class OutboxPublisher:
             ticket.add_done_callback(lambda: self._on_puback(key))
 
     def _on_puback(self, key: Key) -> None:
-        """Runs on paho's thread: record and wake, nothing more."""
+        """Runs on paho's thread: record, nothing more. No wake: the thread comes round
+        every `BUSY_WAIT_S` while anything is in flight and deletes what was acknowledged
+        meanwhile, all shards' in one round trip."""
         with self._lock:
             self._acked.append(key)
-        self._wake.set()
 
     def _forget_acknowledged(self) -> None:
         with self._lock:
             acked, self._acked = self._acked, []
+        if not acked:
+            return
         by_shard: dict[int, list[str]] = {}
         for shard, stream_id in acked:
             by_shard.setdefault(shard, []).append(stream_id)
-        for shard, stream_ids in by_shard.items():
-            try:
-                self._store.outbox_done(shard, stream_ids)
-            except ServiceError:
-                with self._lock:  # deleted on the next round; sent again at worst
-                    self._acked.extend((shard, s) for s in stream_ids)
-                raise
-            with self._lock:
-                for stream_id in stream_ids:
-                    self._inflight.pop((shard, stream_id), None)
+        try:
+            self._store.outbox_done(by_shard)
+        except ServiceError:
+            with self._lock:  # deleted on the next round; sent again at worst
+                self._acked[:0] = acked
+            raise
+        with self._lock:
+            for key in acked:
+                self._inflight.pop(key, None)
 
     def _expire(self) -> None:
         """Drop unacknowledged entries older than the timeout (the next sweep resends them).
@@ -176,24 +183,52 @@ class OutboxPublisher:
                 self._dirty.add(key[0])
 
     def _sweep(self) -> None:
+        """Publish what waits unsent: every entry of a dirty shard; of the other held shards
+        every `SWEEP_INTERVAL_S`, those outside the span of stream ids in flight (a burst's
+        entries are not read back to be skipped). An entry inside the span is in flight, or
+        acknowledged and about to be deleted, or was dropped in flight, which made its shard
+        dirty; the span moves on as its oldest entries are acknowledged."""
         now = self._clock.monotonic_s()
         with self._lock:
             shards = set(self._dirty)
             self._dirty.clear()
+            skip: dict[int, tuple[str, str]] = {}
             if now - self._last_sweep >= SWEEP_INTERVAL_S:
-                shards |= set(self._held_shards())
+                periodic = set(self._held_shards()) - shards
+                skip = _spans(key for key in self._inflight if key[0] in periodic)
+                shards |= periodic
                 self._last_sweep = now
         if not shards:
             return
-        for shard, entries in self._store.outbox_read(sorted(shards)).items():
-            unreadable: list[str] = []
-            for stream_id, entry in entries:
-                if isinstance(entry, Unreadable):
-                    self._rejections.unreadable(
-                        "outbox", f"shard {shard} entry {stream_id}", entry.reason, entry.raw,
-                        self._clock.now_ms(),
-                    )  # fmt: skip
-                    unreadable.append(stream_id)
-                else:
-                    self._publish((shard, stream_id), entry, now)
-            self._store.outbox_done(shard, unreadable)
+        unreadable: dict[int, list[str]] = {}
+        with self._mqtt.batch():
+            for shard, entries in self._store.outbox_read(sorted(shards), skip=skip).items():
+                for stream_id, entry in entries:
+                    if isinstance(entry, Unreadable):
+                        self._rejections.unreadable(
+                            "outbox", f"shard {shard} entry {stream_id}", entry.reason,
+                            entry.raw, self._clock.now_ms(),
+                        )  # fmt: skip
+                        unreadable.setdefault(shard, []).append(stream_id)
+                    else:
+                        self._publish((shard, stream_id), entry, now)
+        self._store.outbox_done(unreadable)
+
+
+def _spans(keys: Iterable[Key]) -> dict[int, tuple[str, str]]:
+    """Per shard, the first and last of these stream ids."""
+    bounds: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
+    for shard, stream_id in keys:
+        position = _position(stream_id)
+        first, last = bounds.get(shard, (position, position))
+        bounds[shard] = (min(first, position), max(last, position))
+    return {shard: (_stream_id(first), _stream_id(last)) for shard, (first, last) in bounds.items()}
+
+
+def _position(stream_id: str) -> tuple[int, int]:
+    milliseconds, sequence = stream_id.split("-")
+    return int(milliseconds), int(sequence)
+
+
+def _stream_id(position: tuple[int, int]) -> str:
+    return f"{position[0]}-{position[1]}"

@@ -7,6 +7,7 @@ them; tests hand a collaborator a fake or a faulty one through its constructor.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from service.adapters.mqtt import PublishTicket
@@ -80,10 +81,13 @@ class ProcessorStore(IngressLog, StateStore, EffectStore, Protocol):
 
 class OutboxStore(Protocol):
     def outbox_read(
-        self, shards: Sequence[int], count: int = 1000
+        self,
+        shards: Sequence[int],
+        count: int = 1000,
+        skip: Mapping[int, tuple[str, str]] | None = None,
     ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]: ...
 
-    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None: ...
+    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None: ...
 
 
 class TimerStore(Protocol):
@@ -123,6 +127,10 @@ class Publisher(Protocol):
     def publish(
         self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False
     ) -> PublishTicket: ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Publishes made inside go out together, at the end at the latest."""
+        ...
 
 
 class ExecutorStore(StateStore, IngressAppend, Protocol):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from service import failpoints
-from service.adapters.redis_store import Commit, IngressEntry, Quarantine
+from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
 from service.config import Config
 from service.core.state import DatasetState, decode_state
 from service.errors import LeaseLost, StoreUnavailable
@@ -259,12 +259,14 @@ class Processor:
                 _remember(batch.states, p.commit)
             done.append((batch, outcome[: len(batch.plans)]))
         failpoints.hit("process-before-effects")
+        upstream: list[tuple[int, list[tuple[str, OutboxEntry]]]] = []
         for batch, outbox_ids in done:
             for p, ids in zip(batch.plans, outbox_ids, strict=True):
                 for effect_id, item in p.work:
                     self._effects.submit(batch.shard, effect_id, item)
                 if ids:
-                    self._outbox.send(batch.shard, list(zip(ids, p.commit.outbox, strict=True)))
+                    upstream.append((batch.shard, list(zip(ids, p.commit.outbox, strict=True))))
+        self._outbox.send(upstream)
         for batch, _ in done:
             self._record(batch)
 

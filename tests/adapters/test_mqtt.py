@@ -20,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from paho.mqtt.enums import MQTTProtocolVersion
+from paho.mqtt import _packet as paho_packet
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
+from service.adapters.mqtt.paho_client import (
+    PUBACK_NO_PROPERTIES,
+    PUBACK_TAKEN,
+    LeanClient,
+)
 from service.errors import ConfigError
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running
 from tests.wait import wait_until
@@ -580,6 +586,110 @@ def test_done_callbacks_may_publish_while_other_threads_publish(mosquitto: Serve
         tickets = [client.publish("direct/out", b"d") for _ in range(count)]
         assert chained_done.wait(20)
         assert all(ticket.wait(10) for ticket in tickets)
+
+
+@pytest.mark.parametrize("pin", ["", "?protocol=3.1.1"])
+def test_a_bare_puback_completes_its_publish_without_pahos_decoder(
+    mosquitto: Server, pin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LeanClient` reads a bare PUBACK's packet id itself; should paho rename or reshape the
+    method it overrides, its decoder would run again (or nothing would complete) and this
+    fails."""
+    decoded: list[int] = []
+    decode_puback = paho_packet.decode_puback
+
+    def counting(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
+        decoded.append(len(packet))
+        return decode_puback(header, packet, protocol)
+
+    monkeypatch.setattr(paho_packet, "decode_puback", counting)
+    with client_for(url_of(mosquitto) + pin) as client:
+        assert isinstance(client._paho, LeanClient)  # test-only peek
+        tickets = [client.publish("lean/out", b"m") for _ in range(200)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        assert not any(ticket.refused for ticket in tickets)
+    assert decoded == []
+
+
+class _CountingWakeUps:
+    """Stands in for paho's wake-up socket: counts the bytes each thread writes to it."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.by_thread: dict[str, int] = {}
+
+    def send(self, data: bytes) -> int:
+        name = threading.current_thread().name
+        self.by_thread[name] = self.by_thread.get(name, 0) + 1
+        return int(self._sock.send(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(mosquitto: Server) -> None:
+    """paho keeps 20 publishes in flight and lets the next one out on its own thread as a
+    PUBACK comes: `LeanClient` queues those without writing paho a wake-up byte. Should
+    paho rename or reshape what it overrides, its thread would write them (or nothing would
+    go out) and this fails."""
+    with client_for(url_of(mosquitto)) as client:
+        lean = client._paho  # test-only peek
+        counting = _CountingWakeUps(lean._sockpairW)
+        lean._sockpairW = counting  # type: ignore[assignment]
+        tickets = [client.publish("lean/out", b"m") for _ in range(200)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        assert lean._thread is not None
+        assert counting.by_thread.get(lean._thread.name, 0) == 0
+        assert counting.by_thread.get(threading.current_thread().name, 0) >= 1
+
+
+def test_a_batch_of_publishes_wakes_pahos_thread_once(mosquitto: Server) -> None:
+    """Inside `MqttClient.batch` the publishing thread queues its packets without waking
+    paho's thread, and wakes it once at the end: all go out."""
+    url = url_of(mosquitto)
+    with client_for(url, subscriptions=("lean/+",)) as sub, client_for(url) as client:
+        subscribed(sub, url, "lean/probe")
+        lean = client._paho  # test-only peek
+        counting = _CountingWakeUps(lean._sockpairW)
+        lean._sockpairW = counting  # type: ignore[assignment]
+        with client.batch():
+            tickets = [client.publish("lean/out", str(n).encode()) for n in range(10)]
+            with client.batch():  # nested: the outer one wakes
+                tickets.append(client.publish("lean/out", b"10"))
+        assert counting.by_thread == {threading.current_thread().name: 1}
+        assert all(ticket.wait(10) for ticket in tickets)
+        received: list[bytes] = []
+        while len(received) < 11:
+            payload = get(sub.inbound).payload
+            if payload != b"probe":  # a late copy of the subscription's proof
+                received.append(payload)
+        assert received == [str(n).encode() for n in range(11)]
+
+
+@pytest.mark.parametrize(
+    "protocol, tail",
+    [(MQTTProtocolVersion.MQTTv311, b""), (MQTTProtocolVersion.MQTTv5, b"")]
+    + [(MQTTProtocolVersion.MQTTv5, bytes([code])) for code in PUBACK_TAKEN]
+    + [(MQTTProtocolVersion.MQTTv5, bytes([code, 0])) for code in PUBACK_TAKEN],
+)
+@pytest.mark.parametrize("mid", [1, 255, 256, 4660, 65535])
+def test_a_bare_puback_means_to_paho_what_lean_client_reads(
+    protocol: MQTTProtocolVersion, tail: bytes, mid: int
+) -> None:
+    """paho's own decoder reads every bare PUBACK as its packet id, a reason code that is no
+    failure and no properties, as `LeanClient` does; a refusal or properties are left to it."""
+    client = LeanClient(CallbackAPIVersion.VERSION2, protocol=protocol)
+    packet = bytearray(mid.to_bytes(2, "big") + tail)
+    decoded = paho_packet.decode_puback(0x40, packet, protocol)
+    read = client._bare_puback_reason(packet)
+    assert read is not None
+    assert (decoded.mid, decoded.reason.value) == (mid, read.value)
+    assert not read.is_failure and not decoded.reason.is_failure
+    assert decoded.properties.json() == PUBACK_NO_PROPERTIES.json() == {}
+    refused = bytearray(mid.to_bytes(2, "big") + b"\x87")
+    with_properties = bytearray(mid.to_bytes(2, "big") + b"\x00\x03\x1f\x00\x00")
+    assert client._bare_puback_reason(refused) is None
+    assert client._bare_puback_reason(with_properties) is None
 
 
 def test_subscriptions_renewed_after_broker_restart(mosquitto: Server) -> None:

@@ -140,8 +140,32 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     assert store.rounds(JOB) == [b"r-1"]
     [(stream_id, entry)] = store.outbox_read([SHARD])[SHARD]
     assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
-    store.outbox_done(SHARD, [stream_id])
+    store.outbox_done({SHARD: [stream_id]})
     assert store.outbox_read([SHARD])[SHARD] == []
+
+
+def test_outbox_read_leaves_out_a_span_and_done_deletes_every_shards_at_once(
+    store: RedisStore,
+) -> None:
+    """The sweep skips the stream ids a publisher holds in flight: what lies before the span
+    and after it is read, the span's own ends and all between are not."""
+    token = take_shard(store)
+    other = next(s for s in range(NUM_SHARDS) if s != SHARD)
+    other_token = take_shard(store, other)
+    entries = [OutboxEntry(f"m-{i}", "sedna/n/upstream", b"{}") for i in range(6)]
+    [ids] = commit(store, SHARD, token, [Commit(JOB, b"s", outbox=tuple(entries))])
+    other_job = next(
+        rkey("job", "default", f"j{i}") for i in range(1000)
+        if shard_of(rkey("job", "default", f"j{i}")) == other
+    )  # fmt: skip
+    [other_ids] = commit(store, other, other_token, [Commit(other_job, b"s", outbox=entries[:2])])
+    read = store.outbox_read([SHARD, other], skip={SHARD: (ids[1], ids[3])})
+    assert [stream_id for stream_id, _ in read[SHARD]] == [ids[0], ids[4], ids[5]]
+    assert [stream_id for stream_id, _ in read[other]] == other_ids
+    assert store.outbox_read([SHARD], skip={SHARD: (ids[0], ids[5])}) == {SHARD: []}
+    store.outbox_done({SHARD: ids[:5], other: other_ids})
+    assert [i for i, _ in store.outbox_read([SHARD, other])[SHARD]] == [ids[5]]
+    assert store.outbox_read([other]) == {other: []}
 
 
 def test_keep_state_leaves_state_and_timer_cancel(

@@ -124,8 +124,9 @@ def test_every_operation_on_a_cluster(shared_cluster: ClusterTopology) -> None:
         assert {s: [e.id for _, e in entries] for s, entries in outbox.items()} == {
             s: [f"a-m{s}"] for s in range(NUM_SHARDS)
         }
-        for shard, entries in outbox.items():
-            store.outbox_done(shard, [stream_id for stream_id, _ in entries])
+        store.outbox_done(
+            {shard: [stream_id for stream_id, _ in entries] for shard, entries in outbox.items()}
+        )
         assert store.outbox_read([0, 7]) == {0: [], 7: []}
         effects = store.pending_effects(list(range(NUM_SHARDS)))
         assert effects == {s: {f"a-e{s}": b"intent"} for s in range(NUM_SHARDS)}

@@ -14,12 +14,13 @@ so far (and their tickets) onto it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -28,6 +29,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from service.adapters.mqtt.paho_client import (
+    LeanClient,
     connect_in_background,
     move_queued_publishes,
     new_client,
@@ -138,6 +140,13 @@ class MqttClient:
             raise BrokerUnavailable(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
         return self._tickets.register(info.mid)
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Publishes and acks this thread makes inside go to the network thread together:
+        it is woken once, at the end, and writes them in one pass."""
+        with self._paho.batch():
+            yield
+
     def ack(self, msg: Inbound) -> None:
         """Send the PUBACK for ``msg``; a no-op unless manual_ack and still on its connection."""
         if not self._settings.manual_ack or msg.qos == 0:
@@ -164,7 +173,7 @@ class MqttClient:
 
     # -- construction ---------------------------------------------------------------------
 
-    def _build_paho(self, protocol: MQTTProtocolVersion) -> paho.Client:
+    def _build_paho(self, protocol: MQTTProtocolVersion) -> LeanClient:
         client = new_client(self._settings, self._endpoint, protocol)
         client.on_socket_open = self._on_socket_open
         client.on_connect = self._on_connect

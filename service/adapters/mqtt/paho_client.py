@@ -8,6 +8,10 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
   CONNACK.
 - Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
   3.1.1 the clean session flag is fixed when the object is made.
+- `LeanClient`: a bare PUBACK (the broker took the message; no properties) completes its
+  publish without paho decoding a reason code and a properties object for it; a packet
+  paho's own thread queues writes it no wake-up byte, and a `LeanClient.batch` of packets
+  one in all.
 - `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
   id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
   DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
@@ -17,13 +21,15 @@ back to 3.1.1; everything here is what such an object needs whatever the protoco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import threading
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any, Literal, cast
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -35,16 +41,127 @@ from service.errors import ConfigError
 log = logging.getLogger("service.mqtt")
 
 _QOS_WILL = 1
+_PACKET_ID_LENGTH = 2
+_WAKE_UP = b"0"  # the byte paho writes to its wake-up socket pair
 # MQTT 5 reason code of a DISCONNECT asking the broker to publish the will (spec, 2.4).
 DISCONNECT_WITH_WILL = 0x04
 
 
+# The reason codes of a PUBACK whose message the broker took, each made once: every such
+# PUBACK hands these same objects to ``on_publish``, which must only read them.
+PUBACK_TAKEN = {
+    code: ReasonCode(PacketTypes.PUBACK, identifier=code)
+    for code in (0x00, 0x10)  # Success; No matching subscribers
+}
+PUBACK_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+
+
+class LeanClient(paho.Client):
+    """A paho client that completes a publish on a bare PUBACK without decoding it.
+
+    A bare PUBACK says the broker took the message and carries no properties: its packet id
+    alone (under 3.1.1 every PUBACK), or under MQTT 5 also a reason code of `PUBACK_TAKEN`,
+    alone or with an empty property length (mosquitto sends the reason code). paho's decoder
+    builds a `ReasonCode` and a `Properties` for each PUBACK, which cost paho's network
+    thread more than the rest of its handling; here the packet id and reason code are read
+    and paho's own completion (`_do_on_publish`, under its lock, as paho calls it) runs with
+    the shared objects. Any other PUBACK (a refusal, properties), and every PUBCOMP, goes
+    through paho's handler. This overrides a private paho method; the tests pin that a bare
+    PUBACK from a real broker takes this path and completes the publish, so a paho that
+    renames or reshapes it fails them instead of quietly decoding again.
+    """
+
+    def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
+        packet = self._in_packet["packet"]
+        reason = self._bare_puback_reason(packet) if cmd == "PUBACK" else None
+        if reason is None:
+            return super()._handle_pubackcomp(cmd)
+        mid = (packet[0] << 8) | packet[1]
+        with self._out_message_mutex:
+            if mid in self._out_messages:  # a duplicate PUBACK completes nothing twice
+                return self._do_on_publish(mid, reason, PUBACK_NO_PROPERTIES)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._batch = threading.local()  # per thread: inside `batch`, and anything queued
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Packets this thread queues inside (publishes, acks) wake paho's thread once, at
+        the end, instead of once each: it then writes them in one pass."""
+        if getattr(self._batch, "open", False):
+            yield
+            return
+        self._batch.open, self._batch.queued = True, False
+        try:
+            yield
+        finally:
+            self._batch.open = False
+            if self._batch.queued:
+                self._wake()
+
+    def _wake(self) -> None:
+        """What paho does after queueing a packet: one byte on its wake-up socket pair, so
+        that its thread leaves ``select`` and writes."""
+        sock = self._sockpairW
+        if sock is not None:
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                sock.send(_WAKE_UP)
+
+    def _packet_queue(
+        self,
+        command: int,
+        packet: bytes | bytearray,
+        mid: int,
+        qos: int,
+        info: paho.MQTTMessageInfo | None = None,
+    ) -> MQTTErrorCode:
+        """Queue a packet for paho's thread to write. paho also wakes that thread each time
+        (`_wake`); here it is not woken for a packet queued inside `batch` (`batch` wakes it
+        once at the end), nor for one queued on that thread itself: it computes what to
+        wait for after handling what it read, and a non-empty queue makes it wait for the
+        socket to be writable. A PUBACK letting the next queued publish out is queued on
+        that thread."""
+        thread = self._thread
+        if thread is None:
+            return super()._packet_queue(command, packet, mid, qos, info)
+        if threading.current_thread() is not thread:
+            if not getattr(self._batch, "open", False):
+                return super()._packet_queue(command, packet, mid, qos, info)
+            self._batch.queued = True
+        self._out_packet.append(
+            {
+                "command": command,
+                "mid": mid,
+                "qos": qos,
+                "pos": 0,
+                "to_process": len(packet),
+                "packet": packet,
+                "info": info,
+            }
+        )
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _bare_puback_reason(self, packet: bytearray) -> ReasonCode | None:
+        """The reason code of a bare PUBACK (the packet after its fixed header); None for any
+        other, which paho's decoder is to read."""
+        size = len(packet)
+        if size == _PACKET_ID_LENGTH:
+            return PUBACK_TAKEN[0x00]
+        if self._protocol != MQTTProtocolVersion.MQTTv5 or size > _PACKET_ID_LENGTH + 2:
+            return None
+        if size == _PACKET_ID_LENGTH + 2 and packet[3] != 0:  # properties follow
+            return None
+        return PUBACK_TAKEN.get(packet[2])
+
+
 def new_client(
     settings: MqttSettings, endpoint: MqttEndpoint, protocol: MQTTProtocolVersion
-) -> paho.Client:
+) -> LeanClient:
     """A paho client speaking ``protocol``, with credentials, TLS and will set; no callbacks."""
     clean_session = None if protocol == MQTTProtocolVersion.MQTTv5 else settings.clean_start
-    client = paho.Client(
+    client = LeanClient(
         callback_api_version=CallbackAPIVersion.VERSION2,
         client_id=settings.client_id,
         clean_session=clean_session,

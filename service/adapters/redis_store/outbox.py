@@ -8,7 +8,7 @@ nothing a failover could take back goes out.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from service.adapters.redis_links import Routed
 from service.adapters.redis_store.calls import Commands, as_str, field_map
@@ -25,20 +25,46 @@ class Outboxes:
         self._socket_timeout_s = socket_timeout_s
 
     def outbox_read(
-        self, shards: Sequence[int], count: int
+        self,
+        shards: Sequence[int],
+        count: int,
+        skip: Mapping[int, tuple[str, str]] | None = None,
     ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]:
         """Per shard, unpublished upstream messages, oldest first, with their stream ids; all
         shards in one round trip. With replicas required, only once they hold all of it.
-        An entry that is not an upstream message comes as `Unreadable`, in its place."""
-        read = self._read(self._keys.outbox, shards, count, "outbox_read")
-        return {
-            shard: [(stream_id, _outbox_entry(f)) for stream_id, f in entries]
-            for shard, entries in read.items()
-        }
+        An entry that is not an upstream message comes as `Unreadable`, in its place.
 
-    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
-        """Forget published messages (after the broker's PUBACK)."""
-        self._delete(self._keys.outbox(shard), stream_ids, "outbox_done")
+        ``skip``: per shard, the first and last stream id of a span not to read (the entries
+        a publisher holds in flight): up to ``count`` entries before it and after it are."""
+        spans = skip or {}
+        ranges = [(shard, bounds) for shard in shards for bounds in _around(spans.get(shard))]
+        if not ranges:
+            return {}
+        keys = [self._keys.outbox(shard) for shard, _ in ranges]
+        replies = self._redis.run(
+            [
+                Routed(k, ("XRANGE", k, first, last, "COUNT", count))
+                for k, (_, (first, last)) in zip(keys, ranges, strict=True)
+            ],
+            what="outbox_read",
+            confirm=self._redis.barrier,
+        )
+        read: dict[int, list[tuple[str, OutboxEntry | Unreadable]]] = {s: [] for s in shards}
+        for (shard, _), entries in zip(ranges, replies, strict=True):
+            read[shard] += [
+                (as_str(entry_id), _outbox_entry(field_map(pairs))) for entry_id, pairs in entries
+            ]
+        return read
+
+    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None:
+        """Forget published messages (after the broker's PUBACK), every shard's in one round
+        trip."""
+        commands = [
+            Routed(key, ("XDEL", key, *stream_ids))
+            for key, stream_ids in ((self._keys.outbox(s), ids) for s, ids in done.items() if ids)
+        ]
+        if commands:
+            self._redis.run(commands, what="outbox_done")
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int
@@ -126,6 +152,14 @@ class Outboxes:
         return bool(
             self._redis.eval([call], what="complete_effect", confirm=self._redis.confirm)[0]
         )
+
+
+def _around(span: tuple[str, str] | None) -> list[tuple[str, str]]:
+    """The XRANGE bounds of a whole stream but ``span`` (its first and last id left out too)."""
+    if span is None:
+        return [("-", "+")]
+    first, last = span
+    return [("-", f"({first}"), (f"({last}", "+")]
 
 
 def _outbox_entry(fields: dict[bytes, bytes]) -> OutboxEntry | Unreadable:

@@ -152,12 +152,15 @@ class RedisStore:
     # -- outboxes and effects (`outbox.Outboxes`) ------------------------------------------
 
     def outbox_read(
-        self, shards: Sequence[int], count: int = 1000
+        self,
+        shards: Sequence[int],
+        count: int = 1000,
+        skip: Mapping[int, tuple[str, str]] | None = None,
     ) -> dict[int, list[tuple[str, OutboxEntry | Unreadable]]]:
-        return self._outboxes.outbox_read(shards, count)
+        return self._outboxes.outbox_read(shards, count, skip)
 
-    def outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
-        self._outboxes.outbox_done(shard, stream_ids)
+    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None:
+        self._outboxes.outbox_done(done)
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int = 100
