@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import baselines, decode, files, idle, lifecycle, replicated
+from bench import baselines, decode, files, gm, idle, lifecycle, replicated
 from bench.common import Controller, Result, Stack, scratch, sentinel_stack, stack
 from bench.report import markdown_table, text_table
 
@@ -34,6 +34,7 @@ class Sizes:
     idle_jobs: int
     idle_window_s: int
     failover_trials: int
+    gm_rounds: int
 
 
 QUICK = Sizes(
@@ -46,6 +47,7 @@ QUICK = Sizes(
     idle_jobs=1_000,
     idle_window_s=20,
     failover_trials=3,
+    gm_rounds=5,
 )
 FULL = Sizes(
     round_trips=2_000,
@@ -57,6 +59,7 @@ FULL = Sizes(
     idle_jobs=10_000,
     idle_window_s=60,
     failover_trials=20,
+    gm_rounds=20,
 )
 #: Toy sizes: every suite runs and yields its figures in about a minute, which proves the
 #: benchmarks still work (the test suite runs this) and measures nothing worth keeping.
@@ -70,8 +73,9 @@ SMOKE = Sizes(
     idle_jobs=10,
     idle_window_s=2,
     failover_trials=1,
+    gm_rounds=1,
 )
-SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel", "decode")
+SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel", "decode", "gm")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -185,6 +189,8 @@ def run(args: argparse.Namespace) -> list[Result]:
         if "decode" in wanted:  # in this process: no servers
             print("[bench] decode...", file=sys.stderr, flush=True)
             results.extend(decode.decode_cost())
+        if "gm" in wanted:
+            suite("gm", lambda s: gm.round_time(s, rounds=sizes.gm_rounds))
     return results
 
 
