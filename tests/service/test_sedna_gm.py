@@ -8,6 +8,7 @@ conditions are in order with one pod per Ready, and the GM refused no status.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.runner import cli_env, run_cli
 from tests.harness import NODE, Controller, append_lines, dataset_resource, job_resource, lines
 from tests.sedna_gm.gm import SednaGm
 from tests.sedna_gm.pods import Behaviour, PodInfo
@@ -76,11 +78,13 @@ def linked(stack: Stack, gm: SednaGm, name: str, node: str = NODE, **env: str) -
 
 class Feeder:
     """Grows the dataset by 5 samples each time the job finishes a round (or fails one), so
-    every round's trigger has new samples to train on."""
+    every round's trigger has new samples to train on; after ``rounds`` rounds (if given) no
+    more, so the job then stays between rounds."""
 
-    def __init__(self, gm: SednaGm, path: Path) -> None:
+    def __init__(self, gm: SednaGm, path: Path, rounds: int | None = None) -> None:
         self._gm = gm
         self._path = path
+        self._rounds = rounds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
         self._thread.start()
@@ -90,7 +94,7 @@ class Feeder:
         while not self._stop.wait(0.05):
             conditions = self._gm.conditions(JOB)
             ends = conditions.count(("Train", "Waiting"))
-            if ends > fed:
+            if ends > fed and (self._rounds is None or fed < self._rounds - 1):
                 append_lines(self._path, lines(total, total + 5))
                 fed, total = ends, total + 5
 
@@ -101,7 +105,7 @@ class Feeder:
 
 def apply(gm: SednaGm, stack: Stack, *, train_node: str = NODE,
           annotations: dict[str, str] | None = None,
-          restart_policy: str = "") -> tuple[Path, Feeder]:  # fmt: skip
+          restart_policy: str = "", rounds: int | None = None) -> tuple[Path, Feeder]:  # fmt: skip
     """The dataset (10 samples, on NODE) and the job applied through the GM: the outputDir
     and the feeder that grows the dataset round by round."""
     data = stack.workdir / "data" / "train.txt"
@@ -118,7 +122,7 @@ def apply(gm: SednaGm, stack: Stack, *, train_node: str = NODE,
     if annotations:
         job["metadata"]["annotations"] = annotations
     gm.apply(job)
-    return out, Feeder(gm, data)
+    return out, Feeder(gm, data, rounds)
 
 
 def check(gm: SednaGm, rounds: int, timeout_s: float = 240) -> None:
@@ -261,3 +265,40 @@ def test_rounds_under_the_2021_routing(stack: Stack, sedna_gm: GmFactory) -> Non
     finally:
         feeder.close()
     assert {s.node for s in gm.sent} == {NODE}
+
+
+def test_a_rollback_between_rounds(stack: Stack, sedna_gm: GmFactory) -> None:
+    """Two rounds deployed, then the job between rounds: a rollback copies round 1's model
+    back at once, and its deploy `ready` goes to the GM, which shows Train/Waiting; the GM
+    restarts the inference worker on it and the job waits for its next round."""
+    gm = sedna_gm(lag=(0.0, 0.05))
+    controller = linked(stack, gm, "r1")
+    out, feeder = apply(gm, stack, rounds=2)
+    deployed = out / "deploy" / "index.pkl"
+    try:
+        check(gm, 2)
+        first = (out / "train" / "1" / "model.pkl").read_bytes()
+        assert deployed.read_bytes() == (out / "train" / "2" / "model.pkl").read_bytes()
+        between = len(gm.conditions(JOB))
+        assert gm.conditions(JOB)[-1] == ("Train", "Waiting")
+        rolled = run_cli(cli_env(stack.mqtt_url, stack.redis_url), "rollback", "job", JOB)
+        assert rolled.returncode == 0, rolled.stderr
+        gm.wait(
+            lambda: (
+                gm.conditions(JOB)[between:]
+                == [("Deploy", "Ready"), ("Deploy", "Completed"), ("Train", "Waiting")]
+            ),
+            60,
+            "the rollback's deploy through the GM",
+            detail=lambda: str(gm.conditions(JOB)),
+        )
+    finally:
+        feeder.close()
+    assert deployed.read_bytes() == first, "round 1's model, byte for byte"
+    ready = gm.job(JOB)["status"]["conditions"][between]
+    assert ready["message"] == "reported by lc"
+    assert json.loads(ready["data"])["input"]["models"][0]["url"].endswith("/train/1/model.pkl")
+    assert gm.refused == []
+    loaded = [p for p in gm.pods(JOB) if p.type == "inference" and p.ready_number == 3]
+    assert loaded, "the GM restarted the inference worker for the rollback's Ready"
+    assert "gm=up" in readyz(controller)
