@@ -7,15 +7,11 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,13 +23,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from redis import Redis
 
 from service.embedded import (
+    ControllerProcess,
     SentinelTopology,
     Server,
-    free_port,
     mosquitto_server,
     redis_server,
     sentinel_topology,
-    wait_port,
 )
 from service.keys import NUM_SHARDS, Keys
 
@@ -180,70 +175,35 @@ def scratch(keep: bool) -> Iterator[Path]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-class Controller:
-    """`lifelong serve` as a child process (through bench.serve, which sets the log level)."""
+class Controller(ControllerProcess):
+    """`lifelong serve` as a child process (through bench.serve, which sets the log level),
+    ready once `start` returns."""
 
     log_level = "WARNING"
 
     def __init__(self, s: Stack, name: str, env: dict[str, str]) -> None:
-        self.name = name
-        self.http_port = free_port()
-        self.log_path = s.workdir / f"controller-{name}.log"
-        self.env = {
-            **os.environ,
+        defaults = {
             "LIFELONG_MQTT_URL": s.mqtt_url,
             "LIFELONG_REDIS_URL": s.redis_url,
             "LIFELONG_NODE_NAME": NODE,
-            "LIFELONG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
             "LIFELONG_LEASE_SECONDS": "3",
             "LIFELONG_DATASET_POLL_SECONDS": "1",
             "LIFELONG_LOG_FORMAT": "text",
             # every dataset and output dir of a bench lies in its working directory
             "LIFELONG_DATA_ROOTS": str(s.workdir),
-            **env,
         }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        command = [sys.executable, "-m", "bench.serve", self.log_level]
+        super().__init__(
+            name,
+            s.workdir / f"controller-{name}.log",
+            {**defaults, **env},
+            command=[*command, "serve", "--replica-id", name],
+            cwd=REPO,
+        )
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "bench.serve", self.log_level]
-        argv += ["serve", "--replica-id", self.name]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-        wait_port(self.http_port, 20)
-        wait_until(self.ready, 20, f"controller {self.name} ready")
-
-    def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.http_port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
+        super().start()
+        self.wait_ready(40)
 
 
 def shard_holders(client: redis.Redis[bytes]) -> dict[int, str]:

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +20,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from service.embedded import free_port, wait_port
+from service.embedded import ControllerProcess
 from tests.wait import wait_until
 
 NODE = "edge-node"
@@ -32,8 +28,9 @@ PREFIX = "sedna"
 NS = "default"
 
 
-class Controller:
-    """One `lifelong serve` replica as a child process."""
+class Controller(ControllerProcess):
+    """One `lifelong serve` replica as a child process, with the tests' settings and their
+    ways of talking to its HTTP endpoint."""
 
     def __init__(
         self,
@@ -44,15 +41,10 @@ class Controller:
         name: str = "r1",
         extra_env: dict[str, str] | None = None,
     ) -> None:
-        self.workdir = workdir
-        self.name = name
-        self.http_port = free_port()
-        self.env = {
-            **os.environ,
+        env = {
             "LIFELONG_MQTT_URL": mqtt_url,
             "LIFELONG_REDIS_URL": redis_url,
             "LIFELONG_NODE_NAME": NODE,
-            "LIFELONG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
             "LIFELONG_LEASE_SECONDS": "2",
             "LIFELONG_DATASET_POLL_SECONDS": "1",
             "LIFELONG_LOG_FORMAT": "text",
@@ -60,82 +52,16 @@ class Controller:
             "LIFELONG_DATA_ROOTS": str(workdir.parent),
             **(extra_env or {}),
         }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / f"controller-{name}.log"
+        super().__init__(name, workdir / f"controller-{name}.log", env)
+        self.workdir = workdir
         # sent as a bearer token by the helpers below when the controller requires one
         self.http_token = ""
-        #: a command the controller runs under (`setpriv ...` to drop privileges)
-        self.argv_prefix: list[str] = []
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*self.argv_prefix, sys.executable, "-m", "service.cli", "serve",
-                 "--replica-id", self.name],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_listening(30)
-
-    def _wait_listening(self, timeout_s: float) -> None:
-        """Until the HTTP port answers; a controller that exits or stays silent fails the
-        test with its log."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"controller {self.name} exited ({self.proc.returncode}): {self.log()[-3000:]}"
-                )
-            try:
-                wait_port(self.http_port, 0.5)
-                return
-            except TimeoutError:
-                continue
-        raise TimeoutError(f"controller {self.name} not listening: {self.log()[-3000:]}")
-
-    def wait_ready(self, timeout_s: float = 15) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/readyz", timeout=1):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        raise TimeoutError(f"controller {self.name} not ready: {self.log()[-2000:]}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        code = self.proc.returncode
-        self.proc = None
-        return code
-
-    def freeze(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """Start it and wait until it listens (a controller that exits or stays silent
+        fails the test with its log)."""
+        super().start()
+        self.wait_listening(30)
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.http_token}"} if self.http_token else {}

@@ -30,7 +30,8 @@ from service.demo.scenario import (
     envelope,
     job_resource,
 )
-from service.demo.servers import READY_TIMEOUT_S, Controller, controllers, ensure_servers
+from service.demo.servers import READY_TIMEOUT_S, controllers, ensure_servers
+from service.embedded import ControllerProcess
 from service.errors import BrokerUnavailable
 from service.worker import Worker, WorkerSettings
 
@@ -117,7 +118,7 @@ def _client(cfg: config_mod.Config) -> Iterator[MqttClient]:
 
 
 @contextlib.contextmanager
-def _worker(cfg: config_mod.Config, replica: Controller, workdir: Path) -> Iterator[Worker]:
+def _worker(cfg: config_mod.Config, replica: ControllerProcess, workdir: Path) -> Iterator[Worker]:
     model = (sys.executable, "-m", "service.demo_model")
     worker = Worker(
         cfg,
