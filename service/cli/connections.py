@@ -72,7 +72,9 @@ def mqtt_session(
     subscriptions: Sequence[str] = (),
     inbound: queue.SimpleQueue[Inbound] | None = None,
 ) -> Iterator[MqttClient]:
-    """A connected broker session under a fresh client id, closed on the way out."""
+    """A connected broker session under a fresh client id, closed on the way out; with
+    ``subscriptions``, yielded once the broker acknowledged them (a message published after
+    that reaches ``inbound``)."""
     log.info("MQTT broker %s (node %s)", redact_url(cfg.mqtt_url), cfg.node_name)
     client = MqttClient(
         MqttSettings(
@@ -86,6 +88,11 @@ def mqtt_session(
     client.start()
     try:
         _connected(client, cfg.mqtt_url, timeout_s)
+        if subscriptions and not client.wait_subscribed(timeout_s):
+            raise BrokerUnavailable(
+                f"the MQTT broker at {redact_url(cfg.mqtt_url)} did not confirm the "
+                f"subscriptions within {timeout_s:g}s"
+            )
         yield client
     finally:
         client.stop(timeout_s=_STOP_TIMEOUT_S)

@@ -122,6 +122,11 @@ class MqttClient:
         keeps retrying in the background either way."""
         return self._status.wait_connected(timeout_s, stop_on_refusal=stop_on_refusal)
 
+    def wait_subscribed(self, timeout_s: float) -> bool:
+        """True once connected with every subscription acknowledged (SUBACK), False after
+        ``timeout_s``: from then on, what is published to them reaches this client."""
+        return self._status.wait_subscribed(timeout_s)
+
     def publish(
         self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False
     ) -> PublishTicket:

@@ -93,6 +93,11 @@ class ConnectionStatus:
             )
         return self._connected.is_set()
 
+    def wait_subscribed(self, timeout_s: float) -> bool:
+        """True once connected with every subscription acknowledged, False after
+        ``timeout_s``."""
+        return self._subscribed.wait(timeout_s)
+
     def opened(self) -> None:
         """A new TCP connection: no CONNACK on it yet."""
         self._answered = False

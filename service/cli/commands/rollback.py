@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from service import messages
-from service.adapters.mqtt import Inbound, MqttClient
+from service.adapters.mqtt import Inbound
 from service.cli.arguments import (
     COMMON_NOTE,
     Subcommands,
@@ -40,7 +40,7 @@ from service.cli.connections import (
 from service.cli.kinds import JOB
 from service.cli.presence import PRESENCE_WAIT_S, online_replicas, require_served
 from service.cli.rendering import shown
-from service.errors import BrokerUnavailable, PermanentError
+from service.errors import PermanentError
 
 DEFAULT_WAIT_S = 30.0
 
@@ -121,7 +121,6 @@ def _rollback(args: argparse.Namespace) -> int:
     with mqtt_session(
         cfg, "rollback", args.timeout, subscriptions=answers + presence, inbound=inbound
     ) as client:
-        _wait_subscribed(client, args.timeout)
         if not args.force:
             online = online_replicas(cfg, inbound, [node_cfg.node_name], PRESENCE_WAIT_S)
             require_served(cfg, [node_cfg.node_name], online)
@@ -135,15 +134,6 @@ def _rollback(args: argparse.Namespace) -> int:
     ok, text = answer
     print(shown([text]), file=sys.stdout if ok else sys.stderr, flush=True)
     return EXIT_OK if ok else EXIT_PROBLEM
-
-
-def _wait_subscribed(client: MqttClient, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not client.subscribed:
-        if time.monotonic() > deadline:
-            what = f"the broker did not confirm the subscriptions within {timeout_s:g}s"
-            raise BrokerUnavailable(what)
-        time.sleep(0.02)
 
 
 def _answer(
