@@ -15,7 +15,7 @@ from tests.gm_standin import GmStandIn
 from tests.wait import wait_until
 
 NODE = "edge-1"
-LEASE_S = 1.0  # not live after a second of silence
+LEASE_S = 2.0  # not live after two seconds of silence (a loaded machine stalls for one)
 STATUS_HEADER = {"namespace": "default", "resourceKind": "dataset", "resourceName": "ds-1",
                  "operation": "status", "id": "s1-17-0"}  # fmt: skip
 

@@ -395,10 +395,14 @@ def test_routing_2022_follows_the_stage_to_its_worker_node(
     home.wait(lambda: home.latest() == ("Train", "Waiting"), "Train/Waiting at home")
     home.status("train", "ready", input=stage_input(out, data, "train"))
     home.wait(lambda: home.latest() == ("Eval", "Waiting"), "Eval/Waiting at home")
-    assert ("delete", "Train", "Completed") in [
-        (op, c["status"]["conditions"][-1]["stage"], c["status"]["conditions"][-1]["type"])
-        for op, c in worker_node.jobs()
-    ]
+    # each node has its own queue: node-b's delete may come after home's Eval/Waiting
+    worker_node.wait(
+        lambda: ("delete", "Train", "Completed") in [
+            (op, c["status"]["conditions"][-1]["stage"], c["status"]["conditions"][-1]["type"])
+            for op, c in worker_node.jobs()
+        ],
+        "the delete at the worker node once its stage completed",
+    )  # fmt: skip
     assert ("Train", "Running") in [
         (c["status"]["conditions"][-1]["stage"], c["status"]["conditions"][-1]["type"])
         for op, c in worker_node.jobs() if op == "insert"

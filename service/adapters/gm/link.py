@@ -273,6 +273,7 @@ class GmLink:
         frame). Frames sent in order on one connection are read in that order.
         """
         frame = encode_frame(header, content_json)
+        progress()  # a large frame takes a while to encode
         with self._lock:
             connection, loop, thread = self._connection, self._loop, self._thread
         if connection is None or loop is None:
