@@ -78,8 +78,8 @@ def linked(stack: Stack, gm: SednaGm, name: str, node: str = NODE, **env: str) -
 
 class Feeder:
     """Grows the dataset by 5 samples each time the job finishes a round (or fails one), so
-    every round's trigger has new samples to train on; after ``rounds`` rounds (if given) no
-    more, so the job then stays between rounds."""
+    every round's trigger has new samples to train on. With ``rounds``, only after a round
+    ended and only enough for that many rounds: the job then stays between rounds."""
 
     def __init__(self, gm: SednaGm, path: Path, rounds: int | None = None) -> None:
         self._gm = gm
@@ -94,7 +94,10 @@ class Feeder:
         while not self._stop.wait(0.05):
             conditions = self._gm.conditions(JOB)
             ends = conditions.count(("Train", "Waiting"))
-            if ends > fed and (self._rounds is None or fed < self._rounds - 1):
+            if self._rounds is not None:  # only once a round ended (the first Waiting starts
+                # round 1, which may not have read the first samples yet), rounds - 1 times
+                ends = min(ends - 1, self._rounds - 1)
+            if ends > fed:
                 append_lines(self._path, lines(total, total + 5))
                 fed, total = ends, total + 5
 
