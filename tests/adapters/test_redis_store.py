@@ -21,7 +21,9 @@ SHARD = shard_of(JOB)
 TTL_MS = 10_000
 
 
-def commit(store: RedisStore, shard: int, token: str, commits: Sequence[Commit]) -> list[list[str]]:
+def commit(
+    store: RedisStore, shard: int, token: str, commits: Sequence[Commit]
+) -> list[list[str]]:
     """One shard's batch through the store's multi-shard commit; LeaseLost raised."""
     [outcome] = store.commit([(shard, token, commits)])
     if isinstance(outcome, LeaseLost):
@@ -183,9 +185,7 @@ def test_keep_state_leaves_state_and_timer_cancel(
     store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     commit(
         store,
-        SHARD,
-        token,
-        [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))],
+        SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
     )
     assert store.load([JOB]) == {JOB: b"state-1"}
     assert store.next_timer_ms(SHARD) is None
