@@ -268,9 +268,14 @@ class ConnectProxy:
                 if action == "refuse":
                     conn.sendall(CONNACK_311_BAD_PROTOCOL)
                 if action == "take-over":
-                    conn.sendall(CONNACK_V5_SUCCESS)
-                    time.sleep(0.05)
-                    conn.sendall(DISCONNECT_V5_TAKEN_OVER)
+                    conn.sendall(CONNACK_V5_SUCCESS + DISCONNECT_V5_TAKEN_OVER)
+                    # the client reads both in order; close once it has closed its end, so
+                    # nothing it sent after the CONNACK is left unread to reset the
+                    # connection before the DISCONNECT is read
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.settimeout(10)
+                    while conn.recv(4096):
+                        pass
                 conn.close()
                 return
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
