@@ -607,10 +607,12 @@ def test_stop_closes_connections_and_leaves_no_thread(callbacks: Callbacks) -> N
         assert not stopper.is_alive(), "stop() did not return"
         assert client.recv(1) == b""  # closed by the server
         client.close()
-    give_up = time.monotonic() + TIMEOUT_S
-    while set(threading.enumerate()) - threads_before and time.monotonic() < give_up:
-        time.sleep(0.05)
-    assert set(threading.enumerate()) - threads_before == set()
+    wait_until(
+        lambda: not set(threading.enumerate()) - threads_before,
+        TIMEOUT_S,
+        "the servers' threads to end",
+        detail=lambda: str(set(threading.enumerate()) - threads_before),
+    )
 
 
 # ================================================================ one client, probes, hosts
