@@ -15,10 +15,10 @@ import queue
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -353,6 +353,28 @@ def test_a_write_the_gm_does_not_read_times_out_and_the_link_redials(gm: GmStand
 # ------------------------------------------------------------------------------ silence
 
 
+def pings_answered(link: GmLink) -> list[int]:
+    """A counter, from now on, of the keepalive pings of the link's connection the GM
+    answered (test-only: wraps the connection's ping(), which the keepalive calls)."""
+    connection = link._connection
+    assert connection is not None
+    answered = [0]
+    ping = connection.ping
+
+    async def counted(data: Any = None) -> Any:
+        pong = await ping(data)
+
+        def count(done: Any) -> None:
+            if not done.cancelled() and done.exception() is None:
+                answered[0] += 1
+
+        pong.add_done_callback(count)
+        return pong
+
+    connection.ping = counted  # type: ignore[method-assign]
+    return answered
+
+
 def test_a_silent_gm_keeps_the_link_up(gm: GmStandIn) -> None:
     """The GM never sends unless it has something; pings (answered as gorilla answers them)
     keep the link up through many ping intervals."""
@@ -360,7 +382,9 @@ def test_a_silent_gm_keeps_the_link_up(gm: GmStandIn) -> None:
     with linked(gm.address, settings=settings) as end:
         up(end)
         since = end.link.state.since
-        time.sleep(1.0)  # twenty ping intervals of silence
+        answered = pings_answered(end.link)
+        # twenty ping intervals of silence, each ping answered
+        wait_until(lambda: answered[0] >= 20, 30, "twenty pings answered")
         state = end.link.state
     assert (state.status, state.since, state.reconnects) == ("up", since, 0)
     assert gm.connects(NODE) == 1
@@ -390,7 +414,10 @@ def _gm_link_threads() -> list[threading.Thread]:
 def test_stop_is_prompt_idempotent_and_ends_the_thread(gm: GmStandIn, where: str) -> None:
     """Redial and dial timeouts are a minute here; stop must not wait for them."""
     slow = GmLinkSettings(redial_s=60.0, open_timeout_s=60.0, close_timeout_s=1.0)
-    with socket.socket() as mute:  # accepts TCP connections, never answers the upgrade
+    with (
+        contextlib.ExitStack() as stack,
+        socket.socket() as mute,  # accepts TCP connections, never answers the upgrade
+    ):
         mute.bind(("127.0.0.1", 0))
         mute.listen(8)
         address = {
@@ -408,8 +435,16 @@ def test_stop_is_prompt_idempotent_and_ends_the_thread(gm: GmStandIn, where: str
             "in the handshake": "connecting",
         }
         wait_link(link, expected[where])
-        if where == "in the handshake":
-            time.sleep(0.2)  # the dial is under way
+        if where == "in the handshake":  # the dial is under way: its upgrade request came
+            mute.settimeout(10)
+            dialled, _ = mute.accept()
+            stack.enter_context(dialled)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = dialled.recv(4096)
+                assert chunk, "the link closed before sending its upgrade request"
+                request += chunk
+            assert request.startswith(b"GET ")
         assert len(_gm_link_threads()) == 1
         link.stop(timeout_s=10.0)
         assert _gm_link_threads() == []

@@ -457,13 +457,17 @@ def test_oversize_headers_and_chunked_bodies_are_refused(
     server: HttpServer, callbacks: Callbacks
 ) -> None:
     # the head is refused at 16 KiB with a 431 the client rarely reads: the connection is
-    # closed while it is still sending, which resets it
+    # closed while it is still sending, which resets it (a broken pipe while it sends, a
+    # reset while it reads); nothing else may happen
     padded = {"Content-Type": "application/json", "X-Pad": "x" * (64 << 10)}
+    outcome: int | type[OSError]
     try:
         status, reply, _ = post(server, "/sedna/workers/w-1/info", worker_body("w-1"), padded)
-        assert (status, reply["status"]) == (431, 431)
-    except ConnectionError:
-        pass
+        assert reply["status"] == status
+        outcome = status
+    except (BrokenPipeError, ConnectionResetError) as e:
+        outcome = type(e)
+    assert outcome in (431, BrokenPipeError, ConnectionResetError)
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT_S)
     try:
         conn.request("POST", "/sedna/workers/w-1/info", iter([b"x" * 600, b"x" * 600]),
@@ -607,10 +611,12 @@ def test_stop_closes_connections_and_leaves_no_thread(callbacks: Callbacks) -> N
         assert not stopper.is_alive(), "stop() did not return"
         assert client.recv(1) == b""  # closed by the server
         client.close()
-    give_up = time.monotonic() + TIMEOUT_S
-    while set(threading.enumerate()) - threads_before and time.monotonic() < give_up:
-        time.sleep(0.05)
-    assert set(threading.enumerate()) - threads_before == set()
+    wait_until(
+        lambda: not set(threading.enumerate()) - threads_before,
+        TIMEOUT_S,
+        "the servers' threads to end",
+        detail=lambda: str(set(threading.enumerate()) - threads_before),
+    )
 
 
 # ================================================================ one client, probes, hosts

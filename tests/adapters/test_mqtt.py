@@ -268,9 +268,14 @@ class ConnectProxy:
                 if action == "refuse":
                     conn.sendall(CONNACK_311_BAD_PROTOCOL)
                 if action == "take-over":
-                    conn.sendall(CONNACK_V5_SUCCESS)
-                    time.sleep(0.05)
-                    conn.sendall(DISCONNECT_V5_TAKEN_OVER)
+                    conn.sendall(CONNACK_V5_SUCCESS + DISCONNECT_V5_TAKEN_OVER)
+                    # the client reads both in order; close once it has closed its end, so
+                    # nothing it sent after the CONNACK is left unread to reset the
+                    # connection before the DISCONNECT is read
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.settimeout(10)
+                    while conn.recv(4096):
+                        pass
                 conn.close()
                 return
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
@@ -502,7 +507,7 @@ def test_disconnect_0x8e_is_named_and_backed_off_until_a_stable_connection(
         )
         assert takeover_delays(caplog) == [0.1, 0.2, 0.4, 0.4]
         assert caplog.text.count("(DISCONNECT 0x8E)") == 4
-        time.sleep(1.0)  # stable: more than twice the cap
+        lasted(client, 1.0)  # stable: more than twice the cap, by the client's own reckoning
         caplog.clear()
         drop_connection(client)
         wait_until(
@@ -807,6 +812,29 @@ def test_unacked_message_redelivered_to_next_holder_and_not_after_ack(
         assert cleans == ["0", "0", "0"]
 
 
+def lasted(client: MqttClient, seconds: float) -> None:
+    """Until the client's current connection has lasted ``seconds`` by the monotonic clock
+    the client itself measures a connection's length with (test-only: a private field)."""
+
+    def long_enough() -> bool:
+        accepted_at = client._status._connected_at
+        return accepted_at is not None and time.monotonic() - accepted_at > seconds
+
+    wait_until(long_enough, seconds + 15, f"the connection to last {seconds:g}s")
+
+
+def broker_took(client: MqttClient, topic: str = "marker/out") -> None:
+    """A QoS 1 publish from ``client`` and its PUBACK: the broker handles a connection's
+    packets in order, so everything ``client`` queued before this reached the broker."""
+    assert client.publish(topic, b"marker").wait(5)
+
+
+def network_thread_ended(client: MqttClient) -> bool:
+    """paho's network thread, the one that reconnects, is gone (test-only: private)."""
+    thread = client._paho._thread
+    return thread is None or not thread.is_alive()
+
+
 def drop_connection(client: MqttClient) -> None:
     """Test-only hack: cut the TCP connection under paho, as a network fault would."""
     sock = client._paho.socket()
@@ -835,19 +863,23 @@ def test_session_resumes_on_reconnect_and_stale_acks_are_dropped(
         assert (again.payload, again.dup) == (b"m1", True)
         assert again.connection_seq != first.connection_seq
         client.ack(first)  # from the dead connection: must not be sent on this one
-        time.sleep(0.3)
+        broker_took(client)  # had it been sent, the broker would hold m1 acknowledged now
         drop_connection(client)
         third = get(client.inbound)  # so the broker still holds it unacknowledged
         assert (third.payload, third.dup) == (b"m1", True)
         client.ack(third)
-        time.sleep(0.3)
+        broker_took(client)  # the broker holds m1 acknowledged before the connection drops
         drop_connection(client)
         wait_until(
             lambda: changes.count(True) == 4 and client.connected,
             10,
             "changes.count(True) == 4 and client.connected",
         )
-        assert_nothing(client.inbound, 0.7)
+        # a resumed session's unacknowledged messages are resent on reconnecting, before
+        # anything published later: m2 arriving first proves m1 is not coming back
+        assert pub.publish(topic, b"m2").wait(5)
+        after = get(client.inbound)
+        assert (after.payload, after.dup) == (b"m2", False)
 
 
 # -- will, stop -----------------------------------------------------------------------------
@@ -907,7 +939,12 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
             first.stop()
             wait_until(lambda: second.connected, 5, "second.connected")
             before = len(second_changes)
-            time.sleep(1.5)
+            assert network_thread_ended(first)
+            # Anything the first sent before stop() returned reached the broker before this
+            # publish; a CONNECT among it would have taken the id from the second by the
+            # time the broker answers the publish (the broker reads every ready connection
+            # in each turn of its loop).
+            broker_took(second)
             assert second.connected
             assert len(second_changes) == before, second_changes[before:]
             assert not first.connected
@@ -915,7 +952,10 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
         first.stop()
 
 
-def test_stop_while_broker_down_ends_retries(mosquitto: Server) -> None:
+def test_stop_while_broker_down_ends_retries(
+    mosquitto: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "service.mqtt")
     changes: list[bool] = []
     client = MqttClient(
         MqttSettings(
@@ -930,12 +970,15 @@ def test_stop_while_broker_down_ends_retries(mosquitto: Server) -> None:
     assert client.wait_connected(10)
     mosquitto.stop()
     wait_until(lambda: changes == [True, False], 5, "changes == [True, False]")
-    time.sleep(0.3)  # let paho go round its retry loop at least once
-    started = time.monotonic()
+    # paho has gone round its retry loop more than once
+    wait_until(lambda: "(attempt 2); retrying" in caplog.text, 10, "a second failed attempt")
     client.stop()
-    assert time.monotonic() - started < 2.0
+    # stop() ended the network thread itself; it did not give up waiting for it
+    assert network_thread_ended(client)
+    assert "did not end within" not in caplog.text
     mosquitto.start()
-    time.sleep(0.6)  # several reconnect periods
+    with client_for(url_of(mosquitto)):
+        pass  # the broker is back and lets clients in; no thread is left to reconnect
     assert changes == [True, False]
     assert not client.connected
 

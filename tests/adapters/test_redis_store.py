@@ -21,7 +21,6 @@ SHARD = shard_of(JOB)
 TTL_MS = 10_000
 
 
-
 def commit(
     store: RedisStore, shard: int, token: str, commits: Sequence[Commit]
 ) -> list[list[str]]:
@@ -30,6 +29,7 @@ def commit(
     if isinstance(outcome, LeaseLost):
         raise outcome
     return outcome
+
 
 def url_of(server: Server) -> str:
     return f"redis://127.0.0.1:{server.port}/0"
@@ -56,6 +56,14 @@ def take_shard(
     token = store.acquire(store.keys.lease(shard), store.keys.fence(shard), replica, ttl_ms)
     assert token is not None
     return token
+
+
+def lapsed(store: RedisStore, shard: int) -> None:
+    """Until the shard's lease has expired in Redis (no one holds it)."""
+    lease = store.keys.lease(shard)
+    wait_until(
+        lambda: store.lease_holder(lease) is None, 10, f"the lease of shard {shard} to expire"
+    )
 
 
 def appended(store: RedisStore, event: bytes, shard: int = SHARD) -> str:
@@ -235,7 +243,7 @@ def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
 def test_expired_lease_fences_the_old_owner(store: RedisStore) -> None:
     old = take_shard(store, replica="r1", ttl_ms=200)
     commit(store, SHARD, old, [Commit(JOB, b"v1", effects=(("e", b"i"),))])
-    time.sleep(0.3)
+    lapsed(store, SHARD)
     with pytest.raises(LeaseLost):  # expired, not yet taken: still refused
         commit(store, SHARD, old, [Commit(JOB, b"zombie")])
     new = take_shard(store, replica="r2")
@@ -259,7 +267,7 @@ def test_one_round_trip_commits_several_shards_and_fences_each_alone(
     held, lost = sorted(jobs)[:2]
     token = take_shard(store, held)
     stale = take_shard(store, lost, ttl_ms=100)
-    time.sleep(0.2)
+    lapsed(store, lost)
     take_shard(store, lost, replica="r2")
     outbox = (OutboxEntry("m-1", "sedna/n/upstream", b"{}"),)
     outcomes = store.commit(
@@ -284,7 +292,7 @@ def test_new_owner_reads_the_previous_owners_unacked_entries(
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
     assert len(store.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
     commit(store, SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
-    time.sleep(0.3)
+    lapsed(store, SHARD)
 
     successor = RedisStore(url_of(redis_proc), Keys("t"))
     try:
@@ -329,7 +337,7 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
         store.close()
 
 
-def test_append_ingress_dedupe(store: RedisStore) -> None:
+def test_append_ingress_dedupe(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     first = store.append_ingress(SHARD, b"m", dedupe="mid-1")
     assert first is not None
     assert store.append_ingress(SHARD, b"m", dedupe="mid-1", dup=True) is None
@@ -338,7 +346,8 @@ def test_append_ingress_dedupe(store: RedisStore) -> None:
     assert store.append_ingress(SHARD, b"m", dup=True) is not None  # no key: no dedupe
     # the marker expires
     assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
-    time.sleep(0.1)
+    seen = store.keys.seen(SHARD, "mid-3")
+    wait_until(lambda: not raw.exists(seen), 10, "the dedupe marker of mid-3 to expire")
     assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dup=True) is not None
     got = store.read_ingress([SHARD], count=100, block_ms=0, pending=False)
     assert len(got) == 6
@@ -405,6 +414,11 @@ def fence_of(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
+def clock_passed(ms: int) -> None:
+    """Until the wall clock (the fence's floor, read by the acquiring client) is past ``ms``."""
+    wait_until(lambda: time.time_ns() // 1_000_000 > ms, 10, f"the wall clock to pass {ms} ms")
+
+
 def test_leases_compare_and_act(store: RedisStore) -> None:
     lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
     before_ms = time.time_ns() // 1_000_000
@@ -436,22 +450,32 @@ def test_fence_never_goes_back_when_its_counter_was_lost(
     assert first is not None
     raw.delete(lease)
     raw.set(fence, fence_of(first) - 5)  # the promoted replica missed the last increments
-    time.sleep(0.01)
+    clock_passed(fence_of(first))
     second = store.acquire(lease, fence, "r2", TTL_MS)
     assert second is not None
     assert fence_of(second) > fence_of(first)
     raw.delete(lease, fence)  # the counter gone altogether
-    time.sleep(0.01)
+    clock_passed(fence_of(second))
     third = store.acquire(lease, fence, "r1", TTL_MS)
     assert third is not None and fence_of(third) > fence_of(second)
 
 
-def test_renew_keeps_a_lease_alive_past_its_first_ttl(store: RedisStore) -> None:
+def test_renew_keeps_a_lease_alive_past_its_first_ttl(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
     token = take_shard(store, ttl_ms=300)
-    for _ in range(4):
-        time.sleep(0.1)
-        assert store.renew(store.keys.lease(SHARD), token, 300)
-    assert store.lease_holder(store.keys.lease(SHARD)) == token
+    lease = store.keys.lease(SHARD)
+    first_expiry_ms = int(raw.pexpiretime(lease))
+    assert first_expiry_ms > 0
+
+    def renewed_past_first_expiry() -> bool:
+        assert store.renew(lease, token, 300)
+        seconds, micros = raw.time()
+        return seconds * 1000 + micros // 1000 > first_expiry_ms
+
+    # renewing on every probe, until Redis's own clock is past the first TTL's end
+    wait_until(renewed_past_first_expiry, 10, "Redis's clock to pass the lease's first expiry")
+    assert store.lease_holder(lease) == token
 
 
 def race_for(stores: list[RedisStore], shard: int) -> list[str | None]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,6 +36,7 @@ from tests.harness import (
     wait_ingress,
 )
 from tests.stack import Stack, stack_on
+from tests.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "lifelong.json"
@@ -91,12 +91,7 @@ class Prometheus:
         return data["result"]  # type: ignore[no-any-return]
 
     def query_until_data(self, expr: str, what: str) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + DATA_TIMEOUT_S
-        while not (result := self.query(expr)):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: no data for {expr}")
-            time.sleep(0.5)
-        return result
+        return wait_until(lambda: self.query(expr), DATA_TIMEOUT_S, f"{what}: data for {expr}")
 
 
 def prometheus_server(workdir: Path, targets: list[str]) -> Server:

@@ -4,7 +4,6 @@ writes). Here every insert is taken in durably and each job exists exactly once.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import redis
@@ -12,6 +11,7 @@ import redis
 from service.keys import Keys
 from tests.harness import NODE, PREFIX, job_resource
 from tests.stack import Stack
+from tests.wait import wait_until
 
 JOBS = 1000
 
@@ -33,17 +33,15 @@ def test_bug16_burst_of_1000_job_inserts(stack: Stack) -> None:
         stack.cloud.client.publish(f"{PREFIX}/{NODE}/downstream", json.dumps(envelope), qos=1)
     client = redis.Redis.from_url(stack.redis_url)
     keys = Keys()
-    deadline = time.monotonic() + 60
-    count = 0
-    while time.monotonic() < deadline:
+
+    def jobs() -> int:
         pipe = client.pipeline()
         for shard in range(16):
             pipe.scard(keys.index(shard))
-        count = sum(pipe.execute())
-        if count >= JOBS:
-            break
-        time.sleep(0.2)
-    assert count == JOBS, f"{count} of {JOBS} jobs exist"
+        return sum(pipe.execute())
+
+    wait_until(lambda: jobs() >= JOBS, 60, f"{JOBS} jobs to exist", detail=lambda: str(jobs()))
+    assert jobs() == JOBS, f"{jobs()} of {JOBS} jobs exist"
     with urllib.request.urlopen(f"http://127.0.0.1:{controller.http_port}/readyz") as r:
         assert r.status == 200
     assert controller.proc is not None and controller.proc.poll() is None, "controller alive"

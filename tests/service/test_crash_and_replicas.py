@@ -94,6 +94,15 @@ def lease_holder(store: redis.Redis, rkey: str) -> str | None:
     return None if raw is None else raw.decode().rsplit(":", 1)[0]
 
 
+def all_held_by(store: redis.Redis, replica: str) -> bool:
+    """Every shard's lease and the MQTT-ingress lease are ``replica``'s, in Redis."""
+    leases = [KEYS.lease(shard) for shard in range(NUM_SHARDS)] + [KEYS.ingress_lease()]
+    return all(
+        raw is not None and raw.decode().rsplit(":", 1)[0] == replica
+        for raw in store.mget(leases)
+    )
+
+
 def canonical(message: dict[str, Any]) -> str:
     """A message without its id: equal strings mean the same message."""
     header = {k: v for k, v in message["header"].items() if k != "id"}
@@ -449,13 +458,13 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
 
         # r1 stops mid-flight, right after the train worker's completion was sent
         r1.freeze()
-        frozen = time.monotonic()
         try:
             rnd.wait_eval_ready(timeout_s=LEASE_S + 6)
             rnd.report_eval_completed()
             rnd.wait_deploy_ready(timeout_s=10)
             assert lease_holder(store, f"job:{NS}/{job}") == "r2"
-            time.sleep(max(0.0, 5.0 - (time.monotonic() - frozen)))
+            # r1's leases have all run out and r2 took every one: r1 wakes up fenced
+            wait_until(lambda: all_held_by(store, "r2"), 15, "r2 holding every lease")
         finally:
             r1.thaw()
 

@@ -8,12 +8,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
 
 from service.demo.progress import Progress
+from tests.wait import wait_until
 
 DEMO = [sys.executable, "-m", "service.cli", "demo", "--fast"]
 BUDGET_S = 60
@@ -41,7 +41,9 @@ def alive(pid: int) -> bool:
 
 
 def test_demo_completes_two_rounds_within_budget() -> None:
-    started = time.monotonic()
+    # The budget is the demo's own: given --timeout-seconds it stops waiting for rounds at
+    # that deadline and exits 1 ("demo failed: ..."), so exit 0 and its last line say the
+    # rounds finished within it; `timeout=` only keeps a hung demo from hanging the suite.
     done = subprocess.run(
         [*DEMO, "--rounds", "2", "--timeout-seconds", str(BUDGET_S - 5)],
         capture_output=True,
@@ -74,7 +76,6 @@ def test_demo_completes_two_rounds_within_budget() -> None:
     )
     held_line = held[0].string
     assert re.search(r"\(accuracy_delta\[0\] = [+-]0\.\d\d, needs > 0\.05\)$", held_line), held_line
-    assert time.monotonic() - started < BUDGET_S
 
 
 def test_demo_stops_everything_it_started_on_sigterm() -> None:
@@ -93,10 +94,12 @@ def test_demo_stops_everything_it_started_on_sigterm() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in started) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in started if alive(pid)]
+    wait_until(
+        lambda: not any(alive(pid) for pid in started),
+        5,
+        "every process the demo started to end",
+        detail=lambda: str([pid for pid in started if alive(pid)]),
+    )
 
 
 def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
@@ -113,8 +116,13 @@ def test_the_live_view_shows_rounds_held_back_by_the_gate() -> None:
         "round 1: deployed (accuracy_delta[0]: nothing deployed to beat)"
     )  # fmt: skip
     status({"phase": "train", "status": "ready", "input": {"outputDir": "/o/train/2"}})
-    evaluating = status({"phase": "eval", "status": "ready",
-                         "input": {"outputDir": "/o/eval/2", "deployedModel": {"url": "/m"}}})
+    evaluating = status(
+        {
+            "phase": "eval",
+            "status": "ready",
+            "input": {"outputDir": "/o/eval/2", "deployedModel": {"url": "/m"}},
+        }
+    )
     assert evaluating == "round 2: evaluating on 0 samples (and the deployed model)"
     models = [{"metrics": {"accuracy": [0.91]}}, {"metrics": {"accuracy": [0.9]}}]
     assert status({"phase": "eval", "status": "completed",

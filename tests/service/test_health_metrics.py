@@ -17,6 +17,7 @@ from tests.harness import (
     lines,
 )
 from tests.stack import Stack
+from tests.wait import wait_until
 
 Series = dict[tuple[tuple[str, str], ...], float]
 PHASE = "lifelong_job_phase_entered_timestamp_seconds"
@@ -41,11 +42,7 @@ def gauge(controller: Controller, name: str) -> float | None:
 
 
 def eventually(check: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    wait_until(check, timeout_s, what)
 
 
 def test_health_gauges_follow_the_replicas_and_their_servers(stack: Stack) -> None:

@@ -34,7 +34,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
+from service.adapters.redis_store import RedisStore
 from service.embedded import Server, find_binary, free_port
+from service.keys import NUM_SHARDS, Keys
 from tests.harness import (
     NODE,
     NS,
@@ -72,7 +74,34 @@ NOT_AUTHORIZED = 0x87
 ACCEPTED = (0x00, 0x10)
 BAD_CREDENTIALS = 0x86
 GRANTED_QOS = (0, 1, 2)
-QUIET_S = 1.0  # how long "nothing arrives" is watched, after traffic provably flowed
+MARKER = "marker/none"  # a topic nothing is published to: subscribed to as a marker
+
+
+def caught_up(*watchers: Peer) -> None:
+    """Until each watcher has everything the broker sent it so far. The broker answers a
+    SUBSCRIBE after it has queued to that connection whatever it routed there before
+    (retained messages of an earlier SUBSCRIBE included), and the client reads in order:
+    once the SUBACK is in, nothing routed to it earlier is still on its way."""
+    for watcher in watchers:
+        watcher.subscribe(MARKER)
+
+
+def upstream_flushed(stack: Stack, cloud: Cloud, marker_peer: Peer) -> None:
+    """Until everything the controller committed for upstream has reached the cloud: its
+    outbox is empty (an entry goes after the broker's PUBACK, when the broker has routed
+    it), then a marker published to the upstream topic after that reaches the cloud."""
+    store = RedisStore(stack.redis_url, Keys())
+    try:
+        wait_until(
+            lambda: not any(store.outbox_read(range(NUM_SHARDS)).values()),
+            10,
+            "the controller's outbox to drain",
+        )
+    finally:
+        store.close()
+    marker = {"header": {"resourceName": "upstream-marker"}, "content": {}}
+    assert marker_peer.publish(UPSTREAM, _json(marker)) in ACCEPTED
+    cloud.wait_for(lambda: cloud.upstream("upstream-marker"), 10, "the upstream marker")
 
 DOWNSTREAM = f"{PREFIX}/{NODE}/downstream"
 UPSTREAM = f"{PREFIX}/{NODE}/upstream"
@@ -342,7 +371,7 @@ def test_workers_may_only_publish_their_namespaces_topics_and_read_nothing(
     assert other.publish(other_topic, b"other's report") in ACCEPTED
     controller.wait_for(lambda: other_topic in controller.topics(), 5, "other")
     cloud.wait_for(lambda: PRESENCE in cloud.topics() and UPSTREAM in cloud.topics(), 5, "up")
-    time.sleep(QUIET_S)
+    caught_up(worker, controller, cloud)
     assert worker.received == [], "a worker read traffic it has no right to"
     assert controller.topics().count(other_topic) == 1, "forgery got through"
     assert [t for t in controller.topics() if "/workers/" in t] == [
@@ -356,7 +385,7 @@ def test_workers_may_only_publish_their_namespaces_topics_and_read_nothing(
     # a late subscriber is not handed a retained message either
     late = peers(OTHER_NS)
     late.subscribe(f"{PREFIX}/#")
-    time.sleep(QUIET_S)
+    caught_up(late)
     assert late.received == []
 
 
@@ -541,7 +570,7 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
             f"reported failed for round 1, but job {NS}/{JOB} is at round 2"
             in cloud.errors()[2]["reason"]
         )
-        time.sleep(QUIET_S)
+        upstream_flushed(stack, cloud, peers("lifelong"))
         assert len(cloud.upstream(JOB)) == after_ready, "the replay changed something"
 
         # round 2's own report still moves it on
@@ -558,7 +587,7 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
         assert train.publish(worker_topic(TRAIN_WORKER), late) in ACCEPTED
         cloud.wait_for(lambda: len(cloud.errors()) == 4, 10, "the late failure's refusal")
         assert "is not running its train stage (it is eval/running" in cloud.errors()[3]["reason"]
-        time.sleep(QUIET_S)
+        upstream_flushed(stack, cloud, peers("lifelong"))
         assert len(cloud.upstream(JOB)) == after_eval, "the late failure was forwarded"
         assert len(cloud.errors()) == 4, cloud.errors()
     finally:
@@ -648,7 +677,7 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
         assert peers(WORKERS).publish(worker_topic(TRAIN_WORKER), _json(report)) in ACCEPTED
         # the controller refuses the report for an unknown job: errors traffic of its own
         cloud.wait_for(lambda: len(cloud.errors()) == 2, 10, "both errors messages")
-        time.sleep(QUIET_S)
+        caught_up(intruder, runner_peer)
         assert intruder.received == [], "the intruder read traffic it has no right to"
         assert runner_peer.received == [], "the runner read beyond its node's upstream"
     finally:

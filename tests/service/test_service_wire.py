@@ -11,7 +11,6 @@ import base64
 import http.client
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from service.adapters.redis_store import RedisStore
+from service.keys import NUM_SHARDS, Keys
 from tests.harness import (
     NODE,
     NS,
@@ -35,6 +36,7 @@ from tests.harness import (
     worker_message,
 )
 from tests.stack import Stack
+from tests.wait import wait_until
 
 DATASET = "wire-dataset"
 JOB = "wire-job"
@@ -197,8 +199,14 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
     bad_dataset = dataset_resource("web-dataset", "http://x")
     padding = {"padding": "x" * (1 << 20)}
     deep_template = job(trainSpec={"template": nested_object(33)})
-    annotated = {**good, "metadata": {"name": "some-job", "namespace": NS,
-                                      "annotations": {"note": "n" * (256 * 1024)}}}
+    annotated = {
+        **good,
+        "metadata": {
+            "name": "some-job",
+            "namespace": NS,
+            "annotations": {"note": "n" * (256 * 1024)},
+        },
+    }
     return [
         ("not json", b"this is { not json", ["not valid JSON"]),
         (
@@ -206,30 +214,61 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
             encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"'),
             ["UTF-8"],
         ),
-        ("wrong type", encoded(envelope("lifelonglearningjob", "insert", wrong_type)),
-         ["$.spec.dataset.trainProb"]),
-        ("unknown kind", encoded(envelope("pod", "insert", good)),
-         ["$.header.resourceKind", "unknown resourceKind 'pod'"]),
-        ("unknown operation", encoded(envelope("lifelonglearningjob", "upsert", good)),
-         ["$.header.operation", "unknown operation 'upsert'"]),
-        ("bad dns name", encoded(envelope("lifelonglearningjob", "insert", bad_name, "Bad_Name")),
-         ["resourceName", "DNS-1123"]),
-        ("dotdot", encoded(envelope("lifelonglearningjob", "insert",
-                                    job(outputDir=f"{out}/../escape"))),
-         ["$.spec.outputDir", "'..'"]),
-        ("http url", encoded(envelope("dataset", "insert", bad_dataset, "web-dataset")),
-         ["$.spec.url", "s3://"]),
-        ("oversize", encoded(envelope("lifelonglearningjob", "insert", {**good, **padding})),
-         ["too large"]),
-        ("base64 not json",
-         encoded(envelope("dataset", "insert", base64.b64encode(b"plain words").decode())),
-         ["$.content", "not valid JSON"]),
-        ("deep", nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
-         ["nesting deeper than"]),
-        ("template too deep", encoded(envelope("lifelonglearningjob", "insert", deep_template)),
-         ["$.spec.trainSpec.template", "nesting deeper than 32 levels"]),
-        ("annotations too large", encoded(envelope("lifelonglearningjob", "insert", annotated)),
-         ["$.metadata.annotations", "larger than 262144 bytes"]),
+        (
+            "wrong type",
+            encoded(envelope("lifelonglearningjob", "insert", wrong_type)),
+            ["$.spec.dataset.trainProb"],
+        ),
+        (
+            "unknown kind",
+            encoded(envelope("pod", "insert", good)),
+            ["$.header.resourceKind", "unknown resourceKind 'pod'"],
+        ),
+        (
+            "unknown operation",
+            encoded(envelope("lifelonglearningjob", "upsert", good)),
+            ["$.header.operation", "unknown operation 'upsert'"],
+        ),
+        (
+            "bad dns name",
+            encoded(envelope("lifelonglearningjob", "insert", bad_name, "Bad_Name")),
+            ["resourceName", "DNS-1123"],
+        ),
+        (
+            "dotdot",
+            encoded(envelope("lifelonglearningjob", "insert", job(outputDir=f"{out}/../escape"))),
+            ["$.spec.outputDir", "'..'"],
+        ),
+        (
+            "http url",
+            encoded(envelope("dataset", "insert", bad_dataset, "web-dataset")),
+            ["$.spec.url", "s3://"],
+        ),
+        (
+            "oversize",
+            encoded(envelope("lifelonglearningjob", "insert", {**good, **padding})),
+            ["too large"],
+        ),
+        (
+            "base64 not json",
+            encoded(envelope("dataset", "insert", base64.b64encode(b"plain words").decode())),
+            ["$.content", "not valid JSON"],
+        ),
+        (
+            "deep",
+            nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
+            ["nesting deeper than"],
+        ),
+        (
+            "template too deep",
+            encoded(envelope("lifelonglearningjob", "insert", deep_template)),
+            ["$.spec.trainSpec.template", "nesting deeper than 32 levels"],
+        ),
+        (
+            "annotations too large",
+            encoded(envelope("lifelonglearningjob", "insert", annotated)),
+            ["$.metadata.annotations", "larger than 262144 bytes"],
+        ),
     ]
 
 
@@ -256,28 +295,58 @@ def worker_rejects() -> list[tuple[str, str, bytes, list[str]]]:
     other_round = worker_message("steady-job", "eval", "failed", worker="steady-job-eval-9")
     return [
         ("not json", topic, b"\x00\x01 binary junk", ["not valid JSON"]),
-        ("invalid utf-8", topic, encoded(ownerName="x").replace(b'"x"', b'"\xc3\x28"'),
-         ["UTF-8"]),
+        ("invalid utf-8", topic, encoded(ownerName="x").replace(b'"x"', b'"\xc3\x28"'), ["UTF-8"]),
         ("wrong type", topic, encoded(namespace=7), ["$.namespace", "str"]),
-        ("bad dns name", worker_topic("Bad_Worker"), encoded(name="Bad_Worker"),
-         ["$.name", "DNS-1123"]),
+        (
+            "bad dns name",
+            worker_topic("Bad_Worker"),
+            encoded(name="Bad_Worker"),
+            ["$.name", "DNS-1123"],
+        ),
         ("oversize", topic, encoded(ownerInfo={"padding": "x" * (1 << 20)}), ["too large"]),
         ("deep", topic, nest(encoded(ownerInfo={"nested": DEEP})), ["nesting deeper than"]),
-        ("unknown job", worker_topic(ghost["name"]), json.dumps(ghost).encode(),
-         ["unknown job default/ghost-job"]),
-        ("foreign worker", worker_topic("intruder"), json.dumps(stranger).encode(),
-         ["'intruder' may not report for job default/steady-job", "steady-job-train-<suffix>"]),
-        ("model outside its round", worker_topic("steady-job-eval-x9"),
-         json.dumps(replayed).encode(), ["'/etc/passwd'", "/eval/1/, the output dir of round 1"]),
-        ("report of another round", worker_topic("steady-job-eval-9"),
-         json.dumps(other_round).encode(),
-         ["failed for round 9, but job default/steady-job is at round 1"]),
-        ("too many results", topic, encoded(results=[{"url": "/m"}] * 101),
-         ["$.results", "more than 100 results"]),
-        ("owner info too deep", topic, encoded(ownerInfo=nested_object(9)),
-         ["$.ownerInfo", "nesting deeper than 8 levels"]),
-        ("too many arrays", topic, encoded(results=[{"url": "/m", "x": [[]] * 10_001}]),
-         ["more than 10000 arrays and objects"]),
+        (
+            "unknown job",
+            worker_topic(ghost["name"]),
+            json.dumps(ghost).encode(),
+            ["unknown job default/ghost-job"],
+        ),
+        (
+            "foreign worker",
+            worker_topic("intruder"),
+            json.dumps(stranger).encode(),
+            ["'intruder' may not report for job default/steady-job", "steady-job-train-<suffix>"],
+        ),
+        (
+            "model outside its round",
+            worker_topic("steady-job-eval-x9"),
+            json.dumps(replayed).encode(),
+            ["'/etc/passwd'", "/eval/1/, the output dir of round 1"],
+        ),
+        (
+            "report of another round",
+            worker_topic("steady-job-eval-9"),
+            json.dumps(other_round).encode(),
+            ["failed for round 9, but job default/steady-job is at round 1"],
+        ),
+        (
+            "too many results",
+            topic,
+            encoded(results=[{"url": "/m"}] * 101),
+            ["$.results", "more than 100 results"],
+        ),
+        (
+            "owner info too deep",
+            topic,
+            encoded(ownerInfo=nested_object(9)),
+            ["$.ownerInfo", "nesting deeper than 8 levels"],
+        ),
+        (
+            "too many arrays",
+            topic,
+            encoded(results=[{"url": "/m", "x": [[]] * 10_001}]),
+            ["more than 10000 arrays and objects"],
+        ),
     ]
 
 
@@ -287,8 +356,9 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     fragile_out = stack.workdir / "fragile-out"
     controller = start(stack)
     apply(cloud, data, out, "steady-job")
-    cloud.downstream("lifelonglearningjob", "insert",
-                     job_resource("fragile-job", DATASET, str(fragile_out)))
+    cloud.downstream(
+        "lifelonglearningjob", "insert", job_resource("fragile-job", DATASET, str(fragile_out))
+    )
     rejected_before = metric_sum(controller, "lifelong_rejections_total")
     started = datetime.now(UTC) - timedelta(seconds=1)
 
@@ -474,6 +544,29 @@ def test_bug11_no_temporary_file_survives_a_round(stack: Stack) -> None:
     assert list(controller_tmp.iterdir()) == []
 
 
+def checked_and_polled(controller: Controller, times: int) -> bool:
+    """The controller has processed ``times`` trigger checks and dataset polls. Every
+    timer that came due counts as a Tick, a dataset's as well as a job's; a dataset's Tick
+    becomes a DatasetPolled once its poll ran, so at most one dataset Tick is ahead of
+    the polls, and the rest of the Ticks beyond the polls are the job's checks."""
+    ticks = metric_sum(controller, "lifelong_events_total", type="Tick")
+    polls = metric_sum(controller, "lifelong_events_total", type="DatasetPolled")
+    return polls >= times and ticks - polls - 1 >= times
+
+
+def upstream_flushed(stack: Stack, store: RedisStore) -> None:
+    """Until everything committed for upstream has reached the cloud: the outbox is empty
+    (each entry is deleted after the broker's PUBACK, so the broker has routed it to the
+    cloud), then a marker the test publishes to the upstream topic reaches the cloud, which
+    the broker delivers after whatever it routed there before."""
+    wait_until(
+        lambda: not any(store.outbox_read(range(NUM_SHARDS)).values()), 10, "the outbox to drain"
+    )
+    marker = {"header": {"resourceName": "upstream-marker"}, "content": {}}
+    stack.cloud.publish(f"{PREFIX}/{NODE}/upstream", json.dumps(marker).encode())
+    stack.cloud.wait_for(lambda: stack.cloud.upstream("upstream-marker"), 10, "the marker")
+
+
 def test_bug12_a_restart_loses_no_progress(stack: Stack) -> None:
     cloud = stack.cloud
     data, out = local_setup(stack)
@@ -484,7 +577,13 @@ def test_bug12_a_restart_loses_no_progress(stack: Stack) -> None:
 
     second = stack.controller("r2")
     before = len(cloud.upstream(JOB))
-    time.sleep(2.5)  # a few poll and check periods: nothing old may be trained again
+    # a few poll and check periods, run by the second: nothing old may be trained again
+    wait_until(lambda: checked_and_polled(second, 2), 20, "two checks and polls by r2")
+    store = RedisStore(stack.redis_url, Keys())
+    try:
+        upstream_flushed(stack, store)
+    finally:
+        store.close()
     assert cloud.upstream(JOB)[before:] == []
     append_lines(data, lines(10, 20))
     ready = cloud.wait_status(JOB, "train", "ready", after=before)["content"]["input"]
@@ -504,9 +603,7 @@ POLL_LINE = re.compile(r"polled dataset default/(\S+): (\d+) samples, (\d+) byte
 
 def polls(controller: Controller, dataset: str) -> list[tuple[int, int]]:
     """(samples, bytes read) of each logged poll of `dataset`, oldest first."""
-    return [
-        (int(m[2]), int(m[3])) for m in POLL_LINE.finditer(controller.log()) if m[1] == dataset
-    ]
+    return [(int(m[2]), int(m[3])) for m in POLL_LINE.finditer(controller.log()) if m[1] == dataset]
 
 
 def test_bug13_growing_a_dataset_reads_only_the_new_bytes(stack: Stack) -> None:
