@@ -60,6 +60,8 @@ OUTBOX_FINISH_S = 2.0
 PRESENCE_INTERVAL_S = 0.5
 THREAD_JOIN_S = 10.0
 LOOP_FAILURE_PAUSE_S = 0.5
+#: how often the main thread, waiting for the replica to stop, wakes to run signal handlers
+MAIN_WAKE_S = 0.5
 #: Each blocking call on a watched thread waits at most this fraction of the lease, so the
 #: thread beats well within half of it (the stall limit) even when a call times out.
 CALL_TIMEOUT_FRACTION = 0.4
@@ -254,7 +256,12 @@ class Replica:
         log.info("replica %s stopped", self.replica)
 
     def wait(self) -> None:
-        self._stop.wait()
+        """Until the replica stops, waking every `MAIN_WAKE_S`: Python runs a signal's
+        handler only in the main thread, once that thread wakes, and the kernel may hand a
+        SIGTERM to another thread (as it does right after a SIGCONT, for one): a main thread
+        asleep with no timeout would then never act on it."""
+        while not self._stop.wait(MAIN_WAKE_S):
+            pass
 
     def _guarded(self, name: str, loop: Callable[[], None], interval_s: float) -> None:
         """Run one loop until stop, beating each time round; no exception ever escapes a

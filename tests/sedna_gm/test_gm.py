@@ -133,6 +133,15 @@ def gm(endpoint: WorkerEndpoint) -> Iterator[SednaGm]:
     sim.close()
 
 
+@pytest.fixture
+def slow_gm(endpoint: WorkerEndpoint) -> Iterator[SednaGm]:
+    """A GM whose workers take half a second: long enough for its sync to see each pod
+    Running (a pod done before that goes from Starting straight to Completed)."""
+    sim = make_gm(endpoint, behaviour=lambda _info: Behaviour(run_s=0.5))
+    yield sim
+    sim.close()
+
+
 def setup(gm: SednaGm, tmp_path: Path, **job: Any) -> tuple[Path, Path]:
     """A dataset file of 10 samples, the dataset and the job applied; their paths."""
     data = tmp_path / "data.txt"
@@ -156,8 +165,9 @@ def wait_latest(gm: SednaGm, condition: tuple[str, str]) -> None:
 
 
 def test_a_round_through_the_stage_machine(
-    gm: SednaGm, endpoint: WorkerEndpoint, tmp_path: Path
+    slow_gm: SednaGm, endpoint: WorkerEndpoint, tmp_path: Path
 ) -> None:
+    gm = slow_gm
     lc = FakeLc(gm)
     data, out = setup(gm, tmp_path)
     lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting at the node")
