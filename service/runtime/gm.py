@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 GM_TOPIC = "gm"
 #: how long the forwarder waits when the link is down, or at most for a new message
 POLL_S = 0.2
+POLL_MS = int(POLL_S * 1000)
 #: the link's record in Redis is refreshed this often, and whenever its status changes
 REPORT_EVERY_S = 2.0
 STORE_RETRY_S = 0.5
@@ -184,8 +185,8 @@ class GmBridge:
                     self._stop.wait(POLL_S)
                 elif (sent := self._send_pending()) is None:
                     self._stop.wait(POLL_S)  # the link refused: it is going down
-                elif not sent:
-                    self._store.gm_outbox_wait(range(NUM_SHARDS), int(POLL_S * 1000))
+                elif not sent and not self._store.gm_outbox_wait(range(NUM_SHARDS), POLL_MS):
+                    self._stop.wait(POLL_S)  # no blocking read here (Redis Cluster)
             except StoreUnavailable as e:
                 log.warning("GM outbox waits for redis: %s", e)
                 self._stop.wait(STORE_RETRY_S)

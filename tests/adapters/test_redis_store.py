@@ -332,7 +332,7 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
         raw.xadd(store.keys.gm_outbox(SHARD), {"payload": b"{}"})
         waiter.join(30)
         assert not waiter.is_alive(), "a new message ends the wait"
-        store.gm_outbox_wait(range(NUM_SHARDS), 60_000)  # one waits: returns at once
+        assert store.gm_outbox_wait(range(NUM_SHARDS), 60_000)  # one waits: returns at once
     finally:
         store.close()
 

@@ -7,7 +7,6 @@ nothing a failover could take back goes out.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 from service.adapters.redis_links import Routed
@@ -82,25 +81,23 @@ class Outboxes:
         """Forget messages the GM link sent."""
         self._delete(self._keys.gm_outbox(shard), stream_ids, "gm_outbox_done")
 
-    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> None:
+    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> bool:
         """Return once a GM outbox of ``shards`` holds a message, or after ``block_ms`` (kept
         under half the socket timeout): a commit on any replica ends the wait at once.
+        False, at once, where no such wait exists: the caller waits its own way.
 
         Sent messages are deleted, so any entry is one to send: a blocking XREAD from id 0
         on every stream returns at once when one is waiting and otherwise when the first is
-        added. A Redis Cluster refuses one read across the shards' slots; there the wait is
-        the whole ``block_ms``."""
+        added. A Redis Cluster refuses one read across the shards' slots."""
         block_ms = min(block_ms, int(self._socket_timeout_s * 500))
-        if not shards or block_ms <= 0:
-            return
-        if self._cluster:
-            time.sleep(block_ms / 1000)
-            return
+        if self._cluster or not shards or block_ms <= 0:
+            return False
         keys = [self._keys.gm_outbox(shard) for shard in shards]
         command: tuple[str | int, ...] = (
             "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *keys, *["0"] * len(keys)
         )  # fmt: skip
         self._redis.run([Routed(keys[0], command)], what="gm_outbox_wait")
+        return True
 
     def _read(
         self, key_of: Callable[[int], str], shards: Sequence[int], count: int, what: str

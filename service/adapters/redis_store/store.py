@@ -170,8 +170,8 @@ class RedisStore:
     def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
         self._outboxes.gm_outbox_done(shard, stream_ids)
 
-    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> None:
-        self._outboxes.gm_outbox_wait(shards, block_ms)
+    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> bool:
+        return self._outboxes.gm_outbox_wait(shards, block_ms)
 
     def pending_effects(self, shards: Sequence[int]) -> dict[int, dict[str, bytes]]:
         return self._outboxes.pending_effects(shards)
