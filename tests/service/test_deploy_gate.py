@@ -115,6 +115,20 @@ def deploy_statuses(stack: Stack) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def gated_job(stack: Stack) -> tuple[Path, Path, Path]:
+    """An empty dataset and the job on it, gated by `CONDITION`, sent by the cloud: the
+    dataset file, the job's outputDir and its deploy file."""
+    data = stack.workdir / "data" / "train.txt"
+    data.parent.mkdir(parents=True)
+    data.touch()
+    out = stack.workdir / "out"
+    job = job_resource(JOB, DATASET, str(out))
+    job["spec"]["deploySpec"]["trigger"] = {"condition": CONDITION}
+    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    stack.cloud.downstream("lifelonglearningjob", "insert", job)
+    return data, out, out / "deploy" / "index.pkl"
+
+
 def next_round(stack: Stack, data: Path, version: int) -> dict[str, Any]:
     """Grow the dataset by 10 samples; wait for round `version`'s deploy decision."""
     before = len(deploy_statuses(stack))
@@ -130,15 +144,7 @@ def test_gate_holds_back_a_worse_model_and_rollback_restores_the_previous(
     stack: Stack, worker: Worker
 ) -> None:
     controller = stack.controller()
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    data.touch()
-    out = stack.workdir / "out"
-    deployed = out / "deploy" / "index.pkl"
-    job = job_resource(JOB, DATASET, str(out))
-    job["spec"]["deploySpec"]["trigger"] = {"condition": CONDITION}
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream("lifelonglearningjob", "insert", job)
+    data, out, deployed = gated_job(stack)
 
     first = next_round(stack, data, 1)
     assert first["status"] == "ready" and first["gate"]["holds"] is True
@@ -252,15 +258,7 @@ def test_a_rollback_to_a_model_file_changed_since_its_deploy_is_refused(
     has changed since (rewritten in place, same length) is refused with the reason, and the
     deploy file keeps the model it holds. Put back, the same file rolls back."""
     stack.controller()
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    data.touch()
-    out = stack.workdir / "out"
-    deployed = out / "deploy" / "index.pkl"
-    job = job_resource(JOB, DATASET, str(out))
-    job["spec"]["deploySpec"]["trigger"] = {"condition": CONDITION}
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream("lifelonglearningjob", "insert", job)
+    data, out, deployed = gated_job(stack)
     for version in (1, 2, 3):  # 1 and 3 deployed, 2 held back
         next_round(stack, data, version)
     assert deployed.read_bytes() == model_bytes(3)
