@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from bench.common import Result
-from service import messages
+from service import wire
 from service.errors import InvalidMessage
 from service.runtime.accept import (
     Accepted,
@@ -53,7 +53,7 @@ def _nested(depth: int) -> str:
 def deep_report() -> bytes:
     """~1 MiB report for a job that need not exist, 62-deep nested lists in ownerInfo."""
     unit = _nested(61)
-    body = ",".join([unit] * ((messages.MAX_PAYLOAD_BYTES - 400) // (len(unit) + 1)))
+    body = ",".join([unit] * ((wire.MAX_PAYLOAD_BYTES - 400) // (len(unit) + 1)))
     head = _report(results=[], ownerInfo={"x": []})[: -len(b"]}}")]
     return head + body.encode() + b"]}}"
 
@@ -69,10 +69,10 @@ def worst_report() -> bytes:
     metric = [0.123456] * 950
     results = [
         {"format": "pkl", "url": f"/out/train/1/m{i}.pkl", "metrics": {"acc": metric}}
-        for i in range(messages.MAX_RESULTS)
+        for i in range(wire.MAX_RESULTS)
     ]
     deep: object = "x" * 60_000
-    for _ in range(messages.MAX_OWNER_INFO_DEPTH - 1):
+    for _ in range(wire.MAX_OWNER_INFO_DEPTH - 1):
         deep = {"k": deep}
     return _report(results=results, ownerInfo=deep)
 
@@ -82,7 +82,7 @@ def worst_job() -> bytes:
     32 levels deep, and 256 KiB of annotations, within the message's 10,000 containers."""
     template: dict[str, object] = {"spec": {}}
     chain: dict[str, object] = template
-    for _ in range(messages.MAX_TEMPLATE_DEPTH - 3):  # + the env list and its items
+    for _ in range(wire.MAX_TEMPLATE_DEPTH - 3):  # + the env list and its items
         inner: dict[str, object] = {}
         chain["c"] = inner
         chain = inner
@@ -127,7 +127,7 @@ def _path_cost(data: bytes) -> tuple[float, str]:
             decode_accepted(encode_accepted(_accept(data)))
             verdict = "accepted"
         except InvalidMessage as e:
-            messages.make_rejection("bench", e.detail, data, datetime.now(UTC))
+            wire.make_rejection("bench", e.detail, data, datetime.now(UTC))
             verdict = e.detail
         best = min(best, time.process_time() - started)
     return best, verdict

@@ -1,7 +1,7 @@
 """Fields a message carries that its wire type does not know: misspellings, or additions of a
 newer sender.
 
-The decoders in `service.messages` ignore unknown fields on purpose (a newer Sedna GM may send
+The decoders in `service.wire` ignore unknown fields on purpose (a newer Sedna GM may send
 more), so a misspelt optional field (`checkPeriodSecond`) would silently fall back to its
 default. This walks a decoded JSON object beside its msgspec type and names every field the
 type does not declare, with the declared field it most resembles. Known fields come from the
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from service.messages import Dataset, LifelongLearningJob, ModelResource
+from service.wire import Dataset, LifelongLearningJob, ModelResource
 
 _HINT_CUTOFF = 0.6
 #: The kinds whose spec the controller interprets, by `kind` in lower case (a joint-inference

@@ -56,7 +56,7 @@ _NO_CREDENTIALS = (
 
 
 class S3CredentialLike(Protocol):
-    """What a dataset's or job's S3 credential carries (``service.messages.S3Credential``)."""
+    """What a dataset's or job's S3 credential carries (``service.wire.S3Credential``)."""
 
     @property
     def endpoint(self) -> str | None: ...

@@ -10,7 +10,7 @@ import argparse
 from typing import TypeAlias
 
 from service import config as config_mod
-from service import messages
+from service import wire
 from service.cli.checking import DEFAULT_NAMESPACE
 from service.cli.envelopes import delete_envelope
 from service.cli.kinds import DATASET, KINDS, Kind, kind_named
@@ -86,7 +86,7 @@ def kind_arg(text: str) -> Kind:
 def _header_arg(namespace: str, name: str) -> None:
     """Check names with the controller's own header rules."""
     try:
-        messages.decode_envelope(delete_envelope(DATASET.wire, namespace, name))
+        wire.decode_envelope(delete_envelope(DATASET.wire, namespace, name))
     except InvalidMessage as e:
         raise argparse.ArgumentTypeError(f"{e.reason}") from None
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service import messages
+from service import wire
 from service.cli.envelopes import envelope_problems, insert_envelope
 from service.cli.kinds import (
     DATASET,
@@ -29,7 +29,7 @@ from service.cli.manifests import Document, documents_of
 from service.config import node_name_problem
 from service.errors import InvalidMessage
 from service.logs import escape_controls, redact
-from service.messages import Resource
+from service.wire import Resource
 from service.wire_fields import unknown_spec_fields
 
 DEFAULT_NAMESPACE = "default"
@@ -42,13 +42,13 @@ _MISSING = object()
 # next check can report the next problem instead of the same one again.
 _REFERENCE: dict[str, dict[str, Any]] = {
     DATASET.wire: {
-        "apiVersion": messages.SEDNA_API_VERSION,
+        "apiVersion": wire.SEDNA_API_VERSION,
         "kind": DATASET.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {"url": "/data/example.txt", "format": "txt", "nodeName": "example-node"},
     },
     JOB.wire: {
-        "apiVersion": messages.SEDNA_API_VERSION,
+        "apiVersion": wire.SEDNA_API_VERSION,
         "kind": JOB.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {
@@ -72,13 +72,13 @@ _REFERENCE: dict[str, dict[str, Any]] = {
         },
     },
     MODEL.wire: {
-        "apiVersion": messages.SEDNA_API_VERSION,
+        "apiVersion": wire.SEDNA_API_VERSION,
         "kind": MODEL.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {"url": "/models/example.pb", "format": "pb"},
     },
     JOINT_INFERENCE.wire: {
-        "apiVersion": messages.SEDNA_API_VERSION,
+        "apiVersion": wire.SEDNA_API_VERSION,
         "kind": JOINT_INFERENCE.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {
@@ -91,7 +91,7 @@ _REFERENCE: dict[str, dict[str, Any]] = {
         },
     },
     FEDERATED_LEARNING.wire: {
-        "apiVersion": messages.SEDNA_API_VERSION,
+        "apiVersion": wire.SEDNA_API_VERSION,
         "kind": FEDERATED_LEARNING.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {
@@ -215,7 +215,7 @@ def resource_problems(
     problems: list[InvalidMessage] = []
     for _ in range(MAX_PROBLEMS_PER_DOCUMENT):
         try:
-            resource = messages.decode_resource(
+            resource = wire.decode_resource(
                 _json_bytes(current), default_namespace=default_namespace
             )
         except InvalidMessage as e:

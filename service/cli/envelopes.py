@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service import messages
+from service import wire
 from service.errors import InvalidMessage
 from service.runtime.accept import downstream_event
 
@@ -21,10 +21,10 @@ def delete_envelope(kind: str, namespace: str, name: str) -> bytes:
 
 
 def _envelope(kind: str, namespace: str, name: str, operation: str, content: object) -> bytes:
-    header = messages.Header(
+    header = wire.Header(
         namespace=namespace, resource_kind=kind, resource_name=name, operation=operation
     )
-    return messages.encode(messages.Envelope(header=header, content=content))
+    return wire.encode(wire.Envelope(header=header, content=content))
 
 
 def envelope_problems(
@@ -35,7 +35,7 @@ def envelope_problems(
     problems = []
     for data in (envelope, delete_envelope(kind, namespace, name)):
         try:
-            downstream_event(messages.decode_envelope(data))
+            downstream_event(wire.decode_envelope(data))
         except InvalidMessage as e:
             problems.append(e)
     return problems

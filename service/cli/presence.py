@@ -25,7 +25,7 @@ from service.adapters.mqtt import Inbound
 from service.cli.connections import store_session
 from service.config import Config
 from service.errors import PermanentError, StoreUnavailable
-from service.messages import Presence
+from service.wire import Presence
 
 #: How long to wait for the presence of every node: retained messages follow the SUBACK at
 #: once, so this only bounds the wait when a node has none (the answer is then "not served").

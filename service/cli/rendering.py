@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from service import messages
+from service import wire
 from service.core import paths, samples
 from service.core.state import DatasetState, JobState, ModelRef, ResourceState
 from service.history import HistoryRecord, last_change_ms
 from service.keys import parse_rkey
 from service.logs import escape_controls, redact
-from service.messages import LifelongLearningJob, StoredResource, rfc3339_utc
 from service.runtime.gm import GmLinkRecord
+from service.wire import LifelongLearningJob, StoredResource, rfc3339_utc
 
 COLUMN_GAP = "   "
 _SECOND_MS = 1000
@@ -188,8 +188,8 @@ def _credential(job: LifelongLearningJob | None) -> str:
     if job is None:
         return "-"
     parts = []
-    if messages.CREDENTIAL_ANNOTATION in job.metadata.annotations:
-        parts.append(f"annotation {messages.CREDENTIAL_ANNOTATION} (hidden)")
+    if wire.CREDENTIAL_ANNOTATION in job.metadata.annotations:
+        parts.append(f"annotation {wire.CREDENTIAL_ANNOTATION} (hidden)")
     if job.spec.credential_name:
         parts.append(f"credentialName {job.spec.credential_name}")
     return ", ".join(parts) or "none (default AWS chain for s3://)"
@@ -345,7 +345,7 @@ def describe_resource(
     ]
     if state.model is not None:
         model = state.model
-        credential = f"annotation {messages.CREDENTIAL_ANNOTATION} (hidden)"
+        credential = f"annotation {wire.CREDENTIAL_ANNOTATION} (hidden)"
         lines += [
             _field("URL", model.url),
             _field("Format", model.format or "-"),
@@ -364,7 +364,7 @@ def describe_resource(
 def _stored_spec_lines(resource: StoredResource | None) -> list[str]:
     """The workers of a joint-inference service or a federated-learning job: their models,
     datasets, nodes and images."""
-    if isinstance(resource, messages.JointInferenceService):
+    if isinstance(resource, wire.JointInferenceService):
         edge, cloud = resource.spec.edge_worker, resource.spec.cloud_worker
         mining = edge.hard_example_mining.name if edge.hard_example_mining else ""
         return [
@@ -372,7 +372,7 @@ def _stored_spec_lines(resource: StoredResource | None) -> list[str]:
             _field("Hard examples", mining or "-"),
             _field("Cloud worker", _worker_line(cloud.model.name, cloud.template)),
         ]
-    if isinstance(resource, messages.FederatedLearningJob):
+    if isinstance(resource, wire.FederatedLearningJob):
         spec = resource.spec
         lines = [
             _field("Aggregation", _worker_line(spec.aggregation_worker.model.name,

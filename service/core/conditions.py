@@ -49,7 +49,7 @@ from service.core.effects import GM_PHASES, Publish
 from service.core.events import Tick, WorkerReported
 from service.core.outcome import Recorder
 from service.core.state import GmSent, GmView, JobState, Phase
-from service.messages import DatasetStatus, JobCondition, JobStatus
+from service.wire import DatasetStatus, JobCondition, JobStatus
 
 replace = msgspec.structs.replace
 

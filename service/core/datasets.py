@@ -21,7 +21,7 @@ from service.core.events import (
 )
 from service.core.outcome import Recorder
 from service.core.state import DatasetInfo, DatasetState, State
-from service.messages import DatasetStatus
+from service.wire import DatasetStatus
 
 replace = msgspec.structs.replace
 

@@ -36,7 +36,7 @@ from service.core.outcome import Recorder
 from service.core.paths import add_prefix, deploy_model
 from service.core.rounds import Deployment, RoundRecord, Scores, remember
 from service.core.state import JobState, ModelRef
-from service.messages import GateResult, JobInput, JobOutput, JobStatus, RollbackResult
+from service.wire import GateResult, JobInput, JobOutput, JobStatus, RollbackResult
 
 replace = msgspec.structs.replace
 

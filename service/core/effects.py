@@ -14,7 +14,7 @@ from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
 from service.core.state import DatasetInfo, RoundPhase
 from service.errors import RejectCode
-from service.messages import DatasetStatus, JobStatus, ReportStatus
+from service.wire import DatasetStatus, JobStatus, ReportStatus
 
 #: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
 GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})

@@ -10,7 +10,7 @@ import msgspec
 
 from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, GmView, JobSpec, ModelInfo, RoundPhase
-from service.messages import ReportedStatus, WorkerKind, WorkerStatus
+from service.wire import ReportedStatus, WorkerKind, WorkerStatus
 
 
 class JobApplied(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job-applied"):

@@ -38,7 +38,7 @@ from service.core.events import (
 from service.core.outcome import Recorder
 from service.core.state import JobState, State
 from service.core.training import MAX_RETRY_DELAY_MS, retry_delay_ms
-from service.messages import JobOutput, JobStatus
+from service.wire import JobOutput, JobStatus
 
 replace = msgspec.structs.replace
 

@@ -9,7 +9,7 @@ import msgspec
 
 from service.core.effects import Effect, Note, Publish, Reject, ScheduleCheck, gm_accepts
 from service.core.state import State
-from service.messages import DatasetStatus, JobStatus
+from service.wire import DatasetStatus, JobStatus
 
 #: applied: the event changed the resource or made it say something; ignored: it changed
 #: nothing but bookkeeping; rejected: it was refused (a `Reject` effect says why).

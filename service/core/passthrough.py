@@ -39,7 +39,7 @@ from service.core.events import OwnerReported, ResourceApplied, ResourceDeleted,
 from service.core.outcome import Recorder
 from service.core.state import ResourceState, State
 from service.keys import FEDERATED_LEARNING_KIND, JOINT_INFERENCE_KIND, MODEL_KIND
-from service.messages import ReportOutput, ReportStatus
+from service.wire import ReportOutput, ReportStatus
 
 replace = msgspec.structs.replace
 

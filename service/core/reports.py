@@ -44,7 +44,7 @@ from service.core.effects import Reject
 from service.core.events import WorkerReported
 from service.core.state import JobState, ModelRef, State
 from service.logs import redact
-from service.messages import MAX_URL_CHARS, STORAGE_URL_PATTERN, Model
+from service.wire import MAX_URL_CHARS, STORAGE_URL_PATTERN, Model
 
 _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
 #: How many of a report's models a job keeps (TensorFlow workers report two, a deploy gate's

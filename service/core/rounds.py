@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from service.core.gate import Metrics
-from service.messages import GateResult, ModelRef
+from service.wire import GateResult, ModelRef
 
 #: Rounds (and rollbacks) a job's history keeps, newest last.
 ROUNDS_KEPT = 50

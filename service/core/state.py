@@ -11,7 +11,7 @@ from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
 from service.core.triggers import TriggerSpec
-from service.messages import ModelRef, RollbackResult
+from service.wire import ModelRef, RollbackResult
 
 Phase = Literal["train", "eval", "deploy"]
 #: waiting: trigger armed, no worker (in deploy: the deploy copy waits for a rollback's copy

@@ -17,7 +17,7 @@ from service.core.outcome import Recorder
 from service.core.rounds import Deployment, RoundOutcome, RoundRecord
 from service.core.state import JobState, ModelRef, RoundPhase
 from service.core.triggers import NUM_OF_SAMPLES, should_fire
-from service.messages import JobInput, JobStatus
+from service.wire import JobInput, JobStatus
 
 replace = msgspec.structs.replace
 

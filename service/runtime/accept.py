@@ -20,7 +20,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from service import messages
+from service import wire
 from service.core.conditions import view_of
 from service.core.events import (
     DatasetApplied,
@@ -89,11 +89,11 @@ def accept_downstream(
     With ``data_roots``, a dataset url or job outputDir outside them (or in a system
     directory) is refused too.
     """
-    downstream = messages.decode_envelope(payload)
+    downstream = wire.decode_envelope(payload)
     if data_roots is not None:
         check_paths(downstream, data_roots)
     event, resource = downstream_event(downstream, from_gm=topic == GM_TOPIC)
-    head = payload[: messages.REJECTION_PAYLOAD_BYTES]
+    head = payload[: wire.REJECTION_PAYLOAD_BYTES]
     return Accepted(event=event, topic=topic, head=head, received_ms=received_ms, resource=resource)
 
 
@@ -109,7 +109,7 @@ def accept_report(
     """A worker report sent under `worker` (its topic level or HTTP path) and, on a
     namespaced topic, under `namespace` (which the broker's ACL grants that namespace's
     workers only), as an event for its owner's kind."""
-    report = report_event(messages.decode_worker_message(payload), channel)
+    report = report_event(wire.decode_worker_message(payload), channel)
     if report.worker != worker:
         raise InvalidMessage(
             f"worker name {report.worker!r} does not match {worker!r} in the topic or path",
@@ -123,7 +123,7 @@ def accept_report(
             "$.namespace",
             code="name_mismatch",
         )
-    head = payload[: messages.REJECTION_PAYLOAD_BYTES]
+    head = payload[: wire.REJECTION_PAYLOAD_BYTES]
     return Accepted(event=report, topic=topic, head=head, received_ms=received_ms)
 
 
@@ -139,25 +139,25 @@ def worker_topic_levels(topic: str) -> tuple[str | None, str] | None:
     return None
 
 
-def digest(resource: messages.Resource) -> str:
+def digest(resource: wire.Resource) -> str:
     """What makes a re-sent resource "identical": its spec and its credential.
 
     Sedna's GM re-sends every resource on each resync, with fresh status and
     resourceVersion; those must not count as a change.
     """
     annotations = resource.metadata.annotations
-    blob = messages.canonical(resource.spec)
-    for name in (messages.CREDENTIAL_ANNOTATION, messages.DEPLOY_TRIGGER_ANNOTATION):
+    blob = wire.canonical(resource.spec)
+    for name in (wire.CREDENTIAL_ANNOTATION, wire.DEPLOY_TRIGGER_ANNOTATION):
         blob += b"\0" + annotations.get(name, "").encode("utf-8", "replace")
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def check_paths(message: messages.Downstream, data_roots: DataRoots) -> None:
+def check_paths(message: wire.Downstream, data_roots: DataRoots) -> None:
     """Refuse a dataset url or outputDir where the controller may not read or write."""
     match message:
-        case messages.DatasetInsert(dataset=dataset):
+        case wire.DatasetInsert(dataset=dataset):
             field, url = "$.spec.url", dataset.spec.url
-        case messages.JobInsert(job=job):
+        case wire.JobInsert(job=job):
             field, url = "$.spec.outputDir", job.spec.output_dir
         case _:
             return
@@ -167,12 +167,12 @@ def check_paths(message: messages.Downstream, data_roots: DataRoots) -> None:
 
 
 def downstream_event(
-    message: messages.Downstream, *, from_gm: bool = False
+    message: wire.Downstream, *, from_gm: bool = False
 ) -> tuple[Event, bytes | None]:
     """The event a downstream message makes; `from_gm`: it came over Sedna's GM link, and a
     job's conditions then drive it."""
     match message:
-        case messages.DatasetInsert(dataset=dataset, raw=raw):
+        case wire.DatasetInsert(dataset=dataset, raw=raw):
             event: Event = DatasetApplied(
                 namespace=dataset.metadata.namespace,
                 name=dataset.metadata.name,
@@ -180,10 +180,10 @@ def downstream_event(
                 format=dataset.spec.normalized_format,
                 digest=digest(dataset),
             )
-            messages.credential_of(dataset.metadata)  # validated now, not at first use
+            wire.credential_of(dataset.metadata)  # validated now, not at first use
             return event, raw
-        case messages.JobInsert(job=job, raw=raw):
-            messages.credential_of(job.metadata)
+        case wire.JobInsert(job=job, raw=raw):
+            wire.credential_of(job.metadata)
             applied = JobApplied(
                 namespace=job.metadata.namespace,
                 name=job.metadata.name,
@@ -192,15 +192,15 @@ def downstream_event(
                 gm=gm_view(job) if from_gm else None,
             )
             return applied, raw
-        case messages.DatasetDelete(namespace=namespace, name=name):
+        case wire.DatasetDelete(namespace=namespace, name=name):
             return DatasetDeleted(namespace=namespace, name=name), None
-        case messages.JobDelete(namespace=namespace, name=name):
+        case wire.JobDelete(namespace=namespace, name=name):
             return JobDeleted(namespace=namespace, name=name), None
-        case messages.JobRollback(namespace=namespace, name=name, version=version):
+        case wire.JobRollback(namespace=namespace, name=name, version=version):
             return RollbackRequested(namespace=namespace, name=name, version=version), None
-        case messages.ResourceInsert(resource=resource, raw=raw):
-            messages.credential_of(resource.metadata)
-            model = resource if isinstance(resource, messages.ModelResource) else None
+        case wire.ResourceInsert(resource=resource, raw=raw):
+            wire.credential_of(resource.metadata)
+            model = resource if isinstance(resource, wire.ModelResource) else None
             stored = ResourceApplied(
                 kind=STORED_KINDS[resource.kind.lower()],
                 namespace=resource.metadata.namespace,
@@ -209,22 +209,22 @@ def downstream_event(
                 model=None if model is None else model_info(model),
             )
             return stored, raw
-        case messages.ResourceDelete(kind=kind, namespace=namespace, name=name):
+        case wire.ResourceDelete(kind=kind, namespace=namespace, name=name):
             return ResourceDeleted(kind=STORED_KINDS[kind], namespace=namespace, name=name), None
     raise InvalidMessage("unsupported downstream message")  # pragma: no cover - exhaustive
 
 
-def model_info(model: messages.ModelResource) -> ModelInfo:
+def model_info(model: wire.ModelResource) -> ModelInfo:
     """What a Model holds, as its state keeps it (the credential only as "named")."""
     return ModelInfo(
         url=model.spec.url,
         format=model.spec.format,
         devices=tuple(model.spec.devices),
-        credential=messages.CREDENTIAL_ANNOTATION in model.metadata.annotations,
+        credential=wire.CREDENTIAL_ANNOTATION in model.metadata.annotations,
     )
 
 
-def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
+def job_spec(job: wire.LifelongLearningJob) -> JobSpec:
     """The part of a LifelongLearningJob the lifecycle reads."""
     spec = job.spec
     trigger = spec.train_spec.trigger
@@ -251,28 +251,28 @@ def job_spec(job: messages.LifelongLearningJob) -> JobSpec:
     )
 
 
-def gm_view(job: messages.LifelongLearningJob) -> GmView:
+def gm_view(job: wire.LifelongLearningJob) -> GmView:
     """What the GM's copy of a job shows (its status conditions)."""
     return view_of(job.status.conditions if job.status is not None else [])
 
 
 #: The longest deploy-trigger annotation read (a condition is a few dozen bytes).
 MAX_TRIGGER_ANNOTATION_BYTES = 4096
-_ANNOTATION_FIELD = f"$.metadata.annotations[{messages.DEPLOY_TRIGGER_ANNOTATION!r}]"
+_ANNOTATION_FIELD = f"$.metadata.annotations[{wire.DEPLOY_TRIGGER_ANNOTATION!r}]"
 
 
-def job_gate(job: messages.LifelongLearningJob) -> GateSpec | None:
+def job_gate(job: wire.LifelongLearningJob) -> GateSpec | None:
     """The deploy gate of a job: `deploySpec.trigger`, or the annotation
     `lifelong.sedna.io/deploy-trigger` (Sedna's CRD and GM drop the former, annotations reach
     the node). Both set and different: refused, saying which."""
     from_spec = gate_spec(job.spec.deploy_spec.trigger)
-    text = job.metadata.annotations.get(messages.DEPLOY_TRIGGER_ANNOTATION)
+    text = job.metadata.annotations.get(wire.DEPLOY_TRIGGER_ANNOTATION)
     if text is None:
         return from_spec
     from_annotation = gate_spec(_trigger_annotation(text))
     if job.spec.deploy_spec.trigger is not None and from_spec != from_annotation:
         raise InvalidMessage(
-            f"deploySpec.trigger and the annotation {messages.DEPLOY_TRIGGER_ANNOTATION} "
+            f"deploySpec.trigger and the annotation {wire.DEPLOY_TRIGGER_ANNOTATION} "
             "set different deploy conditions: keep one of them",
             _ANNOTATION_FIELD,
             code="invalid",
@@ -280,7 +280,7 @@ def job_gate(job: messages.LifelongLearningJob) -> GateSpec | None:
     return from_annotation
 
 
-def _trigger_annotation(text: str) -> messages.DeployTrigger:
+def _trigger_annotation(text: str) -> wire.DeployTrigger:
     """The annotation's `{"condition": {...}}`, as JSON or YAML (no anchors or aliases)."""
     if len(text.encode("utf-8", "replace")) > MAX_TRIGGER_ANNOTATION_BYTES:
         raise InvalidMessage(
@@ -299,7 +299,7 @@ def _trigger_annotation(text: str) -> messages.DeployTrigger:
             code="invalid",
         )
     try:
-        return msgspec.convert(obj, messages.DeployTrigger)
+        return msgspec.convert(obj, wire.DeployTrigger)
     except msgspec.ValidationError as e:
         raise invalid(e, _ANNOTATION_FIELD) from None
 
@@ -314,7 +314,7 @@ def _plain_yaml(text: str) -> Any:
         raise InvalidMessage(reason, _ANNOTATION_FIELD, code="invalid") from None
 
 
-def gate_spec(trigger: messages.DeployTrigger | None) -> GateSpec | None:
+def gate_spec(trigger: wire.DeployTrigger | None) -> GateSpec | None:
     """The deploy gate a deploy trigger's condition sets (None: no condition, or an empty
     operator, as Sedna sends an unset one)."""
     condition = trigger.condition if trigger is not None else None
@@ -337,7 +337,7 @@ NOT_MANAGED = MappingProxyType(
 
 
 def report_event(
-    report: messages.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
+    report: wire.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
 ) -> WorkerReported | OwnerReported:
     """The event of a worker report, for its owner's kind (`ownerKind`)."""
     kind = report.owner_kind
@@ -359,7 +359,7 @@ def report_event(
 
 
 def worker_event(
-    report: messages.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
+    report: wire.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
 ) -> WorkerReported:
     """The event of a lifelong-learning job's worker report."""
     if report.status is None:

@@ -13,7 +13,7 @@ import threading
 
 import msgspec
 
-from service import messages
+from service import wire
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
 from service.core import datasets, paths
@@ -78,7 +78,7 @@ class Executor:
         return None
 
     # ------------------------------------------------------------ credentials
-    def _credential(self, rkey: str, *urls: str) -> messages.S3Credential | None:
+    def _credential(self, rkey: str, *urls: str) -> wire.S3Credential | None:
         """The S3 credential in the resource's `sedna.io/credential` annotation, if any;
         only looked up when one of `urls` is on S3 (local files need none)."""
         if not any(paths.is_remote(url) for url in urls):
@@ -87,8 +87,8 @@ class Executor:
         if raw is None:
             return None
         try:
-            resource = messages.decode_resource(raw)
-            return messages.credential_of(resource.metadata)
+            resource = wire.decode_resource(raw)
+            return wire.credential_of(resource.metadata)
         except InvalidMessage:
             return None  # validated on the way in; a stored one cannot be wrong
 

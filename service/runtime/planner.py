@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from service import history, messages
+from service import history, wire
 from service.adapters.redis_store import Commit, OutboxEntry
 from service.config import Config
 from service.core.effects import (
@@ -191,25 +191,25 @@ class _Fold:
 def _upstream(rkey: str, effect: Publish | Forward, config: Config) -> OutboxEntry:
     """The upstream envelope of a status (or a forwarded report) under the resource's kind;
     its header keeps the effect's stable id."""
-    header = messages.Header(
+    header = wire.Header(
         namespace=effect.namespace,
         resource_kind=parse_rkey(rkey).wire_kind,
         resource_name=effect.name,
         operation="status",
         id=effect.id,
     )
-    payload = messages.encode(messages.UpstreamEnvelope(header=header, content=effect.status))
+    payload = wire.encode(wire.UpstreamEnvelope(header=header, content=effect.status))
     status = effect.status
-    if len(payload) > messages.MAX_PAYLOAD_BYTES and not isinstance(status, messages.DatasetStatus):
+    if len(payload) > wire.MAX_PAYLOAD_BYTES and not isinstance(status, wire.DatasetStatus):
         for trimmed in _trimmed(status, len(payload)):
-            envelope = messages.UpstreamEnvelope(header=header, content=trimmed)
-            payload = messages.encode(envelope)
-            if len(payload) <= messages.MAX_PAYLOAD_BYTES:
+            envelope = wire.UpstreamEnvelope(header=header, content=trimmed)
+            payload = wire.encode(envelope)
+            if len(payload) <= wire.MAX_PAYLOAD_BYTES:
                 break
     return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
 
 
-Forwarded = TypeVar("Forwarded", bound=messages.JobStatus | messages.ReportStatus)
+Forwarded = TypeVar("Forwarded", bound=wire.JobStatus | wire.ReportStatus)
 
 
 def _trimmed(status: Forwarded, size: int) -> Iterator[Forwarded]:
@@ -221,7 +221,7 @@ def _trimmed(status: Forwarded, size: int) -> Iterator[Forwarded]:
         return
     models = output.models or []
     note = (
-        f"the report is {size} bytes forwarded, over the {messages.MAX_PAYLOAD_BYTES}-byte "
+        f"the report is {size} bytes forwarded, over the {wire.MAX_PAYLOAD_BYTES}-byte "
         f"limit: {{}} left out of its {len(models)} results; ownerInfo left out"
     )
     empty = msgspec.Raw(b"{}")

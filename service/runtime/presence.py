@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from service import messages
+from service import wire
 from service.adapters.mqtt import PublishTicket
 from service.config import Config
 from service.runtime.clock import Clock
@@ -26,9 +26,9 @@ OFFLINE_WAIT_S = 2.0
 REPUBLISH_LEASES = 3
 
 
-def presence_payload(replica: str, state: messages.PresenceState, now_ms: int) -> bytes:
+def presence_payload(replica: str, state: wire.PresenceState, now_ms: int) -> bytes:
     since = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds")
-    return messages.encode(messages.Presence(replica=replica, state=state, since=since))
+    return wire.encode(wire.Presence(replica=replica, state=state, since=since))
 
 
 class Presence:
@@ -70,6 +70,6 @@ class Presence:
         """Say `offline` (retained) and wait briefly for the broker to take it."""
         self._publish("offline").wait(OFFLINE_WAIT_S)
 
-    def _publish(self, state: messages.PresenceState) -> PublishTicket:
+    def _publish(self, state: wire.PresenceState) -> PublishTicket:
         payload = presence_payload(self._replica, state, self._clock.now_ms())
         return self._publisher.publish(self._topic, payload, retain=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from service import masking, messages
+from service import masking, wire
 from service.errors import RejectCode, ServiceError, StoreUnavailable
 from service.metrics import Metrics
 from service.runtime.ports import DeadLetters, Publisher
@@ -33,7 +33,7 @@ Queue = Literal["outbox", "gm-outbox", "effects"]
 def rejection_record(topic: str, reason: str, payload: bytes, at_ms: int) -> bytes:
     """The encoded errors-topic record of a refused message (secrets masked)."""
     received = datetime.fromtimestamp(at_ms / 1000, UTC)
-    return messages.encode(messages.make_rejection(topic, reason, payload, received))
+    return wire.encode(wire.make_rejection(topic, reason, payload, received))
 
 
 @dataclass

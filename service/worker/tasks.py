@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from service.errors import ConfigError
-from service.messages import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, STORAGE_URL_PATTERN
+from service.wire import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, STORAGE_URL_PATTERN
 
 log = logging.getLogger("service.worker")
 

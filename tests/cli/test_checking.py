@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service import messages
+from service import wire
 from service.cli import checking
 from service.cli.manifests import Document
 from tests.cli.documents import DATASET, JOB, copy
@@ -56,7 +56,7 @@ def test_an_unknown_kind_stops_at_one_problem() -> None:
 def test_credential_problems_never_show_the_secret() -> None:
     dataset = copy(DATASET)
     secret = '{"SECRET_ACCESS_KEY": "hunter2", "s3-usehttps": "yes"}'
-    dataset["metadata"]["annotations"] = {messages.CREDENTIAL_ANNOTATION: secret}
+    dataset["metadata"]["annotations"] = {wire.CREDENTIAL_ANNOTATION: secret}
     checked = check(dataset)
     assert [p.path for p in checked.problems] == [
         '$.metadata.annotations["sedna.io/credential"].s3-usehttps'
@@ -101,8 +101,8 @@ def test_checked_envelope_is_what_the_controller_accepts() -> None:
     assert (checked.kind, checked.namespace, checked.name, checked.nodes) == (
         "dataset", "team-b", "ds", ("edge-1",),
     )  # fmt: skip
-    decoded = messages.decode_envelope(checked.envelope)
-    assert isinstance(decoded, messages.DatasetInsert)
+    decoded = wire.decode_envelope(checked.envelope)
+    assert isinstance(decoded, wire.DatasetInsert)
     assert decoded.dataset.metadata.namespace == "team-b"
     job = check(JOB, default_namespace="team-b")
     assert job.namespace == "team-a", "a namespace the document names wins"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from service import messages
+from service import wire
 from service.cli import envelopes
 
 
 def test_delete_envelope_decodes_as_a_delete() -> None:
-    decoded = messages.decode_envelope(envelopes.delete_envelope("lifelonglearningjob", "ns", "j"))
-    assert decoded == messages.JobDelete(namespace="ns", name="j")
+    decoded = wire.decode_envelope(envelopes.delete_envelope("lifelonglearningjob", "ns", "j"))
+    assert decoded == wire.JobDelete(namespace="ns", name="j")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service import keys, messages
+from service import keys, wire
 from service.cli import kinds
 from service.cli.envelopes import delete_envelope
 
@@ -38,9 +38,9 @@ def test_unknown_names_are_no_kind() -> None:
 
 def test_wire_kinds_are_what_the_controller_decodes() -> None:
     decoded = {
-        type(messages.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in kinds.KINDS
+        type(wire.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in kinds.KINDS
     }
-    assert decoded == {messages.DatasetDelete, messages.JobDelete, messages.ResourceDelete}
+    assert decoded == {wire.DatasetDelete, wire.JobDelete, wire.ResourceDelete}
     assert {k.title for k in kinds.KINDS} == {
         "Dataset", "LifelongLearningJob", "Model", "JointInferenceService", "FederatedLearningJob",
     }  # fmt: skip

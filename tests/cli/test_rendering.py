@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from service import messages
+from service import wire
 from service.cli import rendering
 from service.core.state import DatasetInfo, DatasetState, GmView, JobSpec, JobState, ModelRef
 from service.core.triggers import TriggerSpec
@@ -105,9 +105,9 @@ def test_round_files_follow_the_phases_the_round_reached() -> None:
 
 def test_describe_job_summarises_spec_progress_and_files() -> None:
     credential = '{"ACCESS_KEY_ID": "a", "SECRET_ACCESS_KEY": "s3cr3t"}'
-    annotations = {messages.CREDENTIAL_ANNOTATION: credential}
+    annotations = {wire.CREDENTIAL_ANNOTATION: credential}
     resource = {**JOB, "metadata": {"name": "j", "annotations": annotations}}
-    job = messages.decode_job(json.dumps(resource).encode())
+    job = wire.decode_job(json.dumps(resource).encode())
     text = "\n".join(rendering.describe_job(job_state(last_error="boom"), job, RECORDS, 10_000))
     assert "Phase:          eval, running (since 6s ago)" in text
     assert "Trigger:        check every 30s; timer 02:00-24:00; when num_of_samples > 500" in text
@@ -165,7 +165,7 @@ def test_a_gm_managed_job_says_what_the_gm_shows_and_what_it_waits_for() -> None
     assert "binds and forwards its workers' reports" in rendering.gm_summary(binding)
     waiting = job_state(
         phase="train", step="waiting", gm=GmView(stage="deploy", type="ready", count=9),
-        gm_rollback=messages.RollbackResult(to_version=2, from_version=3),
+        gm_rollback=wire.RollbackResult(to_version=2, from_version=3),
     )  # fmt: skip
     summary = rendering.gm_summary(waiting)
     assert summary.startswith("shows Deploy/Ready (9 conditions)")

@@ -17,7 +17,7 @@ from service.core.effects import CopyModel, Publish, WriteRound, gm_accepts
 from service.core.events import JobApplied, ModelCopied, RollbackRequested
 from service.core.gate import GateSpec
 from service.core.state import GmView
-from service.messages import JobCondition, JobStatus
+from service.wire import JobCondition, JobStatus
 from tests.core.driver import JOB, NS, Driver, content, info, report, spec
 
 OUT = "/output"

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from service import messages
+from service import wire
 from service.core import passthrough
 from service.core.effects import Forward, Reject
 from service.core.events import Event, OwnerReported, ResourceApplied, ResourceDeleted
@@ -50,7 +50,7 @@ def owner_report(
     )  # fmt: skip
 
 
-def forwarded(outcome: Outcome) -> messages.ReportStatus:
+def forwarded(outcome: Outcome) -> wire.ReportStatus:
     [forward] = [e for e in outcome.effects if isinstance(e, Forward)]
     return forward.status
 
@@ -77,7 +77,7 @@ def test_a_joint_inference_report_is_forwarded_with_its_owner_info_only() -> Non
     outcome = run(state, owner_report("jointinference", JI, f"{JI}-deployment-edge-7d9f-x2k4p",
                                       status=""), now_ms=5000)  # fmt: skip
     status = forwarded(outcome)
-    assert json.loads(messages.encode(status)) == {
+    assert json.loads(wire.encode(status)) == {
         "phase": "inference", "status": "", "output": {"ownerInfo": {"inferenceNumber": 4}},
     }  # fmt: skip
     assert isinstance(outcome.state, ResourceState)
@@ -90,7 +90,7 @@ def test_a_federated_learning_report_is_forwarded_with_its_results_as_models() -
     outcome = run(stored("federatedlearning", FL),
                   owner_report("federatedlearning", FL, f"{FL}-trainworker-0", results=results,
                                status="completed"))  # fmt: skip
-    assert json.loads(messages.encode(forwarded(outcome))) == {
+    assert json.loads(wire.encode(forwarded(outcome))) == {
         "phase": "train", "status": "completed",
         "output": {"models": [{"format": "pb", "url": "/model/a.pb", "extra": [1]}],
                    "ownerInfo": {"inferenceNumber": 4}},
@@ -149,10 +149,10 @@ def test_a_report_binds_to_a_worker_named_for_its_owner(
     assert f"'{name}-" in rejection.reason, "the reason says how its workers are named"
 
 
-def status(models: list[dict[str, Any]] | None, owner_info: object) -> messages.ReportStatus:
+def status(models: list[dict[str, Any]] | None, owner_info: object) -> wire.ReportStatus:
     raw = msgspec.Raw(json.dumps(owner_info).encode())
-    output = messages.ReportOutput(models=models, owner_info=raw)
-    return messages.ReportStatus(phase="train", status="running", output=output)
+    output = wire.ReportOutput(models=models, owner_info=raw)
+    return wire.ReportStatus(phase="train", status="running", output=output)
 
 
 def test_the_gm_takes_every_joint_inference_report() -> None:

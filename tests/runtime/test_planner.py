@@ -10,7 +10,7 @@ import logging
 import msgspec
 import pytest
 
-from service import messages
+from service import wire
 from service.config import Config
 from service.core.effects import AttachDataset, DetachDataset, ReleaseOutputDir, decode_work
 from service.core.events import (
@@ -172,7 +172,7 @@ def test_a_forwarded_report_over_the_size_limit_goes_out_trimmed_with_a_reason()
     )  # fmt: skip
     result = planned(state, event)
     (entry,) = result.commit.outbox
-    assert len(entry.payload) <= messages.MAX_PAYLOAD_BYTES
+    assert len(entry.payload) <= wire.MAX_PAYLOAD_BYTES
     content = json.loads(entry.payload)["content"]
     assert content["output"] == {
         "models": [{"format": "pkl", "url": f"/m{i}"} for i in range(60)],

@@ -19,9 +19,9 @@ from service.adapters.mqtt import MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.keys import Keys
 from service.logs import setup_logging
-from service.messages import REJECTION_PAYLOAD_BYTES
 from service.metrics import Metrics
 from service.runtime.rejections import Rejections
+from service.wire import REJECTION_PAYLOAD_BYTES
 from tests.servers import Server
 from tests.wire.test_masking import leaks, secret_objects
 

@@ -16,7 +16,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import redis
 
-from service import messages
+from service import wire
 from service.keys import Keys, job_key
 from tests.harness import (
     NODE,
@@ -98,4 +98,4 @@ def test_models_kept_and_messages_sent_stay_within_the_limits(stack: Stack) -> N
     assert metric_sum(controller, "lifelong_rejections_total", reason="too_many") == 2
     with cloud._sizes_lock:
         sizes = list(cloud.sizes)
-    assert sizes and max(size for _topic, size in sizes) <= messages.MAX_PAYLOAD_BYTES, sizes
+    assert sizes and max(size for _topic, size in sizes) <= wire.MAX_PAYLOAD_BYTES, sizes

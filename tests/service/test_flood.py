@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from service import messages
+from service import wire
 from tests.harness import (
     NODE,
     PREFIX,
@@ -34,9 +34,9 @@ def hostile_report(i: int) -> tuple[str, bytes]:
     worker = f"nobody-{i}-train-1"
     head = json.dumps(worker_message(f"nobody-{i}", "train", "completed", worker=worker))
     unit = "[" * 61 + "0" + "]" * 61
-    body = ",".join([unit] * ((messages.MAX_PAYLOAD_BYTES - len(head) - 64) // (len(unit) + 1)))
+    body = ",".join([unit] * ((wire.MAX_PAYLOAD_BYTES - len(head) - 64) // (len(unit) + 1)))
     payload = head.replace('"ownerInfo": {"kind": "train"}', '"ownerInfo": {"x": [' + body + "]}")
-    assert len(payload) <= messages.MAX_PAYLOAD_BYTES
+    assert len(payload) <= wire.MAX_PAYLOAD_BYTES
     return f"{PREFIX}/{NODE}/workers/{worker}/info", payload.encode()
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import messages
+from service import wire
 from service.errors import InvalidMessage
-from service.messages import Shape, decode_envelope, decode_worker_message, shape
+from service.wire import Shape, decode_envelope, decode_worker_message, shape
 from tests.wire.test_messages import JOB, envelope, invalid, worker_with
 
 
@@ -78,37 +78,37 @@ def test_brackets_and_escaped_quotes_inside_strings_do_not_count() -> None:
 
 
 def test_too_many_arrays_and_objects_are_refused_before_parsing() -> None:
-    flat = worker_with(results=[{"url": "/o/m", "x": [[]] * (messages.MAX_CONTAINERS + 1)}])
+    flat = worker_with(results=[{"url": "/o/m", "x": [[]] * (wire.MAX_CONTAINERS + 1)}])
     error = refused(flat)
     assert error.code == "too_many" and error.path == "$"
-    assert f"more than {messages.MAX_CONTAINERS} arrays and objects" in error.reason
+    assert f"more than {wire.MAX_CONTAINERS} arrays and objects" in error.reason
 
 
 def test_the_issues_payload_is_refused_at_its_shape() -> None:
     """~1 MiB of 62-deep nested lists in ownerInfo: within the size and depth limits, it
     used to cost 0.5-1.3 s of CPU to parse, twice; now it is never parsed."""
     unit = json.dumps(nested(61))
-    body = ",".join([unit] * ((messages.MAX_PAYLOAD_BYTES - 400) // (len(unit) + 1)))
+    body = ",".join([unit] * ((wire.MAX_PAYLOAD_BYTES - 400) // (len(unit) + 1)))
     filled = b'{"x": [' + body.encode() + b"]}"
     data = worker_with(ownerInfo={"x": []}).replace(b'{"x": []}', filled)
-    assert len(data) <= messages.MAX_PAYLOAD_BYTES
-    assert shape(data).depth <= messages.MAX_NESTING_DEPTH
+    assert len(data) <= wire.MAX_PAYLOAD_BYTES
+    assert shape(data).depth <= wire.MAX_NESTING_DEPTH
     error = refused(data)
     assert error.code == "too_many" and "arrays and objects" in error.reason
 
 
 def test_too_many_values_are_refused() -> None:
-    data = worker_with(results=[{"url": "/o/m", "x": [0] * (messages.MAX_VALUES + 1)}])
+    data = worker_with(results=[{"url": "/o/m", "x": [0] * (wire.MAX_VALUES + 1)}])
     error = refused(data)
-    assert error.code == "too_many" and f"more than {messages.MAX_VALUES} values" in error.reason
+    assert error.code == "too_many" and f"more than {wire.MAX_VALUES} values" in error.reason
     job = copy.deepcopy(JOB)
-    job["spec"]["trainSpec"]["template"]["n"] = [0] * (messages.MAX_VALUES + 1)
+    job["spec"]["trainSpec"]["template"]["n"] = [0] * (wire.MAX_VALUES + 1)
     assert refused(envelope(job), decode_envelope).code == "too_many"
 
 
 # ---------------------------------------------------------------- ownerInfo
 def test_owner_info_may_be_eight_levels_deep_not_nine() -> None:
-    depth = messages.MAX_OWNER_INFO_DEPTH
+    depth = wire.MAX_OWNER_INFO_DEPTH
     decode_worker_message(worker_with(ownerInfo=deep_object(depth)))
     error = refused(worker_with(ownerInfo=deep_object(depth + 1)))
     assert (error.path, error.code) == ("$.ownerInfo", "too_deep")
@@ -119,7 +119,7 @@ def test_owner_info_may_be_eight_levels_deep_not_nine() -> None:
 
 
 def test_owner_info_is_at_most_64_kib() -> None:
-    limit = messages.MAX_OWNER_INFO_BYTES
+    limit = wire.MAX_OWNER_INFO_BYTES
     decode_worker_message(worker_with(ownerInfo={"s": "x" * (limit - 9)}))  # {"s": "..."}
     error = refused(worker_with(ownerInfo={"s": "x" * limit}))
     assert (error.path, error.code) == ("$.ownerInfo", "too_large")
@@ -136,21 +136,21 @@ def test_owner_info_is_kept_as_it_came() -> None:
 # ---------------------------------------------------------------- results and metrics
 def test_at_most_100_results() -> None:
     model = {"url": "/output/train/1/m"}
-    decode_worker_message(worker_with(results=[model] * messages.MAX_RESULTS))
-    error = refused(worker_with(results=[model] * (messages.MAX_RESULTS + 1)))
+    decode_worker_message(worker_with(results=[model] * wire.MAX_RESULTS))
+    error = refused(worker_with(results=[model] * (wire.MAX_RESULTS + 1)))
     assert (error.path, error.code) == ("$.results", "too_many")
 
 
 def test_a_result_is_at_most_eight_levels_deep() -> None:
-    ok = {"url": "/o/m", "x": nested(messages.MAX_RESULT_DEPTH - 1)}
+    ok = {"url": "/o/m", "x": nested(wire.MAX_RESULT_DEPTH - 1)}
     decode_worker_message(worker_with(results=[{"url": "/o/m"}, ok]))
-    deep = {"url": "/o/m", "x": nested(messages.MAX_RESULT_DEPTH)}
+    deep = {"url": "/o/m", "x": nested(wire.MAX_RESULT_DEPTH)}
     error = refused(worker_with(results=[{"url": "/o/m"}, deep]))
     assert (error.path, error.code) == ("$.results[1]", "too_deep")
 
 
 def test_a_metric_list_holds_at_most_1000_numbers() -> None:
-    limit = messages.MAX_METRIC_VALUES
+    limit = wire.MAX_METRIC_VALUES
     decode_worker_message(worker_with(results=[{"url": "/o/m", "metrics": {"acc": [0.5] * limit}}]))
     too_long = {"url": "/o/m", "metrics": {"acc": [0.5], "f1": [0.5] * (limit + 1)}}
     error = refused(worker_with(results=[too_long]))
@@ -161,19 +161,19 @@ def test_a_metric_list_holds_at_most_1000_numbers() -> None:
 @pytest.mark.parametrize("spec", ["trainSpec", "evalSpec", "deploySpec"])
 def test_templates_have_a_size_and_depth_cap(spec: str) -> None:
     job = copy.deepcopy(JOB)
-    job["spec"][spec]["template"] = {"x": "y" * messages.MAX_TEMPLATE_BYTES}
+    job["spec"][spec]["template"] = {"x": "y" * wire.MAX_TEMPLATE_BYTES}
     error = refused(envelope(job), decode_envelope)
     assert (error.path, error.code) == (f"$.spec.{spec}.template", "too_large")
-    job["spec"][spec]["template"] = deep_object(messages.MAX_TEMPLATE_DEPTH + 1)
+    job["spec"][spec]["template"] = deep_object(wire.MAX_TEMPLATE_DEPTH + 1)
     error = refused(envelope(job), decode_envelope)
     assert (error.path, error.code) == (f"$.spec.{spec}.template", "too_deep")
-    job["spec"][spec]["template"] = deep_object(messages.MAX_TEMPLATE_DEPTH)
+    job["spec"][spec]["template"] = deep_object(wire.MAX_TEMPLATE_DEPTH)
     decode_envelope(envelope(job))
 
 
 def test_annotations_are_at_most_256_kib_together() -> None:
     job = copy.deepcopy(JOB)
-    half = messages.MAX_ANNOTATIONS_BYTES // 2
+    half = wire.MAX_ANNOTATIONS_BYTES // 2
     job["metadata"]["annotations"] = {"a": "x" * half, "b": "x" * (half - 2)}
     decode_envelope(envelope(job))
     job["metadata"]["annotations"]["c"] = "x"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service import messages, schemas
+from service import schemas, wire
 from service.core.events import RollbackRequested
 from service.core.gate import GateSpec
 from service.errors import InvalidMessage
@@ -37,7 +37,7 @@ def envelope(operation: str, content: object = None, kind: str = "lifelonglearni
 
 def test_a_deploy_condition_becomes_the_jobs_gate() -> None:
     condition = {"operator": ">", "threshold": "0.1", "metric": "precision_delta[1]"}
-    job = messages.decode_job(json.dumps(with_condition(condition)).encode())
+    job = wire.decode_job(json.dumps(with_condition(condition)).encode())
     assert job_spec(job).gate == GateSpec(
         operator=">", threshold=0.1, metric="precision_delta[1]"
     )
@@ -47,12 +47,12 @@ def test_a_deploy_condition_becomes_the_jobs_gate() -> None:
     "condition", [None, {"operator": "", "threshold": 0, "metric": ""}, {}]
 )
 def test_no_condition_or_an_empty_operator_is_no_gate(condition: dict[str, Any] | None) -> None:
-    job = messages.decode_job(json.dumps(with_condition(condition)).encode())
+    job = wire.decode_job(json.dumps(with_condition(condition)).encode())
     assert job_spec(job).gate is None
 
 
 def test_a_job_without_a_deploy_trigger_has_no_gate() -> None:
-    job = messages.decode_job(json.dumps(JOB).encode())
+    job = wire.decode_job(json.dumps(JOB).encode())
     assert "trigger" not in JOB["spec"]["deploySpec"]
     assert job_spec(job).gate is None
 
@@ -72,7 +72,7 @@ def test_a_bad_deploy_condition_is_refused_naming_the_field(
     condition: dict[str, Any], path: str, words: str
 ) -> None:
     with pytest.raises(InvalidMessage) as caught:
-        messages.decode_job(json.dumps(with_condition(condition)).encode())
+        wire.decode_job(json.dumps(with_condition(condition)).encode())
     assert caught.value.path == "$.spec.deploySpec.trigger.condition" + path
     assert words in caught.value.reason
 

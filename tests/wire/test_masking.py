@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service import masking
-from service.messages import REJECTION_PAYLOAD_BYTES, make_rejection
+from service.wire import REJECTION_PAYLOAD_BYTES, make_rejection
 
 #: Letters found nowhere else in these messages, nor in what base64 runs decode to: any one
 #: of them in a view is a leak, however short the piece of the secret a cut let through.

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import messages
+from service import wire
 from service.core import reports
 from service.errors import InvalidMessage
-from service.messages import (
+from service.runtime.accept import worker_event
+from service.wire import (
     DatasetDelete,
     DatasetInsert,
     JobDelete,
@@ -26,7 +27,6 @@ from service.messages import (
     decode_envelope,
     decode_worker_message,
 )
-from service.runtime.accept import worker_event
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -160,7 +160,7 @@ def test_job_envelope_decodes(as_base64: bool) -> None:
     assert job.spec.dataset.train_prob == 0.8
     trigger = job.spec.train_spec.trigger
     assert trigger.check_period_seconds == 60
-    assert trigger.timer == messages.Timer(start="02:00", end="20:00")
+    assert trigger.timer == wire.Timer(start="02:00", end="20:00")
     assert trigger.condition is not None
     assert trigger.condition.operator == ">"
     assert trigger.condition.threshold_value == 500.0
@@ -204,10 +204,10 @@ def test_raw_decodes_back_to_the_same_resource() -> None:
     dataset = decode_envelope(envelope(DATASET, kind="dataset", name="lifelong-dataset"))
     assert isinstance(job, JobInsert)
     assert isinstance(dataset, DatasetInsert)
-    assert messages.decode_job(job.raw) == job.job
-    assert messages.decode_resource(job.raw) == job.job
-    assert messages.decode_dataset(dataset.raw) == dataset.dataset
-    assert messages.decode_resource(dataset.raw) == dataset.dataset
+    assert wire.decode_job(job.raw) == job.job
+    assert wire.decode_resource(job.raw) == job.job
+    assert wire.decode_dataset(dataset.raw) == dataset.dataset
+    assert wire.decode_resource(dataset.raw) == dataset.dataset
 
 
 def test_informer_objects_without_type_meta_or_namespace_are_accepted() -> None:
@@ -217,7 +217,7 @@ def test_informer_objects_without_type_meta_or_namespace_are_accepted() -> None:
     assert isinstance(decoded, JobInsert)
     assert decoded.job.metadata.namespace == "team-a"
     assert decoded.job.kind == "LifelongLearningJob"
-    stored = messages.decode_resource(decoded.raw)  # raw describes itself
+    stored = wire.decode_resource(decoded.raw)  # raw describes itself
     assert stored == decoded.job
 
 
@@ -280,7 +280,7 @@ def test_defaults_when_trigger_is_absent() -> None:
     decoded = decode_envelope(job_with(lambda j: j["spec"]["trainSpec"].pop("trigger")))
     assert isinstance(decoded, JobInsert)
     trigger = decoded.job.spec.train_spec.trigger
-    assert trigger == messages.Trigger(check_period_seconds=60, timer=None, condition=None)
+    assert trigger == wire.Trigger(check_period_seconds=60, timer=None, condition=None)
 
 
 @pytest.mark.parametrize("fmt", ["TXT", "Csv", "txt"])
@@ -459,7 +459,7 @@ def test_envelope_errors_name_the_field(data: bytes, path: str) -> None:
 
 def test_oversize_payload_is_refused() -> None:
     padded = copy.deepcopy(JOB)
-    padded["metadata"]["annotations"] = {"pad": "x" * messages.MAX_PAYLOAD_BYTES}
+    padded["metadata"]["annotations"] = {"pad": "x" * wire.MAX_PAYLOAD_BYTES}
     error = invalid(envelope(padded))
     assert "payload too large" in error.reason
 
@@ -516,10 +516,10 @@ def test_worker_message_decodes_and_round_trips() -> None:
     assert message.owner_kind == "lifelonglearningjob"
     assert (message.kind, message.status) == ("train", "completed")
     assert message.owner_name == "atcii-classifier-demo"
-    assert decode_worker_message(messages.encode(message)) == message
-    assert json.loads(messages.encode(message))["ownerName"] == "atcii-classifier-demo"
+    assert decode_worker_message(wire.encode(message)) == message
+    assert json.loads(wire.encode(message))["ownerName"] == "atcii-classifier-demo"
     (model,) = reports.usable_models(message.results)
-    assert model == messages.Model(
+    assert model == wire.Model(
         format="pkl", url="/output/train/1/model.pkl", metrics={"acc": 0.9}
     )
 
@@ -592,25 +592,25 @@ def test_worker_message_missing_field() -> None:
 
 
 def test_job_status_uses_sedna_wire_names() -> None:
-    status = messages.JobStatus(
+    status = wire.JobStatus(
         phase="eval",
         status="ready",
-        input=messages.JobInput(
-            models=[messages.ModelRef(format="pkl", url="/output/train/1/model.pkl")],
+        input=wire.JobInput(
+            models=[wire.ModelRef(format="pkl", url="/output/train/1/model.pkl")],
             data_url="/output/data/eval/1/data.csv",
             data_index_url="/output/data/eval/1/dataIndex.txt",
             output_dir="/output/eval/1",
         ),
     )
-    header = messages.Header(
+    header = wire.Header(
         namespace="default",
         resource_kind="lifelonglearningjob",
         resource_name="atcii-classifier-demo",
         operation="status",
         id="abc-1",
     )
-    wire = json.loads(messages.encode(messages.UpstreamEnvelope(header=header, content=status)))
-    assert wire == {
+    sent = json.loads(wire.encode(wire.UpstreamEnvelope(header=header, content=status)))
+    assert sent == {
         "header": {
             "namespace": "default",
             "resourceKind": "lifelonglearningjob",
@@ -632,24 +632,24 @@ def test_job_status_uses_sedna_wire_names() -> None:
 
 
 def test_defaults_are_omitted_and_output_is_always_complete() -> None:
-    train = messages.JobStatus(phase="train", status="ready", input=messages.JobInput())
-    assert json.loads(messages.encode(train)) == {"phase": "train", "status": "ready", "input": {}}
-    forwarded = messages.JobStatus(
-        phase="train", status="failed", output=messages.JobOutput(models=[], owner_info={})
+    train = wire.JobStatus(phase="train", status="ready", input=wire.JobInput())
+    assert json.loads(wire.encode(train)) == {"phase": "train", "status": "ready", "input": {}}
+    forwarded = wire.JobStatus(
+        phase="train", status="failed", output=wire.JobOutput(models=[], owner_info={})
     )
-    assert json.loads(messages.encode(forwarded))["output"] == {"models": [], "ownerInfo": {}}
-    count = messages.DatasetStatus(number_of_samples=0)
-    assert messages.encode(count) == b'{"numberOfSamples":0}'
+    assert json.loads(wire.encode(forwarded))["output"] == {"models": [], "ownerInfo": {}}
+    count = wire.DatasetStatus(number_of_samples=0)
+    assert wire.encode(count) == b'{"numberOfSamples":0}'
     upstream = json.loads(
-        messages.encode(
-            messages.UpstreamEnvelope(
-                header=messages.Header(
+        wire.encode(
+            wire.UpstreamEnvelope(
+                header=wire.Header(
                     namespace="default",
                     resource_kind="dataset",
                     resource_name="d",
                     operation="status",
                 ),
-                content=messages.DatasetStatus(number_of_samples=7),
+                content=wire.DatasetStatus(number_of_samples=7),
             )
         )
     )
@@ -660,19 +660,19 @@ def test_defaults_are_omitted_and_output_is_always_complete() -> None:
 def test_rejection_keeps_first_4_kib_and_utc_time() -> None:
     payload = bytes(range(256)) * 20
     moment = datetime(2024, 5, 1, 14, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
-    rejection = messages.make_rejection("sedna/edge/downstream", "bad", payload, moment)
+    rejection = wire.make_rejection("sedna/edge/downstream", "bad", payload, moment)
     assert base64.b64decode(rejection.payload) == payload[:4096]
     assert rejection.received_at == "2024-05-01T12:00:00.123Z"
-    wire = json.loads(messages.encode(rejection))
-    assert set(wire) == {"topic", "reason", "payload", "receivedAt"}
-    naive = messages.make_rejection("t", "r", b"x", datetime(2024, 1, 1))
+    sent = json.loads(wire.encode(rejection))
+    assert set(sent) == {"topic", "reason", "payload", "receivedAt"}
+    naive = wire.make_rejection("t", "r", b"x", datetime(2024, 1, 1))
     assert naive.received_at == "2024-01-01T00:00:00.000Z"
 
 
 def test_presence_encodes() -> None:
-    since = messages.rfc3339_utc(datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC))
-    presence = messages.Presence(replica="r-1", state="online", since=since)
-    assert json.loads(messages.encode(presence)) == {
+    since = wire.rfc3339_utc(datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC))
+    presence = wire.Presence(replica="r-1", state="online", since=since)
+    assert json.loads(wire.encode(presence)) == {
         "replica": "r-1",
         "state": "online",
         "since": "2024-01-02T03:04:05.000Z",
@@ -683,22 +683,22 @@ def test_presence_encodes() -> None:
 
 
 def _job_with_credential(text: str) -> bytes:
-    return job_with(_set(["metadata", "annotations"], {messages.CREDENTIAL_ANNOTATION: text}))
+    return job_with(_set(["metadata", "annotations"], {wire.CREDENTIAL_ANNOTATION: text}))
 
 
 def test_credential_is_parsed() -> None:
     decoded = decode_envelope(_job_with_credential(CREDENTIAL))
     assert isinstance(decoded, JobInsert)
-    credential = messages.credential_of(decoded.job.metadata)
-    assert credential == messages.S3Credential(
+    credential = wire.credential_of(decoded.job.metadata)
+    assert credential == wire.S3Credential(
         endpoint="127.0.0.1:9000",
         use_https=False,
         access_key_id="AKIAEXAMPLE",
         secret_access_key=SECRET,
     )
-    assert messages.credential_of(messages.ObjectMeta(name="x")) is None
-    default = messages.credential_of(
-        messages.ObjectMeta(name="x", annotations={messages.CREDENTIAL_ANNOTATION: "{}"})
+    assert wire.credential_of(wire.ObjectMeta(name="x")) is None
+    default = wire.credential_of(
+        wire.ObjectMeta(name="x", annotations={wire.CREDENTIAL_ANNOTATION: "{}"})
     )
     assert default is not None
     assert default.use_https is True
@@ -708,7 +708,7 @@ def test_credential_is_parsed() -> None:
 def test_secret_never_appears_in_reprs() -> None:
     decoded = decode_envelope(_job_with_credential(CREDENTIAL))
     assert isinstance(decoded, JobInsert)
-    credential = messages.credential_of(decoded.job.metadata)
+    credential = wire.credential_of(decoded.job.metadata)
     assert SECRET.encode() in decoded.raw  # stored for the executor, but never shown:
     for shown in (credential, decoded, decoded.job, decoded.job.metadata):
         assert SECRET not in repr(shown)
@@ -835,7 +835,7 @@ def test_mutated_worker_messages_raise_only_invalid_message(worker: dict[str, An
     except InvalidMessage:
         return
     reports.usable_models(message.results)  # never raises either
-    assert msgspec.json.decode(messages.encode(message))["name"] == message.name
+    assert msgspec.json.decode(wire.encode(message))["name"] == message.name
 
 
 # --- job names its workers' names can carry ---------------------------------------------------

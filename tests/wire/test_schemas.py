@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from service import messages, schemas
+from service import schemas, wire
 from tests.sedna_kinds import FEDERATED_LEARNING, FL_REPORT, JI_REPORT, JOINT_INFERENCE, MODELS
 from tests.wire.test_messages import DATASET, JOB, WORKER
 
@@ -152,41 +152,41 @@ def test_asyncapi_operations_and_messages_resolve() -> None:
 
 
 def _upstream_status() -> bytes:
-    header = messages.Header(
+    header = wire.Header(
         namespace="default",
         resource_kind="lifelonglearningjob",
         resource_name="atcii-classifier-demo",
         operation="status",
         id="m-1",
     )
-    status = messages.JobStatus(
+    status = wire.JobStatus(
         phase="train",
         status="ready",
-        input=messages.JobInput(data_url="/output/data/train/1/data.csv", output_dir="/o/train/1"),
+        input=wire.JobInput(data_url="/output/data/train/1/data.csv", output_dir="/o/train/1"),
     )
-    return messages.encode(messages.UpstreamEnvelope(header=header, content=status))
+    return wire.encode(wire.UpstreamEnvelope(header=header, content=status))
 
 
 def _forwarded_report() -> bytes:
     """A joint-inference report forwarded as Sedna's LC forwards it: no status given."""
-    header = messages.Header(
+    header = wire.Header(
         namespace="default",
         resource_kind="jointinferenceservice",
         resource_name="helmet-detection-inference-example",
         operation="status",
         id="m-2",
     )
-    output = messages.ReportOutput(owner_info=msgspec.Raw(b'{"inferenceNumber": 3}'))
-    status = messages.ReportStatus(phase="inference", status="", output=output)
-    return messages.encode(messages.UpstreamEnvelope(header=header, content=status))
+    output = wire.ReportOutput(owner_info=msgspec.Raw(b'{"inferenceNumber": 3}'))
+    status = wire.ReportStatus(phase="inference", status="", output=output)
+    return wire.encode(wire.UpstreamEnvelope(header=header, content=status))
 
 
 def _upstream_count() -> bytes:
-    header = messages.Header(
+    header = wire.Header(
         namespace="default", resource_kind="dataset", resource_name="d", operation="status"
     )
-    count = messages.DatasetStatus(number_of_samples=12)
-    return messages.encode(messages.UpstreamEnvelope(header=header, content=count))
+    count = wire.DatasetStatus(number_of_samples=12)
+    return wire.encode(wire.UpstreamEnvelope(header=header, content=count))
 
 
 def _valid_samples() -> list[tuple[str, Any]]:
@@ -200,10 +200,10 @@ def _valid_samples() -> list[tuple[str, Any]]:
         },
         "content": JOB,
     }
-    forwarded = messages.JobStatus(
+    forwarded = wire.JobStatus(
         phase="eval",
         status="completed",
-        output=messages.JobOutput(models=WORKER["results"], owner_info={}),
+        output=wire.JobOutput(models=WORKER["results"], owner_info={}),
     )
     return [
         ("envelope.json", envelope),
@@ -217,7 +217,7 @@ def _valid_samples() -> list[tuple[str, Any]]:
         ("jointinferenceservice.json", JOINT_INFERENCE),
         ("federatedlearningjob.json", FEDERATED_LEARNING),
         ("upstream-envelope.json", json.loads(_forwarded_report())),
-        ("job-status.json", json.loads(messages.encode(forwarded))),
+        ("job-status.json", json.loads(wire.encode(forwarded))),
         ("dataset-status.json", {"numberOfSamples": 3}),
         ("rollback-envelope.json", ROLLBACK),
         ("rollback-envelope.json", {"header": {**ROLLBACK["header"], "operation": "Rollback"}}),
@@ -225,13 +225,13 @@ def _valid_samples() -> list[tuple[str, Any]]:
         ("upstream-envelope.json", json.loads(_upstream_count())),
         (
             "rejection.json",
-            json.loads(messages.encode(messages.make_rejection("t", "r", b"x", now))),
+            json.loads(wire.encode(wire.make_rejection("t", "r", b"x", now))),
         ),
         (
             "presence.json",
             json.loads(
-                messages.encode(
-                    messages.Presence(replica="r1", state="online", since=messages.rfc3339_utc(now))
+                wire.encode(
+                    wire.Presence(replica="r1", state="online", since=wire.rfc3339_utc(now))
                 )
             ),
         ),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service import messages
+from service import wire
 from service.core.events import OwnerReported, ResourceApplied, ResourceDeleted, WorkerReported
 from service.errors import InvalidMessage
 from service.runtime.accept import accept_downstream, accept_report
@@ -39,7 +39,7 @@ def refused(data: bytes) -> InvalidMessage:
 
 @pytest.mark.parametrize("resource", [*MODELS, JOINT_INFERENCE, FEDERATED_LEARNING])
 def test_sedna_examples_decode_unchanged(resource: dict[str, Any]) -> None:
-    decoded = messages.decode_resource(json.dumps(resource).encode())
+    decoded = wire.decode_resource(json.dumps(resource).encode())
     assert decoded.kind == resource["kind"]
     accepted = accept_downstream("t", envelope(resource["kind"], "insert", resource), 0)
     assert isinstance(accepted.event, ResourceApplied)
@@ -48,7 +48,7 @@ def test_sedna_examples_decode_unchanged(resource: dict[str, Any]) -> None:
 
 def test_a_model_keeps_url_format_devices_and_whether_it_names_a_credential() -> None:
     model = copy.deepcopy(MODELS[1])
-    model["metadata"]["annotations"] = {messages.CREDENTIAL_ANNOTATION: json.dumps(
+    model["metadata"]["annotations"] = {wire.CREDENTIAL_ANNOTATION: json.dumps(
         {"ACCESS_KEY_ID": "a", "SECRET_ACCESS_KEY": "b"})}  # fmt: skip
     event = accept_downstream("t", envelope("model", "insert", model), 0).event
     assert isinstance(event, ResourceApplied) and event.model is not None
@@ -111,7 +111,7 @@ def test_bad_fields_are_refused_naming_them(
     bad = copy.deepcopy(resource)
     change(bad)
     with pytest.raises(InvalidMessage) as caught:
-        messages.decode_resource(json.dumps(bad).encode())
+        wire.decode_resource(json.dumps(bad).encode())
     assert caught.value.path == path
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service import messages
+from service import wire
 from service.wire_fields import unknown_fields, unknown_spec_fields
 
 JOB: dict[str, Any] = {
@@ -59,7 +59,7 @@ def test_dataset_spec_and_case_insensitive_hints() -> None:
 
 
 def test_known_fields_come_from_the_types_wire_names() -> None:
-    (field,) = unknown_fields({"checkPeriodSeconds": 1, "x": 2}, messages.Trigger)
+    (field,) = unknown_fields({"checkPeriodSeconds": 1, "x": 2}, wire.Trigger)
     assert field.path == "$.x"
     assert field.known == ("checkPeriodSeconds", "timer", "condition")
     assert unknown_spec_fields({"kind": "Pod", "spec": {"x": 1}}) == []
@@ -71,6 +71,6 @@ def test_the_service_still_accepts_unknown_fields() -> None:
     # the required fields beside their misspellings, which stay
     sent["spec"]["dataset"]["trainProb"] = 0.5
     sent["spec"]["trainSpec"]["trigger"]["condition"]["metric"] = "num_of_samples"
-    job = messages.decode_resource(json.dumps(sent).encode())
-    assert isinstance(job, messages.LifelongLearningJob)
+    job = wire.decode_resource(json.dumps(sent).encode())
+    assert isinstance(job, wire.LifelongLearningJob)
     assert job.spec.train_spec.trigger.check_period_seconds == 60, "the default, as before"

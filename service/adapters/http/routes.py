@@ -23,7 +23,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from service.messages import DNS_SUBDOMAIN_PATTERN
+from service.wire import DNS_SUBDOMAIN_PATTERN
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from service import messages
+from service import wire
 from service.adapters.mqtt import Inbound
 from service.cli.arguments import (
     COMMON_NOTE,
@@ -99,12 +99,12 @@ def _version_arg(text: str) -> int:
 
 def rollback_envelope(namespace: str, name: str, version: int | None) -> bytes:
     """The downstream `rollback` of a job (checked by the controller's own decoder)."""
-    header = messages.Header(
+    header = wire.Header(
         namespace=namespace, resource_kind=JOB.wire, resource_name=name, operation="rollback"
     )
     content = None if version is None else {"version": version}
-    envelope = messages.encode(messages.Envelope(header=header, content=content))
-    messages.decode_envelope(envelope)
+    envelope = wire.encode(wire.Envelope(header=header, content=content))
+    wire.decode_envelope(envelope)
     return envelope
 
 

@@ -13,7 +13,7 @@ import queue
 import sys
 from collections.abc import Sequence
 
-from service import messages
+from service import wire
 from service.adapters.mqtt import Inbound
 from service.cli.arguments import (
     COMMON_NOTE,
@@ -129,7 +129,7 @@ def _delete(args: argparse.Namespace) -> int:
     outgoing = []
     for name in args.names:
         envelope = delete_envelope(args.kind.wire, args.namespace, name)
-        messages.decode_envelope(envelope)  # the controller's own header rules
+        wire.decode_envelope(envelope)  # the controller's own header rules
         outgoing.append((f"delete of {args.kind.wire} {args.namespace}/{name}", topic, envelope))
     _send(cfg, "delete", [args.node or cfg.node_name], outgoing, args)
     return EXIT_OK

@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from service import messages
+from service import wire
 from service.adapters.redis_store import RedisStore
 from service.cli.arguments import (
     COMMON_NOTE,
@@ -45,9 +45,9 @@ from service.errors import InvalidMessage, PermanentError
 from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
-from service.messages import LifelongLearningJob, StoredResource
 from service.runtime.gm import GmLinkRecord
 from service.urls import redact_url
+from service.wire import LifelongLearningJob, StoredResource
 
 HISTORY_FOR_AGE = 100
 DEFAULT_HISTORY = 20
@@ -224,7 +224,7 @@ def _decoded_job(raw: bytes | None) -> LifelongLearningJob | None:
     if raw is None:
         return None
     try:
-        return messages.decode_job(raw)
+        return wire.decode_job(raw)
     except InvalidMessage:
         return None
 
@@ -233,6 +233,6 @@ def _decoded_stored(raw: bytes | None) -> StoredResource | None:
     if raw is None:
         return None
     try:
-        return messages.decode_stored(raw)
+        return wire.decode_stored(raw)
     except InvalidMessage:
         return None
