@@ -15,6 +15,7 @@ from service.cli.checking import DEFAULT_NAMESPACE
 from service.cli.envelopes import delete_envelope
 from service.cli.kinds import DATASET, KINDS, Kind, kind_named
 from service.errors import InvalidMessage
+from service.settings import node_name_problem
 
 # argparse's type is generic only to type checkers, hence the string.
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -102,7 +103,7 @@ def namespace_arg(text: str) -> str:
 
 
 def node_arg(text: str) -> str:
-    problem = config_mod.node_name_problem(text)
+    problem = node_name_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text

@@ -26,9 +26,9 @@ from service.cli.kinds import (
     kind_of_wire,
 )
 from service.cli.manifests import Document, documents_of
-from service.config import node_name_problem
 from service.errors import InvalidMessage
 from service.logs import escape_controls, redact
+from service.settings import node_name_problem
 from service.wire import Resource
 from service.wire_fields import unknown_spec_fields
 

@@ -25,8 +25,8 @@ from kubernetes_validate.utils import all_versions
 from service.adapters.http import HttpServer
 from service.cli import build_parser
 from service.config import Config
-from service.config.settings import SETTINGS
 from service.metrics import Metrics
+from service.settings import SETTINGS
 from tests.deploy.kustomize import Resource, pod_specs, render
 
 ROOT = Path(__file__).resolve().parents[2]

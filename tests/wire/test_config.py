@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from service.config import Config, add_arguments, from_args
-from service.config.settings import SETTINGS
 from service.core.paths import DataRoots
 from service.errors import ConfigError
+from service.settings import SETTINGS
 
 BASE = {"LIFELONG_NODE_NAME": "edge-1"}
 
