@@ -4,8 +4,11 @@ The types in `service.wire` are the single source of truth; the JSON Schemas and
 AsyncAPI document are derived from them, never edited by hand, and a test fails when the
 committed files drift from a fresh generation (`python -m service.schemas --check`).
 
-Usage: ``python -m service.schemas [--check] [--out DIR]``.
+Usage: ``python -m service.schemas [--check] [--out DIR]``, or ``lifelong schemas`` (the same
+flags).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -310,6 +313,24 @@ def _differing(files: Mapping[str, bytes], out_dir: Path) -> list[str]:
         for name, content in files.items()
         if not (out_dir / name).is_file() or (out_dir / name).read_bytes() != content
     )
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `lifelong schemas`: regenerate (or check) the JSON Schemas and AsyncAPI document."""
+    schema = commands.add_parser(
+        "schemas",
+        help="generate schemas/ (JSON Schema + AsyncAPI) from the wire types",
+        description="Write the JSON Schemas and AsyncAPI document; --check only compares.",
+    )
+    schema.add_argument("--check", action="store_true", help="exit 1 if schemas/ is stale")
+    schema.add_argument("--out", default=None, help="output directory (default: schemas/)")
+    schema.set_defaults(func=_schemas)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    extra = ["--check"] if args.check else []
+    extra += ["--out", args.out] if args.out else []
+    return main(extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

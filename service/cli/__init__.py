@@ -1,4 +1,5 @@
-"""`lifelong`: the command line of the controller.
+"""`lifelong`: the command line of the controller, its argument parser (every subcommand,
+registered by the module that runs it) and `main`.
 
 Failures print one clear line and exit non-zero, never a traceback. Exit codes: 0 success;
 1 the command ran and found a problem; 2 bad usage or configuration; 3 a server the command
@@ -7,15 +8,45 @@ needs is unreachable.
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from service import demo, schemas, worker
+from service.cli import sending, serving, viewing
+from service.cli.arguments import Subcommands
 from service.cli.connections import EXIT_INTERRUPTED, exit_code
-from service.cli.parser import build_parser
 from service.errors import ServiceError
 from service.logs import escape_controls, redact
 
 __all__ = ["build_parser", "main"]
+
+#: What adds each group of subcommands (parsers with `func=handler`, handler(args) -> exit
+#: code), in the order `lifelong --help` lists them.
+REGISTRARS: tuple[Callable[[Subcommands], None], ...] = (
+    serving.register,
+    schemas.register,
+    sending.register_send,
+    sending.register_rollback,
+    viewing.register_status,
+    viewing.register_watch,
+    sending.register_validate,
+    worker.register,
+    demo.register,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lifelong",
+        description="Edge controller of Sedna lifelong-learning jobs.",
+        epilog="exit codes: 0 ok, 1 problem found, 2 bad usage or configuration, "
+        "3 server unreachable",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in REGISTRARS:
+        register(commands)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,14 @@ from typing import TypeAlias
 
 from service import config as config_mod
 from service import wire
-from service.cli.checking import DEFAULT_NAMESPACE
-from service.cli.envelopes import delete_envelope
-from service.cli.kinds import DATASET, KINDS, Kind, kind_named
+from service.cli.manifests import (
+    DATASET,
+    DEFAULT_NAMESPACE,
+    KINDS,
+    Kind,
+    delete_envelope,
+    kind_named,
+)
 from service.errors import InvalidMessage
 from service.settings import node_name_problem
 

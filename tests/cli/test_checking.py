@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from service import wire
-from service.cli import checking
+from service.cli import manifests
 from service.cli.manifests import Document
 from tests.cli.documents import DATASET, JOB, copy
 
 
-def check(obj: object, **kwargs: Any) -> checking.Checked:
-    return checking.check_document(Document("f.yaml: document 1", obj), **kwargs)
+def check(obj: object, **kwargs: Any) -> manifests.Checked:
+    return manifests.check_document(Document("f.yaml: document 1", obj), **kwargs)
 
 
 def test_every_field_problem_is_reported_with_its_path() -> None:
@@ -23,7 +23,7 @@ def test_every_field_problem_is_reported_with_its_path() -> None:
     job["spec"]["trainSpec"]["trigger"] = {"timer": {"start": "25:00", "end": "24:00"}}
     job["spec"]["outputDir"] = "relative"
     del job["spec"]["deploySpec"]
-    resource, problems = checking.resource_problems(job)
+    resource, problems = manifests.resource_problems(job)
     assert resource is None
     assert [p.path for p in problems] == [
         "$.metadata.name",
@@ -38,12 +38,12 @@ def test_every_field_problem_is_reported_with_its_path() -> None:
 def test_a_bad_operator_does_not_invent_further_problems() -> None:
     job = copy(JOB)
     job["spec"]["trainSpec"]["trigger"] = {"condition": {"operator": "~"}}
-    _, problems = checking.resource_problems(job)
+    _, problems = manifests.resource_problems(job)
     assert [p.path for p in problems] == ["$.spec.trainSpec.trigger.condition.operator"]
 
 
 def test_an_unknown_kind_stops_at_one_problem() -> None:
-    _, problems = checking.resource_problems({"kind": "Pod", "metadata": {"name": "x"}})
+    _, problems = manifests.resource_problems({"kind": "Pod", "metadata": {"name": "x"}})
     assert [(p.path, p.reason) for p in problems] == [
         (
             "$.kind",
@@ -79,18 +79,18 @@ def test_unexpanded_shell_variable_is_pointed_out() -> None:
      ("$.metadata.annotations[...]", ["metadata", "annotations"], False), ("x", [], False)],
 )  # fmt: skip
 def test_parse_path(path: str, segments: list[str | int], exact: bool) -> None:
-    assert checking.parse_path(path) == (segments, exact)
+    assert manifests.parse_path(path) == (segments, exact)
 
 
 def test_each_resource_routes_to_the_node_it_names() -> None:
-    assert checking.target_nodes(DATASET, "default-node") == (("edge-1",), [])
-    assert checking.target_nodes(JOB, "default-node") == (("edge-2",), [])
+    assert manifests.target_nodes(DATASET, "default-node") == (("edge-1",), [])
+    assert manifests.target_nodes(JOB, "default-node") == (("edge-2",), [])
     unrouted = copy(JOB)
     unrouted["spec"]["trainSpec"]["template"] = {"spec": {"containers": []}}
-    assert checking.target_nodes(unrouted, "default-node") == (("default-node",), [])
+    assert manifests.target_nodes(unrouted, "default-node") == (("default-node",), [])
     bad = copy(JOB)
     bad["spec"]["trainSpec"]["template"]["spec"]["nodeName"] = "a/b"
-    nodes, problems = checking.target_nodes(bad, "default-node")
+    nodes, problems = manifests.target_nodes(bad, "default-node")
     assert nodes == ()
     assert [p.path for p in problems] == ["$.spec.trainSpec.template.spec.nodeName"]
 

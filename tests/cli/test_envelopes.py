@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from service import wire
-from service.cli import envelopes
+from service.cli import manifests
 
 
 def test_delete_envelope_decodes_as_a_delete() -> None:
-    decoded = wire.decode_envelope(envelopes.delete_envelope("lifelonglearningjob", "ns", "j"))
+    decoded = wire.decode_envelope(manifests.delete_envelope("lifelonglearningjob", "ns", "j"))
     assert decoded == wire.JobDelete(namespace="ns", name="j")

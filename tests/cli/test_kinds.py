@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from service import keys, wire
-from service.cli import kinds
-from service.cli.envelopes import delete_envelope
+from service.cli import manifests
+from service.cli.manifests import delete_envelope
 
 
 @pytest.mark.parametrize(
@@ -24,23 +24,23 @@ from service.cli.envelopes import delete_envelope
      ("federatedlearningjob", "federatedlearningjob", keys.FEDERATED_LEARNING_KIND)],
 )  # fmt: skip
 def test_every_alias_names_one_kind(typed: str, wire: str, store: str) -> None:
-    kind = kinds.kind_named(typed)
+    kind = manifests.kind_named(typed)
     assert kind is not None
     assert (kind.wire, kind.store) == (wire, store)
-    assert kinds.kind_of_wire(wire) is kind
+    assert manifests.kind_of_wire(wire) is kind
 
 
 def test_unknown_names_are_no_kind() -> None:
-    assert kinds.kind_named("pods") is None
+    assert manifests.kind_named("pods") is None
     with pytest.raises(ValueError, match="not a wire kind"):
-        kinds.kind_of_wire("job")  # a store kind, not a wire kind
+        manifests.kind_of_wire("job")  # a store kind, not a wire kind
 
 
 def test_wire_kinds_are_what_the_controller_decodes() -> None:
     decoded = {
-        type(wire.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in kinds.KINDS
+        type(wire.decode_envelope(delete_envelope(k.wire, "ns", "x"))) for k in manifests.KINDS
     }
     assert decoded == {wire.DatasetDelete, wire.JobDelete, wire.ResourceDelete}
-    assert {k.title for k in kinds.KINDS} == {
+    assert {k.title for k in manifests.KINDS} == {
         "Dataset", "LifelongLearningJob", "Model", "JointInferenceService", "FederatedLearningJob",
     }  # fmt: skip

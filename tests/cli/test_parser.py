@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from service import cli
-from service.cli import kinds
+from service.cli import manifests
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -45,7 +45,7 @@ def test_help_examples_name_the_shipped_examples() -> None:
     for command in ("describe", "delete"):
         epilog = subcommands.choices[command].epilog or ""
         for kind, name in re.findall(rf"lifelong {command} (\w+) ([\w-]+)", epilog):
-            named.append((kinds.kind_named(kind), name))
+            named.append((manifests.kind_named(kind), name))
     assert len(named) >= 4, named
     for kind, name in named:
         assert kind is not None and (kind.wire, name) in shipped, (kind, name)

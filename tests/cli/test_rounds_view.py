@@ -8,9 +8,8 @@ import msgspec
 import pytest
 
 from service.cli import main
-from service.cli.checking import resource_problems
-from service.cli.commands.rollback import answer_of, rollback_envelope
-from service.cli.rounds import (
+from service.cli.manifests import resource_problems
+from service.cli.rendering import (
     describe_json,
     describe_lines,
     get_columns,
@@ -18,6 +17,7 @@ from service.cli.rounds import (
     metric_value,
     sparkline,
 )
+from service.cli.sending import answer_of, rollback_envelope
 from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord
 from service.core.state import JobSpec, JobState, ModelRef

@@ -1,20 +1,29 @@
-"""`lifelong get` and `lifelong describe`: what the controllers wrote to Redis, as tables and
+"""The commands that show what the controllers did: `lifelong get` and `lifelong describe` (what
+they wrote to Redis) and `lifelong watch` (what they publish, as it happens).
+
+`lifelong get` and `lifelong describe`: what the controllers wrote to Redis, as tables and
 detailed views (read only), for every kind: jobs, datasets, models, joint-inference services
-and federated-learning jobs."""
+and federated-learning jobs.
+
+`lifelong watch`: upstream status and rejections as they happen.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
 import time
 
 import msgspec
 
 from service import wire
+from service.adapters.mqtt import Inbound
 from service.adapters.redis_store import RedisStore
 from service.cli.arguments import (
     COMMON_NOTE,
+    DEFAULT_TIMEOUT_S,
     Subcommands,
     add_connection_flags,
     add_namespace_flag,
@@ -22,23 +31,34 @@ from service.cli.arguments import (
     kind_arg,
     name_arg,
     namespace_arg,
+    node_arg,
+    seconds_arg,
     subcommand,
 )
-from service.cli.connections import EXIT_OK, EXIT_PROBLEM, command_config, store_session
-from service.cli.kinds import DATASET, JOB
+from service.cli.connections import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    command_config,
+    mqtt_session,
+    store_session,
+)
+from service.cli.manifests import DATASET, JOB
 from service.cli.rendering import (
     dataset_row,
     describe_dataset,
     describe_job,
+    describe_json,
+    describe_lines,
     describe_resource,
+    get_columns,
     gm_link_line,
     history_lines,
     job_row,
     render,
     resource_row,
     shown,
+    watch_line,
 )
-from service.cli.rounds import describe_json, describe_lines, get_columns
 from service.core.rounds import decode_rounds
 from service.core.state import DatasetState, JobState, ResourceState, State, decode_state
 from service.errors import InvalidMessage, PermanentError
@@ -90,7 +110,7 @@ workers forwarded upstream.
 )
 
 
-def register(commands: Subcommands) -> None:
+def register_status(commands: Subcommands) -> None:
     """Add get and describe."""
     get = subcommand(
         commands, "get", "list jobs, datasets, models, ji or fl with their progress", GET_EXAMPLES
@@ -236,3 +256,56 @@ def _decoded_stored(raw: bytes | None) -> StoredResource | None:
         return wire.decode_stored(raw)
     except InvalidMessage:
         return None
+
+
+WATCH_EXAMPLES = (
+    """examples:
+  lifelong watch                         # until Ctrl-C
+  lifelong watch --count 3 --timeout 30  # stop after 3 messages or 30 s
+  lifelong watch -o json | jq .
+
+With --count, exit 1 when fewer messages arrived before the timeout."""
+    + COMMON_NOTE
+)
+
+
+def register_watch(commands: Subcommands) -> None:
+    """Add watch."""
+    watch = subcommand(
+        commands, "watch", "print upstream status and rejections as they happen", WATCH_EXAMPLES
+    )
+    watch.add_argument("--count", type=count_arg, default=None, metavar="N",
+                       help="stop after N messages")  # fmt: skip
+    watch.add_argument("--timeout", type=seconds_arg, default=None, metavar="SECONDS",
+                       help="stop after this long")  # fmt: skip
+    watch.add_argument("--node", type=node_arg, default=None,
+                       help="edge node (default: LIFELONG_NODE_NAME)")  # fmt: skip
+    watch.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    add_connection_flags(watch)
+    watch.set_defaults(func=_watch)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    cfg = command_config(args)
+    node_cfg = cfg.for_node(args.node or cfg.node_name)
+    topics = [node_cfg.upstream_topic_filter(), node_cfg.errors_topic()]
+    inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+    connect_s = args.timeout or DEFAULT_TIMEOUT_S
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    seen = 0
+    with mqtt_session(cfg, "watch", connect_s, subscriptions=topics, inbound=inbound):
+        print(f"watching {' and '.join(topics)}", file=sys.stderr, flush=True)
+        while args.count is None or seen < args.count:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                msg = inbound.get(timeout=remaining)
+            except queue.Empty:
+                break
+            seen += 1
+            print(watch_line(msg.topic, msg.payload, msg.received_at, args.output), flush=True)
+    if args.count is not None and seen < args.count:
+        print(f"watch: {seen} of {args.count} messages before the timeout", file=sys.stderr)
+        return EXIT_PROBLEM
+    return EXIT_OK

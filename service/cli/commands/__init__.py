@@ -1,1 +1,0 @@
-"""One module per group of `lifelong` subcommands; each has `register(commands)`."""
