@@ -12,7 +12,7 @@ import sys
 from typing import Literal, TextIO
 
 from service import cli
-from service.cli import serving
+from service.cli import running
 from service.logs import setup_logging
 
 
@@ -30,10 +30,10 @@ def main() -> int:
 
     # Replace the name `lifelong serve` sets logging up with; should that call move, the
     # replacement would go unused and the controllers would log at INFO unnoticed.
-    if getattr(serving, "setup_logging", None) is not setup_logging:
+    if getattr(running, "setup_logging", None) is not setup_logging:
         print("bench.serve: `lifelong serve` no longer calls setup_logging", file=sys.stderr)
         return 2
-    serving.setup_logging = setup_at_level  # type: ignore[attr-defined]
+    running.setup_logging = setup_at_level  # type: ignore[attr-defined]
     return cli.main(sys.argv[2:])
 
 

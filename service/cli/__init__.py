@@ -12,29 +12,14 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from service import demo, schemas, worker
-from service.cli import sending, serving, viewing
+from service import schemas
+from service.cli import running, sending, viewing
 from service.cli.arguments import Subcommands
 from service.cli.connections import EXIT_INTERRUPTED, exit_code
 from service.errors import ServiceError
 from service.logs import escape_controls, redact
 
 __all__ = ["build_parser", "main"]
-
-#: What adds each group of subcommands (parsers with `func=handler`, handler(args) -> exit
-#: code), in the order `lifelong --help` lists them.
-REGISTRARS: tuple[Callable[[Subcommands], None], ...] = (
-    serving.register,
-    schemas.register,
-    sending.register_send,
-    sending.register_rollback,
-    viewing.register_status,
-    viewing.register_watch,
-    sending.register_validate,
-    worker.register,
-    demo.register,
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -44,7 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
         "3 server unreachable",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in REGISTRARS:
+    # Each group's register function adds its parsers (with `func=handler`, handler(args) ->
+    # exit code), in the order `lifelong --help` lists them.
+    registrars: tuple[Callable[[Subcommands], None], ...] = (
+        running.register_serve,
+        schemas.register,
+        sending.register_send,
+        sending.register_rollback,
+        viewing.register_status,
+        viewing.register_watch,
+        sending.register_validate,
+        running.register_worker,
+        running.register_demo,
+    )
+    for register in registrars:
         register(commands)
     return parser
 

@@ -33,14 +33,14 @@ Broker and Redis come from LIFELONG_MQTT_URL and LIFELONG_REDIS_URL (or the flag
 
 
 def subcommand(
-    commands: Subcommands, name: str, summary: str, epilog: str
+    commands: Subcommands, name: str, summary: str, epilog: str, description: str | None = None
 ) -> argparse.ArgumentParser:
-    """A subcommand whose description is its one-line summary and whose epilog (examples)
-    keeps its line breaks."""
+    """A subcommand whose description is `description` or else its one-line summary, and
+    whose epilog (examples) keeps its line breaks."""
     return commands.add_parser(
         name,
         help=summary,
-        description=summary[0].upper() + summary[1:] + ".",
+        description=description or summary[0].upper() + summary[1:] + ".",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

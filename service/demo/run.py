@@ -1,4 +1,6 @@
-"""One demo run: servers, controllers, worker and feed up, then follow upstream until done."""
+"""One demo run: the servers it runs on (mosquitto, redis-server and two controller replicas),
+the worker and the feed up, then follow upstream until done.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,19 +25,73 @@ from rich.live import Live
 from service import config as config_mod
 from service import embedded
 from service.adapters.mqtt import MqttClient, MqttSettings
-from service.demo.progress import Progress, pct
 from service.demo.scenario import (
     NODE,
+    REPLICAS,
     Feeder,
     Pace,
+    Progress,
     dataset_resource,
     envelope,
     job_resource,
+    pct,
 )
-from service.demo.servers import READY_TIMEOUT_S, controllers, ensure_servers
 from service.embedded import ControllerProcess
-from service.errors import BrokerUnavailable
+from service.errors import BrokerUnavailable, ConfigError
 from service.worker import Worker, WorkerSettings
+
+PACKAGES = ("mosquitto", "redis-server")
+READY_TIMEOUT_S = 20.0
+
+
+def ensure_servers() -> None:
+    """mosquitto and redis-server on the PATH, installed with apt-get when root on Debian."""
+    missing = [name for name in PACKAGES if not _found(name)]
+    if not missing:
+        return
+    debian = Path("/etc/debian_version").exists() and shutil.which("apt-get") is not None
+    if not (debian and os.geteuid() == 0):
+        raise ConfigError(
+            f"demo needs {' and '.join(missing)} on the PATH: install them "
+            f"(Debian/Ubuntu: sudo apt-get install {' '.join(PACKAGES)}; macOS: brew install "
+            "mosquitto redis) or run the stack with `docker compose up`"
+        )
+    print(f"installing {' '.join(missing)} with apt-get ...", file=sys.stderr, flush=True)
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise ConfigError(f"{' '.join(argv)} failed (exit {done.returncode})")
+
+
+def _found(name: str) -> bool:
+    try:
+        embedded.find_binary(name, f"/usr/sbin/{name}", f"/usr/bin/{name}")
+    except ConfigError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def controllers(workdir: Path, env: dict[str, str]) -> Iterator[list[ControllerProcess]]:
+    """The demo's replicas, started and ready (BrokerUnavailable with a replica's log
+    otherwise); stopped at the end."""
+    started = [
+        ControllerProcess(replica, workdir / f"controller-{replica}.log", env)
+        for replica in REPLICAS
+    ]
+    try:
+        for controller in started:
+            controller.start()
+        for controller in started:
+            try:
+                controller.wait_ready(READY_TIMEOUT_S)
+            except (RuntimeError, TimeoutError) as e:
+                raise BrokerUnavailable(str(e)) from e
+        yield started
+    finally:
+        for controller in started:
+            controller.stop()
+
 
 PUBACK_TIMEOUT_S = 10.0
 
@@ -119,7 +177,7 @@ def _client(cfg: config_mod.Config) -> Iterator[MqttClient]:
 
 @contextlib.contextmanager
 def _worker(cfg: config_mod.Config, replica: ControllerProcess, workdir: Path) -> Iterator[Worker]:
-    model = (sys.executable, "-m", "service.demo_model")
+    model = (sys.executable, "-m", "service.demo.comfort")
     worker = Worker(
         cfg,
         WorkerSettings(

@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from service import config as config_mod
-from service import demo_model
 from service.adapters.s3 import S3Clients
 from service.cli import build_parser
+from service.demo import comfort
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLLERS = ("controller-1", "controller-2")
@@ -114,8 +114,8 @@ def test_worker_speaks_the_controllers_topics(services: dict[str, Any]) -> None:
     worker = services["worker"]
     args = build_parser().parse_args(worker["command"])
     assert args.command == "worker"
-    assert args.train_command == "python -m service.demo_model train"
-    assert args.eval_command == "python -m service.demo_model eval"
+    assert args.train_command == "python -m service.demo.comfort train"
+    assert args.eval_command == "python -m service.demo.comfort eval"
     worker_cfg = config_of(worker)
     controller = config_of(services[CONTROLLERS[0]])
     report_topic = f"{worker_cfg.topic_prefix}/{worker_cfg.node_name}/workers/w-train-1/info"
@@ -276,8 +276,8 @@ def test_a_feeder_applies_the_examples_and_grows_their_dataset(
             assert args.command == "apply"
             applied.append(words[words.index("-f") + 1])
         else:
-            assert words[:3] == ["python", "-m", "service.demo_model"] and words[3] == "feed"
-            feeds.append(demo_model.feed_parser().parse_args(words[4:]))
+            assert words[:3] == ["python", "-m", "service.demo.comfort"] and words[3] == "feed"
+            feeds.append(comfort.feed_parser().parse_args(words[4:]))
     assert applied == ["examples/dataset.yaml", "examples/lifelonglearningjob.yaml"]
     assert steps.index(next(s for s in steps if "apply" in s)) == 1, "the file exists first"
     assert [str(f.path) for f in feeds] == [dataset_url, dataset_url]
@@ -288,10 +288,10 @@ def test_a_feeder_applies_the_examples_and_grows_their_dataset(
 
     # the feed itself, on a real file: a header, then batches, resuming after a restart
     data = tmp_path / "trainData.csv"
-    assert demo_model.feed(data, every_s=0, batch=first.batch, limit=first.limit, seed=1) == 60
-    assert demo_model.feed(data, every_s=0, batch=first.batch, limit=first.limit, seed=1) == 0
-    assert demo_model.feed(data, every_s=0, batch=forever.batch, limit=110, seed=2) == 50
+    assert comfort.feed(data, every_s=0, batch=first.batch, limit=first.limit, seed=1) == 60
+    assert comfort.feed(data, every_s=0, batch=first.batch, limit=first.limit, seed=1) == 0
+    assert comfort.feed(data, every_s=0, batch=forever.batch, limit=110, seed=2) == 50
     lines = data.read_text().splitlines()
-    assert lines[0] == demo_model.CSV_HEADER and len(lines) == 111
-    features, labels = demo_model.read_csv(str(data))
+    assert lines[0] == comfort.CSV_HEADER and len(lines) == 111
+    features, labels = comfort.read_csv(str(data))
     assert features.shape == (110, 2) and set(labels) <= {0.0, 1.0}

@@ -1,10 +1,10 @@
 """The demo's model: thermal comfort from temperature and humidity, by logistic regression.
 
-`python -m service.demo_model train|eval` is what the demo's worker runs, reading the
+`python -m service.demo.comfort train|eval` is what the demo's worker runs, reading the
 environment a Sedna worker pod gets (TRAIN_DATASET_URL / TEST_DATASET_URL, MODEL_URLS,
 OUTPUT_URL, and DEPLOYED_MODEL_URL when the job has a deploy condition) and writing its
 results to `$LIFELONG_RESULTS_FILE`, so it doubles as an example of a worker command.
-`python -m service.demo_model feed PATH` keeps appending samples to a dataset file (what
+`python -m service.demo.comfort feed PATH` keeps appending samples to a dataset file (what
 compose.yaml's feeder runs, so that `docker compose up` shows rounds). Small and numpy-only
 on purpose: a round trains in milliseconds, which keeps the demo about the controller rather
 than the model.
@@ -200,7 +200,7 @@ def evaluate(env: Mapping[str, str]) -> dict[str, object]:
 
 def feed_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m service.demo_model feed",
+        prog="python -m service.demo.comfort feed",
         description="Keep appending labelled thermal-comfort samples to a csv dataset.",
     )
     parser.add_argument("path", type=Path, help="the dataset file (created with its header)")
@@ -222,17 +222,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             feed(options.path, every_s=options.every, batch=options.batch, limit=options.limit,
                  seed=options.seed)  # fmt: skip
         except OSError as e:
-            print(f"demo_model feed: {e}", file=sys.stderr)
+            print(f"comfort feed: {e}", file=sys.stderr)
             return 1
         return 0
     if args not in (["train"], ["eval"]):
-        print("usage: python -m service.demo_model train|eval|feed PATH", file=sys.stderr)
+        print("usage: python -m service.demo.comfort train|eval|feed PATH", file=sys.stderr)
         return 2
     try:
         results = train(os.environ) if args[0] == "train" else evaluate(os.environ)
     except (KeyError, OSError, ValueError) as e:
         what = f"missing variable {e}" if isinstance(e, KeyError) else str(e)
-        print(f"demo_model {args[0]}: {what}", file=sys.stderr)
+        print(f"comfort {args[0]}: {what}", file=sys.stderr)
         return 1
     Path(os.environ["LIFELONG_RESULTS_FILE"]).write_text(json.dumps(results))
     return 0
