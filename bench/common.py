@@ -22,14 +22,8 @@ import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from redis import Redis
 
-from service.embedded import (
-    ControllerProcess,
-    SentinelTopology,
-    Server,
-    mosquitto_server,
-    redis_server,
-    sentinel_topology,
-)
+from service.embedded.processes import ControllerProcess, Server, mosquitto_server, redis_server
+from service.embedded.topologies import SentinelTopology, sentinel_topology
 from service.keys import NUM_SHARDS, Keys
 
 NODE = "bench-node"

@@ -34,7 +34,7 @@ from bench.lifecycle import (
     transition_latency,
     wait_ingress,
 )
-from service.embedded import SENTINEL_FAILOVER_TIMEOUT_MS
+from service.embedded.topologies import SENTINEL_FAILOVER_TIMEOUT_MS
 
 LABEL = "Sentinel, 1 replica, WAIT 1"
 

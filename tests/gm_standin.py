@@ -46,7 +46,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from service.embedded import free_port
+from service.embedded.processes import free_port
 from tests.wait import wait_until
 
 T = TypeVar("T")

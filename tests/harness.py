@@ -20,7 +20,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from service.embedded import ControllerProcess
+from service.embedded.processes import ControllerProcess
 from tests.wait import wait_until
 
 NODE = "edge-node"

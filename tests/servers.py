@@ -10,19 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from service.embedded import (
-    ClusterTopology,
-    SentinelTopology,
+from service.embedded.processes import (
     Server,
-    cluster_topology,
     find_binary,
     free_port,
     mosquitto_server,
     redis_server,
-    sentinel_topology,
     wait_port,
 )
-from service.embedded import running as running_all
+from service.embedded.processes import running as running_all
+from service.embedded.topologies import (
+    ClusterTopology,
+    SentinelTopology,
+    cluster_topology,
+    sentinel_topology,
+)
 
 __all__ = [
     "ClusterTopology",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.embedded import Server
+from service.embedded.processes import Server
 from tests.harness import (
     Cloud,
     Controller,

@@ -22,10 +22,10 @@ from types import FrameType
 from rich.console import Console
 
 from service import config as config_mod
-from service import embedded
 from service.cli.arguments import Subcommands, subcommand
 from service.cli.connections import EXIT_OK
 from service.demo.run import DemoOptions, run, sigterm_as_interrupt
+from service.embedded import processes
 from service.errors import ConfigError
 from service.logs import setup_logging
 from service.runtime import Replica
@@ -79,9 +79,9 @@ def _embedded_servers(enabled: bool) -> Iterator[tuple[str, str] | None]:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="lifelong-") as tmp:
-        broker = embedded.mosquitto_server(Path(tmp) / "mosquitto")
-        redis = embedded.redis_server(Path(tmp) / "redis", "--appendonly", "yes")
-        with embedded.running(broker, redis):
+        broker = processes.mosquitto_server(Path(tmp) / "mosquitto")
+        redis = processes.redis_server(Path(tmp) / "redis", "--appendonly", "yes")
+        with processes.running(broker, redis):
             print(
                 f"embedded mosquitto on mqtt://127.0.0.1:{broker.port}, "
                 f"redis-server on redis://127.0.0.1:{redis.port}/0",

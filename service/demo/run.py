@@ -23,7 +23,6 @@ from rich.console import Console
 from rich.live import Live
 
 from service import config as config_mod
-from service import embedded
 from service.adapters.mqtt import MqttClient, MqttSettings
 from service.demo.scenario import (
     NODE,
@@ -36,7 +35,8 @@ from service.demo.scenario import (
     job_resource,
     pct,
 )
-from service.embedded import ControllerProcess
+from service.embedded import processes
+from service.embedded.processes import ControllerProcess
 from service.errors import BrokerUnavailable, ConfigError
 from service.worker import Worker, WorkerSettings
 
@@ -65,7 +65,7 @@ def ensure_servers() -> None:
 
 def _found(name: str) -> bool:
     try:
-        embedded.find_binary(name, f"/usr/sbin/{name}", f"/usr/bin/{name}")
+        processes.find_binary(name, f"/usr/sbin/{name}", f"/usr/bin/{name}")
     except ConfigError:
         return False
     return True
@@ -134,9 +134,9 @@ def _run_in(
     console: Console,
     started_s: float,
 ) -> bool:
-    broker = embedded.mosquitto_server(workdir / "mosquitto")
-    redis = embedded.redis_server(workdir / "redis", "--appendonly", "yes")
-    with embedded.running(broker, redis):
+    broker = processes.mosquitto_server(workdir / "mosquitto")
+    redis = processes.redis_server(workdir / "redis", "--appendonly", "yes")
+    with processes.running(broker, redis):
         mqtt_url = f"mqtt://127.0.0.1:{broker.port}"
         env = {
             "LIFELONG_MQTT_URL": mqtt_url,

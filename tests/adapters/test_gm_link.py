@@ -38,7 +38,7 @@ from service.adapters.gm import (
     parse_gm_address,
 )
 from service.core.events import DatasetApplied, DatasetDeleted, JobApplied
-from service.embedded import free_port
+from service.embedded.processes import free_port
 from service.errors import InvalidMessage, PermanentError
 from service.metrics import Metrics
 from service.runtime.accept import accept_downstream

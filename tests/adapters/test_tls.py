@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
-from service.embedded import Server, find_binary, free_port, redis_server
+from service.embedded.processes import Server, find_binary, free_port, redis_server
 from tests.harness import (
     Cloud,
     append_lines,

@@ -6,7 +6,7 @@ import json
 import secrets
 from pathlib import Path
 
-from service.embedded import Server, free_port
+from service.embedded.processes import Server, free_port
 from tests.cli.documents import DATASET, UNROUTED_JOB
 from tests.cli.runner import assert_one_clean_line, cli_env, run_cli
 from tests.harness import NODE

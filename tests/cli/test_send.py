@@ -14,7 +14,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from service.embedded import Server
+from service.embedded.processes import Server
 from tests.cli.documents import DATASET, UNROUTED_JOB
 from tests.cli.runner import assert_one_clean_line, cli_env, run_cli, wait_rows
 from tests.harness import NODE, wait_ingress

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.embedded import Server, free_port, running
+from service.embedded.processes import Server, free_port, running
 from tests.gm_standin import GmStandIn
 from tests.harness import (
     NODE,

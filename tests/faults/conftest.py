@@ -28,7 +28,7 @@ from service.adapters.redis_store import RedisStore
 from service.config import Config
 from service.core.state import JobState, decode_state
 from service.core.transition import transition
-from service.embedded import Server, free_port, wait_port
+from service.embedded.processes import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning

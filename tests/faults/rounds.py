@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from service.adapters.redis_store import RedisStore
-from service.embedded import Server
+from service.embedded.processes import Server
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, shard_of
 from tests.faults.conftest import DurableCloud, kind_of

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.embedded import Server
+from service.embedded.processes import Server
 from tests.faults.conftest import JOB, QUIET_POLLS, Round, probe_of, readyz, stack_on
 from tests.harness import wait_ingress, worker_message
 from tests.wait import wait_until

@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from service.embedded import ClusterTopology, SentinelTopology, Server
+from service.embedded.processes import Server
+from service.embedded.topologies import ClusterTopology, SentinelTopology
 from service.keys import Keys, shard_of
 from tests.faults.rounds import (
     Fleet,

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded import ClusterTopology, SentinelTopology, Server
+from service.embedded.processes import Server
+from service.embedded.topologies import ClusterTopology, SentinelTopology
 from service.keys import Keys, shard_of
 from tests.faults.rounds import (
     Fleet,

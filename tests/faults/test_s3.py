@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from service.embedded import Server
+from service.embedded.processes import Server
 from service.runtime import Tuning
 from tests.faults.conftest import DATASET, JOB, FlakyProxy, probe_of, replica_on
 from tests.harness import append_lines, dataset_resource, job_resource, lines

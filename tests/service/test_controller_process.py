@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded import ControllerProcess
+from service.embedded.processes import ControllerProcess
 from tests.harness import Controller
 from tests.servers import Server
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from service.adapters.gm.link import DEFAULT_MAX_PENDING_BYTES
-from service.embedded import free_port
+from service.embedded.processes import free_port
 from tests.gm_standin import GmStandIn, go_frame, resource_json
 from tests.harness import NODE, NS, dataset_resource, metric_sum
 from tests.stack import Stack

@@ -35,7 +35,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from service.adapters.redis_store import RedisStore
-from service.embedded import Server, find_binary, free_port
+from service.embedded.processes import Server, find_binary, free_port
 from service.keys import NUM_SHARDS, Keys
 from tests.harness import (
     NODE,

@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from service.adapters.mqtt import MqttClient, MqttSettings
-from service.embedded import Server
+from service.embedded.processes import Server
 from tests.harness import (
     NODE,
     PREFIX,

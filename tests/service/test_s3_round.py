@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.embedded import Server
+from service.embedded.processes import Server
 from tests.harness import dataset_resource, job_resource, lines, wait_ingress
 from tests.stack import Stack
 

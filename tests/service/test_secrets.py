@@ -26,7 +26,7 @@ from typing import Any
 import boto3
 import redis
 
-from service.embedded import free_port
+from service.embedded.processes import free_port
 from tests.harness import (
     NODE,
     NS,
