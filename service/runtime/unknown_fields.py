@@ -15,7 +15,7 @@ import msgspec
 
 from service.core.events import DatasetApplied, JobApplied, ResourceApplied
 from service.runtime.accept import Accepted, target_of
-from service.wire_fields import unknown_spec_fields
+from service.wire import unknown_spec_fields
 
 log = logging.getLogger(__name__)
 

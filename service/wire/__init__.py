@@ -9,19 +9,41 @@ endpoint are untrusted, and a crashing decoder would take the controller down wi
 
 One module per part of the contract; `from service import wire` is the one import of it:
 
-- `limits`: how much an inbound message and each free-form field may hold.
+- `base`: the struct base every wire type shares, the JSON encoders, how much an inbound
+  message and each free-form field may hold, and bytes to a JSON object, its caps checked
+  before it is parsed.
 - `fields`: the constrained field types and the reasons a refused value is given.
-- `base`: the struct base every wire type shares, and the JSON encoders.
-- `json_input`: bytes to a JSON object, its caps checked before it is parsed.
 - `resources`: Sedna's Dataset, LifelongLearningJob, Model, JointInferenceService and
   FederatedLearningJob, and the downstream envelope.
 - `credentials`: the S3 credential a resource's annotation names.
-- `downstream`: the envelope and resource decoders and the events they yield.
+- `downstream`: the envelope and resource decoders, the events they yield, and the fields a
+  resource carries that its type does not know.
 - `workers`: worker reports and their decoder.
 - `upstream`: statuses, rejections and presence, as the service sends them.
 """
 
-from service.wire.base import canonical, encode
+from service.wire.base import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_CONTAINERS,
+    MAX_METRIC_VALUES,
+    MAX_NESTING_DEPTH,
+    MAX_OWNER_INFO_BYTES,
+    MAX_OWNER_INFO_DEPTH,
+    MAX_PAYLOAD_BYTES,
+    MAX_RESULT_DEPTH,
+    MAX_RESULTS,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_DEPTH,
+    MAX_URL_CHARS,
+    MAX_VALUES,
+    REJECTION_PAYLOAD_BYTES,
+    Shape,
+    canonical,
+    check_shape,
+    decode_json_object,
+    encode,
+    shape,
+)
 from service.wire.credentials import S3Credential, credential_of
 from service.wire.downstream import (
     DatasetDelete,
@@ -35,11 +57,14 @@ from service.wire.downstream import (
     ResourceInsert,
     RollbackContent,
     StoredResource,
+    UnknownField,
     decode_dataset,
     decode_envelope,
     decode_job,
     decode_resource,
     decode_stored,
+    unknown_fields,
+    unknown_spec_fields,
 )
 from service.wire.fields import (
     CLOCK_TIME_PATTERN,
@@ -68,23 +93,6 @@ from service.wire.fields import (
     StorageUrl,
     WorkerKind,
     WorkerStatus,
-)
-from service.wire.json_input import Shape, check_shape, decode_json_object, shape
-from service.wire.limits import (
-    MAX_ANNOTATIONS_BYTES,
-    MAX_CONTAINERS,
-    MAX_METRIC_VALUES,
-    MAX_NESTING_DEPTH,
-    MAX_OWNER_INFO_BYTES,
-    MAX_OWNER_INFO_DEPTH,
-    MAX_PAYLOAD_BYTES,
-    MAX_RESULT_DEPTH,
-    MAX_RESULTS,
-    MAX_TEMPLATE_BYTES,
-    MAX_TEMPLATE_DEPTH,
-    MAX_URL_CHARS,
-    MAX_VALUES,
-    REJECTION_PAYLOAD_BYTES,
 )
 from service.wire.resources import (
     CREDENTIAL_ANNOTATION,
@@ -225,6 +233,7 @@ __all__ = [
     "Timer",
     "TrainSpec",
     "Trigger",
+    "UnknownField",
     "UpstreamEnvelope",
     "WorkerKind",
     "WorkerMessage",
@@ -243,4 +252,6 @@ __all__ = [
     "make_rejection",
     "rfc3339_utc",
     "shape",
+    "unknown_fields",
+    "unknown_spec_fields",
 ]

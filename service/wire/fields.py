@@ -12,7 +12,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from service.errors import InvalidMessage
-from service.wire.limits import MAX_URL_CHARS
+from service.wire.base import MAX_URL_CHARS
 
 # Python's `$` also matches before one final newline, ECMA's (JSON Schema's) does not; the
 # lookahead makes both dialects agree that "name\n" is not a name.

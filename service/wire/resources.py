@@ -2,7 +2,7 @@
 JointInferenceService and FederatedLearningJob, their metadata and specs, and the envelope
 that carries them.
 
-Unknown fields are ignored (a newer Sedna may add some); `service.wire_fields` names them
+Unknown fields are ignored (a newer Sedna may add some); `service.wire.downstream` names them
 for the CLI.
 """
 

@@ -12,9 +12,8 @@ from typing import Any, Literal
 import msgspec
 
 from service import masking
-from service.wire.base import Wire
+from service.wire.base import REJECTION_PAYLOAD_BYTES, Wire
 from service.wire.fields import Count, JsonObject, ReportedStatus, WorkerKind, WorkerStatus
-from service.wire.limits import REJECTION_PAYLOAD_BYTES
 from service.wire.resources import Header
 
 

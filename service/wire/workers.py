@@ -10,7 +10,19 @@ from typing import Any
 import msgspec
 
 from service.errors import InvalidMessage
-from service.wire.base import Wire
+from service.wire.base import (
+    MAX_METRIC_VALUES,
+    MAX_OWNER_INFO_BYTES,
+    MAX_OWNER_INFO_DEPTH,
+    MAX_PAYLOAD_BYTES,
+    MAX_RESULT_DEPTH,
+    MAX_RESULTS,
+    Wire,
+    check_free_form,
+    check_integers,
+    check_shape,
+    not_json,
+)
 from service.wire.fields import (
     DnsLabel,
     DnsSubdomain,
@@ -19,15 +31,6 @@ from service.wire.fields import (
     WorkerKind,
     WorkerStatus,
     invalid,
-)
-from service.wire.json_input import check_free_form, check_integers, check_shape, not_json
-from service.wire.limits import (
-    MAX_METRIC_VALUES,
-    MAX_OWNER_INFO_BYTES,
-    MAX_OWNER_INFO_DEPTH,
-    MAX_PAYLOAD_BYTES,
-    MAX_RESULT_DEPTH,
-    MAX_RESULTS,
 )
 
 

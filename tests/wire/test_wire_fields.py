@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from service import wire
-from service.wire_fields import unknown_fields, unknown_spec_fields
+from service.wire import unknown_fields, unknown_spec_fields
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
