@@ -80,8 +80,27 @@ def end_process(proc: subprocess.Popen[bytes], sig: int, grace_s: float) -> None
             proc.wait(5)
 
 
+class ChildProcess:
+    """What a child process can be made to do whatever it runs: frozen and thawed."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    def freeze(self) -> None:
+        """SIGSTOP: every thread stands still, the process stays."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+
+def _text_of(log_path: Path) -> str:
+    return log_path.read_text(errors="replace") if log_path.exists() else ""
+
+
 @dataclass
-class Server:
+class Server(ChildProcess):
     """A server process on a fixed port that can be stopped and started again."""
 
     name: str
@@ -109,17 +128,8 @@ class Server:
         self.stop()
         self.start()
 
-    def freeze(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
     def log_text(self) -> str:
-        path = self.workdir / f"{self.name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return _text_of(self.workdir / f"{self.name}.log")
 
 
 @contextlib.contextmanager
@@ -188,7 +198,7 @@ def serve_command(replica: str) -> list[str]:
     return [sys.executable, "-m", "service.cli", "serve", "--replica-id", replica]
 
 
-class ControllerProcess:
+class ControllerProcess(ChildProcess):
     """One replica as a child process: ``command`` (default `serve_command`) run from
     ``cwd``, with ``env`` over this process's environment, logging to ``log_path``; set
     ``argv_prefix`` before `start` to run it under another command (e.g. `setpriv`)."""
@@ -280,17 +290,8 @@ class ControllerProcess:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
 
-    def freeze(self) -> None:
-        """SIGSTOP: every thread stands still, the process stays."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return _text_of(self.log_path)
 
 
 def _listens(port: int) -> bool:
