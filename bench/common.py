@@ -263,16 +263,6 @@ class Peer:
         self.client.loop_stop()
 
 
-def envelope(kind: str, operation: str, name: str, content: Any) -> bytes:
-    header = {
-        "namespace": NS,
-        "resourceKind": kind,
-        "resourceName": name,
-        "operation": operation,
-    }
-    return json.dumps({"header": header, "content": content}).encode()
-
-
 def job_resource(
     name: str, dataset: str, output_dir: str, *, check_period_s: int = 1
 ) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from bench.common import (
     Result,
     Stack,
     dataset_resource,
-    envelope,
     peak_rss_mb,
     rss_mb,
     write_lines,
@@ -25,6 +24,7 @@ from bench.common import (
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
 from service.adapters.s3 import S3Clients
+from tests.harness import envelope
 
 MEMORY_LIMIT_MB = 150
 
@@ -107,7 +107,7 @@ def service_ingest(s: Stack, *, lines: int, appended: int) -> dict[str, float]:
     before_mb = rss_mb(controller.pid)
     started = time.perf_counter()
     peer.publish(
-        DOWNSTREAM, envelope("dataset", "insert", "big", dataset_resource("big", str(path)))
+        DOWNSTREAM, envelope(dataset_resource("big", str(path)), kind="dataset", name="big")
     )
     full_s = wait_count(lines) - started
     write_lines(path, lines, lines + appended)

@@ -45,11 +45,11 @@ from bench.common import (
     Stack,
     dataset_resource,
     distribution_ms,
-    envelope,
     job_resource,
     wait_until,
     write_lines,
 )
+from tests.harness import envelope
 from tests.sedna_gm.gm import Refusal, SednaGm
 from tests.sedna_gm.kube import Change
 from tests.sedna_gm.pods import Behaviour
@@ -332,8 +332,8 @@ def _mqtt_rounds(s: Stack, rounds: int, timeout_s: float) -> Run:
     peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
     try:
         inserts = [
-            envelope("dataset", "insert", dataset, dataset_resource(dataset, str(data))),
-            envelope("lifelonglearningjob", "insert", job, job_resource(job, dataset, str(out))),
+            envelope(dataset_resource(dataset, str(data)), kind="dataset", name=dataset),
+            envelope(job_resource(job, dataset, str(out)), kind="lifelonglearningjob", name=job),
         ]
         # until the first train ready: a message published before the controller's ingress
         # subscribed is lost, and an identical insert sent again changes nothing

@@ -15,11 +15,11 @@ from bench.common import (
     count_jobs,
     cpu_seconds,
     dataset_resource,
-    envelope,
     redis_cpu_s,
     wait_until,
 )
 from bench.lifecycle import insert_jobs
+from tests.harness import envelope
 
 CPU_LIMIT_PCT = 2.0
 MEMORY_LIMIT_B = 2048
@@ -62,7 +62,7 @@ def idle_cost(s: Stack, *, jobs: int, window_s: float, check_period_s: int) -> l
     peer = Peer(s.broker.port, [UPSTREAM], lambda *_: None)
     data = s.workdir / "empty.txt"
     data.write_bytes(b"")
-    peer.publish(DOWNSTREAM, envelope("dataset", "insert", "ds", dataset_resource("ds", str(data))))
+    peer.publish(DOWNSTREAM, envelope(dataset_resource("ds", str(data)), kind="dataset", name="ds"))
     time.sleep(2)
     base_cpu, base_redis_cpu = _cpu_pct(controller.pid, client, min(10.0, window_s / 3))
     mem_before = int(client.info("memory")["used_memory"])

@@ -24,7 +24,6 @@ from bench.common import (
     count_jobs,
     dataset_resource,
     distribution_ms,
-    envelope,
     ingress_holder,
     job_resource,
     percentile,
@@ -34,6 +33,7 @@ from bench.common import (
     write_lines,
 )
 from service.keys import NUM_SHARDS, shard_of
+from tests.harness import envelope
 
 MONITOR_STOP = "bench-monitor-stop"
 
@@ -103,7 +103,7 @@ class Upstream:
 def insert_jobs(peer: Peer, names: list[str], dataset: str, out: Path, **kw: Any) -> None:
     for name in names:
         resource = job_resource(name, dataset, str(out / name), **kw)
-        peer.publish(DOWNSTREAM, envelope("lifelonglearningjob", "insert", name, resource))
+        peer.publish(DOWNSTREAM, envelope(resource, kind="lifelonglearningjob", name=name))
 
 
 def wait_ingress(peer: Peer, seen: Upstream, job: str, timeout_s: float = 20) -> None:
@@ -129,7 +129,7 @@ def transition_latency(s: Stack, floors: Floors, *, jobs: int) -> list[Result]:
     write_lines(data, 0, 10)
     out = s.workdir / "out"
     names = [f"lat-{i}" for i in range(jobs)]
-    peer.publish(DOWNSTREAM, envelope("dataset", "insert", "ds", dataset_resource("ds", str(data))))
+    peer.publish(DOWNSTREAM, envelope(dataset_resource("ds", str(data)), kind="dataset", name="ds"))
     insert_jobs(peer, names, "ds", out)
     seen.wait(
         lambda: all((n, "train") in seen.ready for n in names),

@@ -153,16 +153,14 @@ class Cloud:
         content: Any = resource
         if resource is not None and as_base64:
             content = base64.b64encode(json.dumps(resource).encode()).decode()
-        envelope = {
-            "header": {
-                "namespace": meta.get("namespace", NS),
-                "resourceKind": kind,
-                "resourceName": name or meta.get("name"),
-                "operation": operation,
-            },
-            "content": content,
-        }
-        self.publish(f"{PREFIX}/{NODE}/downstream", json.dumps(envelope).encode())
+        data = envelope(
+            content,
+            kind=kind,
+            name=name or meta.get("name"),
+            namespace=meta.get("namespace", NS),
+            operation=operation,
+        )
+        self.publish(f"{PREFIX}/{NODE}/downstream", data)
 
     def report(
         self, job: str, kind: str, status: str, *models: str, worker: str | None = None
@@ -218,6 +216,24 @@ class Cloud:
         return "; ".join(
             f"{t.rsplit('/', 1)[-1]}:{json.dumps(m)[:160]}" for t, m in self.messages[-12:]
         )
+
+
+def envelope(
+    content: Any,
+    *,
+    kind: str = "lifelonglearningjob",
+    name: str = "atcii-classifier-demo",
+    namespace: str = "default",
+    operation: str = "insert",
+) -> bytes:
+    """A downstream envelope as Sedna's cloud sends it: JSON, the resource as `content`."""
+    header = {
+        "namespace": namespace,
+        "resourceKind": kind,
+        "resourceName": name,
+        "operation": operation,
+    }
+    return json.dumps({"header": header, "content": content}).encode()
 
 
 def worker_message(

@@ -27,6 +27,7 @@ from service.wire import (
     decode_envelope,
     decode_worker_message,
 )
+from tests.harness import envelope
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -102,23 +103,6 @@ CREDENTIAL = json.dumps(
         "SECRET_ACCESS_KEY": SECRET,
     }
 )
-
-
-def envelope(
-    content: Any,
-    *,
-    kind: str = "lifelonglearningjob",
-    name: str = "atcii-classifier-demo",
-    namespace: str = "default",
-    operation: str = "insert",
-) -> bytes:
-    header = {
-        "namespace": namespace,
-        "resourceKind": kind,
-        "resourceName": name,
-        "operation": operation,
-    }
-    return json.dumps({"header": header, "content": content}).encode()
 
 
 def b64(resource: dict[str, Any]) -> str:
