@@ -20,6 +20,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from service import wire
 from service.embedded.processes import ControllerProcess
 from tests.wait import wait_until
 
@@ -234,6 +235,17 @@ def envelope(
         "operation": operation,
     }
     return json.dumps({"header": header, "content": content}).encode()
+
+
+def status_header(kind: str, name: str, message_id: str | None = None) -> wire.Header:
+    """The header of an upstream status of a resource in namespace `default`."""
+    return wire.Header(
+        namespace="default",
+        resource_kind=kind,
+        resource_name=name,
+        operation="status",
+        id=message_id,
+    )
 
 
 def worker_message(

@@ -27,7 +27,7 @@ from service.wire import (
     decode_envelope,
     decode_worker_message,
 )
-from tests.harness import envelope
+from tests.harness import envelope, status_header
 
 JOB: dict[str, Any] = {
     "apiVersion": "sedna.io/v1alpha1",
@@ -586,13 +586,7 @@ def test_job_status_uses_sedna_wire_names() -> None:
             output_dir="/output/eval/1",
         ),
     )
-    header = wire.Header(
-        namespace="default",
-        resource_kind="lifelonglearningjob",
-        resource_name="atcii-classifier-demo",
-        operation="status",
-        id="abc-1",
-    )
+    header = status_header("lifelonglearningjob", "atcii-classifier-demo", "abc-1")
     sent = json.loads(wire.encode(wire.UpstreamEnvelope(header=header, content=status)))
     assert sent == {
         "header": {
@@ -627,12 +621,7 @@ def test_defaults_are_omitted_and_output_is_always_complete() -> None:
     upstream = json.loads(
         wire.encode(
             wire.UpstreamEnvelope(
-                header=wire.Header(
-                    namespace="default",
-                    resource_kind="dataset",
-                    resource_name="d",
-                    operation="status",
-                ),
+                header=status_header("dataset", "d"),
                 content=wire.DatasetStatus(number_of_samples=7),
             )
         )

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from service import schemas, wire
+from tests.harness import status_header
 from tests.sedna_kinds import FEDERATED_LEARNING, FL_REPORT, JI_REPORT, JOINT_INFERENCE, MODELS
 from tests.wire.test_messages import DATASET, JOB, WORKER
 
@@ -152,13 +153,7 @@ def test_asyncapi_operations_and_messages_resolve() -> None:
 
 
 def _upstream_status() -> bytes:
-    header = wire.Header(
-        namespace="default",
-        resource_kind="lifelonglearningjob",
-        resource_name="atcii-classifier-demo",
-        operation="status",
-        id="m-1",
-    )
+    header = status_header("lifelonglearningjob", "atcii-classifier-demo", "m-1")
     status = wire.JobStatus(
         phase="train",
         status="ready",
@@ -169,22 +164,14 @@ def _upstream_status() -> bytes:
 
 def _forwarded_report() -> bytes:
     """A joint-inference report forwarded as Sedna's LC forwards it: no status given."""
-    header = wire.Header(
-        namespace="default",
-        resource_kind="jointinferenceservice",
-        resource_name="helmet-detection-inference-example",
-        operation="status",
-        id="m-2",
-    )
+    header = status_header("jointinferenceservice", "helmet-detection-inference-example", "m-2")
     output = wire.ReportOutput(owner_info=msgspec.Raw(b'{"inferenceNumber": 3}'))
     status = wire.ReportStatus(phase="inference", status="", output=output)
     return wire.encode(wire.UpstreamEnvelope(header=header, content=status))
 
 
 def _upstream_count() -> bytes:
-    header = wire.Header(
-        namespace="default", resource_kind="dataset", resource_name="d", operation="status"
-    )
+    header = status_header("dataset", "d")
     count = wire.DatasetStatus(number_of_samples=12)
     return wire.encode(wire.UpstreamEnvelope(header=header, content=count))
 
