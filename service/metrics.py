@@ -85,7 +85,9 @@ SET_ASIDE = Family(
 )
 # -- datasets --------------------------------------------------------------------------------
 DATASET_SAMPLES = Family(
-    "lifelong_dataset_samples", "Samples last counted in each dataset.", ("namespace", "name")
+    "lifelong_dataset_samples",
+    "Samples last counted in each dataset.",
+    ("namespace", "name"),
 )
 DATASET_UNREADABLE = Family(
     "lifelong_dataset_unreadable",
@@ -135,7 +137,9 @@ THREAD_BEAT_AGE = Family(
 )
 # -- jobs ------------------------------------------------------------------------------------
 JOBS = Family(
-    "lifelong_jobs", "Jobs on the shards this replica holds, by phase and step.", ("phase", "step")
+    "lifelong_jobs",
+    "Jobs on the shards this replica holds, by phase and step.",
+    ("phase", "step"),
 )
 JOB_PHASE_ENTERED = Family(
     "lifelong_job_phase_entered_timestamp_seconds",
