@@ -105,16 +105,9 @@ def parse_redis_url(value: str, source: str = "LIFELONG_REDIS_URL") -> RedisTarg
     hosts = tuple(_host_port(h, topology, source) for h in hostlist.split(","))
     master, db = _path(path, topology, source, shown)
     return RedisTarget(
-        url=value,
-        topology=topology,
-        tls=tls,
-        hosts=hosts,
-        master=master,
-        db=db,
-        username=username,
-        password=password,
-        tls_options=_tls_options(query, tls, source),
-    )
+        url=value, topology=topology, tls=tls, hosts=hosts, master=master, db=db,
+        username=username, password=password, tls_options=_tls_options(query, tls, source),
+    )  # fmt: skip
 
 
 def _parse_single(value: str, scheme: str, source: str) -> RedisTarget:
