@@ -40,6 +40,15 @@ def run_cli(
     )
 
 
+def start_cli(
+    env: dict[str, str], *args: str, stderr: int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """`lifelong ARGS` started in the background, its stdout (and stderr) piped as text."""
+    return subprocess.Popen(
+        [*LIFELONG, *args], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT
+    )
+
+
 def assert_one_clean_line(result: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

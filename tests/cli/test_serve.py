@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cli.runner import LIFELONG, ROOT, run_cli, wait_rows
+from tests.cli.runner import run_cli, start_cli, wait_rows
 
 # What a fresh shell has: no LIFELONG_ settings, and a HOSTNAME that is not the examples' node.
 FRESH_ENV = {
@@ -24,14 +24,7 @@ FRESH_ENV.pop("NODENAME", None)
 
 @pytest.fixture
 def embedded_serve() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [*LIFELONG, "serve", "--embedded"],
-        env=FRESH_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = start_cli(FRESH_ENV, "serve", "--embedded", stderr=subprocess.DEVNULL)
     try:
         yield proc
     finally:

@@ -5,9 +5,8 @@ escaped: no output can clear the screen or write the clipboard, nor add a line."
 from __future__ import annotations
 
 import json
-import subprocess
 
-from tests.cli.runner import LIFELONG, ROOT, cli_env, run_cli, wait_rows
+from tests.cli.runner import cli_env, run_cli, start_cli, wait_rows
 from tests.harness import NODE, PREFIX, dataset_resource, worker_message
 from tests.stack import Stack
 
@@ -50,10 +49,7 @@ def test_describe_get_and_watch_escape_what_others_wrote(stack: Stack) -> None:
     assert "\\x9b2J.txt" in table.stdout
 
     # watch: an upstream status and a rejection, each carrying escapes
-    watch = subprocess.Popen(
-        [*LIFELONG, "watch", "--count", "2", "--timeout", "60"],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    watch = start_cli(env, "watch", "--count", "2", "--timeout", "60")
     assert watch.stderr is not None
     assert watch.stderr.readline().startswith("watching")
     status = {"header": {"resourceKind": "lifelonglearningjob", "namespace": "default",

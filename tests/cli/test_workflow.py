@@ -7,16 +7,14 @@ for what a user would actually see.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from tests.cli.runner import (
-    LIFELONG,
-    ROOT,
     assert_one_clean_line,
     cli_env,
     get_json,
     run_cli,
+    start_cli,
     wait_rows,
 )
 from tests.harness import NODE, append_lines, lines
@@ -82,14 +80,7 @@ def test_apply_get_describe_watch_delete(stack: Stack, tmp_path: Path) -> None:
     stack.controller()
     env = cli_env(stack.mqtt_url, stack.redis_url)
 
-    watch = subprocess.Popen(
-        [*LIFELONG, "watch", "--count", "3", "--timeout", "40"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    watch = start_cli(env, "watch", "--count", "3", "--timeout", "40")
     try:
         assert watch.stderr is not None
         assert "watching sedna/edge-node/upstream" in watch.stderr.readline()
