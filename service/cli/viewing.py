@@ -15,6 +15,8 @@ import json
 import queue
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import msgspec
 
@@ -67,7 +69,6 @@ from service.keys import parse_rkey, rkey
 from service.logs import redact
 from service.runtime.gm import GmLinkRecord
 from service.urls import redact_url
-from service.wire import LifelongLearningJob, StoredResource
 
 HISTORY_FOR_AGE = 100
 DEFAULT_HISTORY = 20
@@ -108,6 +109,8 @@ workers forwarded upstream.
 """
     + COMMON_NOTE
 )
+
+T = TypeVar("T")
 
 
 def register_status(commands: Subcommands) -> None:
@@ -228,10 +231,10 @@ def _describe(args: argparse.Namespace) -> int:
         return EXIT_OK
     now_ms = time.time_ns() // 1_000_000
     if isinstance(state, JobState):
-        lines = describe_job(state, _decoded_job(resource), records, now_ms)
+        lines = describe_job(state, _decoded(resource, wire.decode_job), records, now_ms)
         lines += describe_lines(state, rounds)
     elif isinstance(state, ResourceState):
-        lines = describe_resource(state, _decoded_stored(resource), records, now_ms)
+        lines = describe_resource(state, _decoded(resource, wire.decode_stored), records, now_ms)
     else:
         lines = describe_dataset(state, users, records, now_ms)
     lines.append(gm_link_line(link, now_ms))
@@ -240,20 +243,12 @@ def _describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _decoded_job(raw: bytes | None) -> LifelongLearningJob | None:
+def _decoded(raw: bytes | None, decode: Callable[[bytes], T]) -> T | None:
+    """The stored resource, decoded; None when there is none or it does not decode."""
     if raw is None:
         return None
     try:
-        return wire.decode_job(raw)
-    except InvalidMessage:
-        return None
-
-
-def _decoded_stored(raw: bytes | None) -> StoredResource | None:
-    if raw is None:
-        return None
-    try:
-        return wire.decode_stored(raw)
+        return decode(raw)
     except InvalidMessage:
         return None
 
