@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from service.demo.progress import Progress
+from service.demo.scenario import Progress
 from tests.wait import wait_until
 
 DEMO = [sys.executable, "-m", "service.cli", "demo", "--fast"]
