@@ -24,11 +24,12 @@ slip past.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from service import wire
@@ -165,15 +166,33 @@ def _send(
     args: argparse.Namespace,
 ) -> None:
     """Publish to the nodes' downstream topics, once their presence says they are served."""
-    presence: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
-    subscriptions = [] if args.force else [cfg.presence_filter_all_nodes()]
+    with _sent(cfg, verb, nodes, outgoing, args):
+        pass
+
+
+@contextlib.contextmanager
+def _sent(
+    cfg: Config,
+    verb: str,
+    nodes: Sequence[str],
+    outgoing: Sequence[tuple[str, str, bytes]],
+    args: argparse.Namespace,
+    *,
+    answers: Sequence[str] = (),
+) -> Iterator[queue.SimpleQueue[Inbound]]:
+    """Publish to the nodes' downstream topics once their presence says they are served
+    (unless --force), and, while the broker session lasts, give what arrives on `answers`
+    (topics subscribed before anything is sent, so no answer can slip past)."""
+    inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+    presence = [] if args.force else [cfg.presence_filter_all_nodes()]
     with mqtt_session(
-        cfg, verb, args.timeout, subscriptions=subscriptions, inbound=presence
+        cfg, verb, args.timeout, subscriptions=[*answers, *presence], inbound=inbound
     ) as client:
         if not args.force:
-            online = online_replicas(cfg, presence, nodes, PRESENCE_WAIT_S)
+            online = online_replicas(cfg, inbound, nodes, PRESENCE_WAIT_S)
             require_served(cfg, nodes, online)
         publish_all(client, outgoing, args.timeout)
+        yield inbound
 
 
 DEFAULT_WAIT_S = 30.0
@@ -249,16 +268,8 @@ def _rollback(args: argparse.Namespace) -> int:
     job = f"{args.namespace}/{args.name}"
     target = f"version {args.to_version}" if args.to_version else "the previous version"
     outgoing = [(f"rollback of job {job} to {target}", node_cfg.downstream_topic(), envelope)]
-    inbound: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
     answers = [node_cfg.upstream_topic_filter(), node_cfg.errors_topic()]
-    presence = [] if args.force else [cfg.presence_filter_all_nodes()]
-    with mqtt_session(
-        cfg, "rollback", args.timeout, subscriptions=answers + presence, inbound=inbound
-    ) as client:
-        if not args.force:
-            online = online_replicas(cfg, inbound, [node_cfg.node_name], PRESENCE_WAIT_S)
-            require_served(cfg, [node_cfg.node_name], online)
-        publish_all(client, outgoing, args.timeout)
+    with _sent(cfg, "rollback", [node_cfg.node_name], outgoing, args, answers=answers) as inbound:
         answer = _answer(inbound, args, time.monotonic() + args.timeout)
     if answer is None:
         raise PermanentError(
