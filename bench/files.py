@@ -23,7 +23,7 @@ from bench.common import (
     write_lines,
 )
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.adapters.s3 import S3Clients
 
 MEMORY_LIMIT_MB = 150

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from service.adapters.mqtt import PROTOCOL_WORDS
+from service.adapters.broker_url import PROTOCOL_WORDS
 from service.config import values
 
 

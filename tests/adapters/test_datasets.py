@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.adapters.datasets import TAIL_BYTES, Cursor, DatasetReader, Poll
+from service.adapters.dataset_sources import Cursor, DatasetReader, Poll
 from service.adapters.s3 import S3Clients
+from service.adapters.scanner import TAIL_BYTES
 from service.errors import BlobUnavailable
 from tests.servers import free_port
 

@@ -27,7 +27,7 @@ import pytest
 
 from service.adapters import files as files_module
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients
 from service.core.paths import DataRoots

@@ -28,12 +28,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as sync_connect
 
-from service.adapters.gm import (
+from service.adapters.gm_frames import GmFrame, GmRejected
+from service.adapters.gm_link import (
     GmEndpoint,
-    GmFrame,
     GmLink,
     GmLinkSettings,
-    GmRejected,
     LinkStatus,
     parse_gm_address,
 )
