@@ -953,7 +953,7 @@ class MqttClient:
 
     def stop(self, *, timeout_s: float = 5.0, send_will: bool = False) -> None:
         """Disconnect and never reconnect again. Idempotent. ``send_will=True`` has the
-        broker publish the will all the same (see `paho_client.shut_down`)."""
+        broker publish the will all the same (see `shut_down`)."""
         with self._client_lock:
             if self._stopped:
                 return
