@@ -22,7 +22,7 @@ from bench.common import (
     write_lines,
 )
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.adapters.s3 import S3Clients
 from tests.harness import envelope
 

@@ -381,7 +381,7 @@ def _series(model: str, metrics: Mapping[str, tuple[float, ...]]) -> ModelSeries
 
 
 class GmLinkMetrics:
-    """The GM link's counters; an observer for `service.adapters.gm.GmLink`."""
+    """The GM link's counters; an observer for `service.adapters.gm_link.GmLink`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.frames = Counter(

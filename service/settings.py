@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from service import urls
-from service.adapters import gm, mqtt
-from service.adapters.mqtt import PROTOCOL_WORDS
+from service.adapters import broker_url, gm_link
+from service.adapters.broker_url import PROTOCOL_WORDS
 from service.core.paths import segments, system_dir_of
 from service.errors import ConfigError
 
@@ -54,7 +54,7 @@ _MAX_RESOURCE_BYTES = 1 << 30
 def parse_mqtt_url(value: str, source: str) -> str:
     """Checked by the MQTT adapter's own parser, so config accepts exactly what it connects to."""
     try:
-        mqtt.parse_mqtt_url(value)
+        broker_url.parse_mqtt_url(value)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return value
@@ -216,7 +216,7 @@ def parse_gm_address(value: str, source: str) -> str:
     if value == "":
         return value
     try:
-        gm.parse_gm_address(value)
+        gm_link.parse_gm_address(value)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return value.strip()

@@ -47,7 +47,7 @@ import os
 import platform
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -198,39 +198,48 @@ class LocalFiles:
 
     def _walk(self, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
         fd, made = self._open_root(root, create=create)
-        try:
-            for depth in range(len(names)):
-                inner, made = _open_step(fd, root, names[: depth + 1], create=create)
-                os.close(fd)
-                fd = inner
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, made
+        steps = (
+            functools.partial(_open_step, root=root, names=names[: depth + 1], create=create)
+            for depth in range(len(names))
+        )
+        return _descend(fd, steps, made)
 
     def _open_root(self, root: str, *, create: bool) -> tuple[int, bool]:
         """A descriptor of the root, reached from "/" along its resolved path without
         following a link (one swapped in since start-up is refused), the missing part of
         that path made first if ``create`` (an output root that does not exist yet)."""
         real = self._real[root]
-        fd, made = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), False
-        try:
-            for name in segments(real) or ():
-                try:
-                    inner, made = _open_dir(fd, name, create=create)
-                except OSError as e:
-                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
-                        raise
-                    raise NotAllowed(
-                        f"data root {root} ({real} at start-up) is no longer a directory "
-                        "there: a root swapped for a link is not followed"
-                    ) from e
-                os.close(fd)
-                fd = inner
-        except BaseException:
+
+        def step(parent: int, name: str) -> tuple[int, bool]:
+            try:
+                return _open_dir(parent, name, create=create)
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                raise NotAllowed(
+                    f"data root {root} ({real} at start-up) is no longer a directory "
+                    "there: a root swapped for a link is not followed"
+                ) from e
+
+        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _descend(fd, (functools.partial(step, name=name) for name in segments(real) or ()))
+
+
+def _descend(
+    fd: int, steps: Iterable[Callable[[int], tuple[int, bool]]], made: bool = False
+) -> tuple[int, bool]:
+    """Open each step's directory under the one before, from ``fd`` on: the last descriptor
+    (every other one closed; all of them, ``fd`` too, if a step fails) and whether the last
+    step made its directory (``made`` without a step)."""
+    try:
+        for step in steps:
+            inner, made = step(fd)
             os.close(fd)
-            raise
-        return fd, made
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, made
 
 
 def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:

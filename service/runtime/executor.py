@@ -15,7 +15,7 @@ import msgspec
 
 from service import wire
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.core import datasets, paths
 from service.core.effects import (
     AttachDataset,

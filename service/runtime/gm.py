@@ -27,14 +27,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from service.adapters.gm import (
-    GmFrame,
-    GmLink,
-    GmLinkSettings,
-    GmRejected,
-    LinkState,
-    parse_gm_address,
-)
+from service.adapters.gm_frames import GmFrame, GmRejected
+from service.adapters.gm_link import GmLink, GmLinkSettings, LinkState, parse_gm_address
 from service.adapters.mqtt import Inbound
 from service.adapters.redis_store import Unreadable
 from service.errors import StoreUnavailable

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import DatasetReader
+from service.adapters.dataset_sources import DatasetReader
 from service.adapters.files import LocalFiles
-from service.adapters.http import HttpServer
+from service.adapters.http_server import HttpServer
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.adapters.s3 import S3Clients

@@ -7,7 +7,6 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,18 +17,11 @@ from service.adapters.blobs import BlobStore
 from service.adapters.s3 import S3Clients, S3Location, parse_s3_url, translate
 from service.core.rounds import ModelDigest
 from service.errors import BlobUnavailable, PermanentError, Refused
+from tests.adapters.blob_calls import Cred, write_round
 from tests.servers import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-
-@dataclass(frozen=True)
-class Cred:
-    endpoint: str | None
-    use_https: bool = False
-    access_key_id: str | None = "testing"
-    secret_access_key: str | None = "testing"
 
 
 def files_under(*dirs: Path) -> set[Path]:
@@ -69,15 +61,13 @@ def test_txt_round_out_of_order_ranges(
 ) -> None:
     out = tmp_path / "job" / "data" / "train" / "3" / "data.txt"
     index = out.parent / "dataIndex.txt"
-    written = store.write_round(
-        source_url=str(txt_source),
-        fmt="txt",
-        ranges=[(7, 10), (2, 4), (0, 1), (5, 6)],
-        data_url=str(out),
-        index_url=str(index),
+    written = write_round(
+        store,
+        txt_source,
+        out,
+        [(7, 10), (2, 4), (0, 1), (5, 6)],
+        index=index,
         index_prefix="s3://bkt/sets/",
-        source_cred=None,
-        dest_cred=None,
     )
     order = [7, 8, 9, 2, 3, 0, 5]
     assert written == len(order)
@@ -90,16 +80,7 @@ def test_csv_round_has_header_first(store: BlobStore, tmp_path: Path) -> None:
     src = tmp_path / "data.csv"
     src.write_bytes(b"\r\nname,age\r\n" + b"".join(b"p%d,%d\r\n" % (i, i) for i in range(6)))
     out = tmp_path / "out" / "data.csv"
-    written = store.write_round(
-        source_url=str(src),
-        fmt="csv",
-        ranges=[(4, 6), (0, 2)],
-        data_url=str(out),
-        index_url=None,
-        index_prefix=None,
-        source_cred=None,
-        dest_cred=None,
-    )
+    written = write_round(store, src, out, [(4, 6), (0, 2)], fmt="csv")
     assert written == 4
     assert out.read_bytes() == b"name,age\np4,4\np5,5\np0,0\np1,1\n"
 
@@ -108,19 +89,7 @@ def test_csv_round_without_samples_still_has_header(store: BlobStore, tmp_path: 
     src = tmp_path / "data.csv"
     src.write_bytes(b"a,b\n1,2\n")
     out = tmp_path / "out" / "data.csv"
-    assert (
-        store.write_round(
-            source_url=str(src),
-            fmt="csv",
-            ranges=[],
-            data_url=str(out),
-            index_url=None,
-            index_prefix=None,
-            source_cred=None,
-            dest_cred=None,
-        )
-        == 0
-    )
+    assert write_round(store, src, out, [], fmt="csv") == 0
     assert out.read_bytes() == b"a,b\n"
 
 
@@ -130,19 +99,9 @@ def test_round_redo_is_identical_and_replaces_whole(
     out = tmp_path / "round" / "data.txt"
     out.parent.mkdir()
     out.write_bytes(b"x" * 10_000)
-    kwargs = {
-        "source_url": str(txt_source),
-        "fmt": "txt",
-        "ranges": [(3, 5), (0, 2)],
-        "data_url": str(out),
-        "index_url": None,
-        "index_prefix": None,
-        "source_cred": None,
-        "dest_cred": None,
-    }
-    store.write_round(**kwargs)  # type: ignore[arg-type]
+    write_round(store, txt_source, out, [(3, 5), (0, 2)])
     first = out.read_bytes()
-    store.write_round(**kwargs)  # type: ignore[arg-type]
+    write_round(store, txt_source, out, [(3, 5), (0, 2)])
     assert out.read_bytes() == first == b"".join(sample(i) for i in (3, 4, 0, 1))
 
 
@@ -153,16 +112,7 @@ def test_round_ranges_across_block_boundaries(store: BlobStore, tmp_path: Path) 
     src.write_bytes(b"\r\n".join(lines) + b"\r\n")
     ranges = [(100_000, 100_010), (5, 90_000), (149_990, 150_000), (90_000, 90_001)]
     out = tmp_path / "out" / "data.txt"
-    written = store.write_round(
-        source_url=str(src),
-        fmt="txt",
-        ranges=ranges,
-        data_url=str(out),
-        index_url=None,
-        index_prefix=None,
-        source_cred=None,
-        dest_cred=None,
-    )
+    written = write_round(store, src, out, ranges)
     expected = [line for start, end in ranges for line in lines[start:end]]
     assert written == len(expected)
     assert out.read_bytes() == b"\n".join(expected) + b"\n"
@@ -172,16 +122,7 @@ def test_round_past_the_end_writes_what_exists(
     store: BlobStore, txt_source: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "data.txt"
-    written = store.write_round(
-        source_url=str(txt_source),
-        fmt="txt",
-        ranges=[(8, 15)],
-        data_url=str(out),
-        index_url=None,
-        index_prefix=None,
-        source_cred=None,
-        dest_cred=None,
-    )
+    written = write_round(store, txt_source, out, [(8, 15)])
     assert written == 2
     assert out.read_bytes() == sample(8) + sample(9)
 
@@ -191,22 +132,18 @@ def test_round_missing_source_leaves_nothing(
 ) -> None:
     out = tmp_path / "job" / "data.txt"
     with pytest.raises(PermanentError, match=r"nope\.txt"):
-        store.write_round(
-            source_url=str(tmp_path / "nope.txt"),
-            fmt="txt",
-            ranges=[(0, 3)],
-            data_url=str(out),
-            index_url=str(out.parent / "dataIndex.txt"),
+        write_round(
+            store,
+            tmp_path / "nope.txt",
+            out,
+            [(0, 3)],
+            index=out.parent / "dataIndex.txt",
             index_prefix="p/",
-            source_cred=None,
-            dest_cred=None,
         )
     assert files_under(out.parent, tmp_dir) == set()
 
 
 # --- S3 -------------------------------------------------------------------------------
-
-
 
 
 @pytest.fixture
@@ -223,12 +160,12 @@ def test_round_from_s3_to_s3_with_index(
 ) -> None:
     tmp_dir = txt_source.parent.parent / "staging"  # the store fixture's tmp_dir
     s3c.put_object(Bucket=bucket, Key="sets/data.txt", Body=txt_source.read_bytes())
-    written = store.write_round(
-        source_url=f"s3://{bucket}/sets/data.txt",
-        fmt="txt",
-        ranges=[(4, 6), (1, 2)],
-        data_url=f"s3://{bucket}/out/data/train/1/data.txt",
-        index_url=f"s3://{bucket}/out/data/train/1/dataIndex.txt",
+    written = write_round(
+        store,
+        f"s3://{bucket}/sets/data.txt",
+        f"s3://{bucket}/out/data/train/1/data.txt",
+        [(4, 6), (1, 2)],
+        index=f"s3://{bucket}/out/data/train/1/dataIndex.txt",
         index_prefix=f"s3://{bucket}/sets/",
         source_cred=cred,
         dest_cred=cred,
@@ -245,13 +182,11 @@ def test_round_s3_missing_source_is_permanent_and_clean(
     store: BlobStore, bucket: str, cred: Cred, tmp_dir: Path
 ) -> None:
     with pytest.raises(PermanentError, match=r"missing\.txt"):
-        store.write_round(
-            source_url=f"s3://{bucket}/missing.txt",
-            fmt="txt",
-            ranges=[(0, 1)],
-            data_url=f"s3://{bucket}/out/data.txt",
-            index_url=None,
-            index_prefix=None,
+        write_round(
+            store,
+            f"s3://{bucket}/missing.txt",
+            f"s3://{bucket}/out/data.txt",
+            [(0, 1)],
             source_cred=cred,
             dest_cred=cred,
         )
@@ -358,16 +293,7 @@ def test_s3_down_is_blob_unavailable_after_retries(tmp_path: Path, tmp_dir: Path
             dst_cred=down,
         )
     with pytest.raises(BlobUnavailable):
-        store.write_round(
-            source_url=str(src),
-            fmt="txt",
-            ranges=[(0, 1)],
-            data_url="s3://b/d/data.txt",
-            index_url=None,
-            index_prefix=None,
-            source_cred=None,
-            dest_cred=down,
-        )
+        write_round(store, src, "s3://b/d/data.txt", [(0, 1)], dest_cred=down)
     assert attempts == [1, 2, 3] * 2, "each call gave up after its three attempts"
     assert "SECRET" not in str(info.value) and "very-secret" not in str(info.value)
     assert files_under(tmp_dir) == set()

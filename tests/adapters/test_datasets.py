@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import tempfile
 import tracemalloc
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,21 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.adapters.datasets import TAIL_BYTES, Cursor, DatasetReader, Poll
+from service.adapters.dataset_sources import Cursor, DatasetReader, Poll
 from service.adapters.s3 import S3Clients
+from service.adapters.scanner import TAIL_BYTES
 from service.errors import BlobUnavailable
+from tests.adapters.blob_calls import Cred
 from tests.servers import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-
-@dataclass(frozen=True)
-class Cred:
-    endpoint: str | None
-    use_https: bool = False
-    access_key_id: str | None = "testing"
-    secret_access_key: str | None = "testing"
 
 
 def reference_count(data: bytes, fmt: str) -> int:
@@ -206,8 +199,6 @@ def test_million_lines_memory_stays_flat(reader: DatasetReader, tmp_path: Path) 
 
 
 # --- S3 -------------------------------------------------------------------------------
-
-
 
 
 def test_s3_incremental_ranged_reads(

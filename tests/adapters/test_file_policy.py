@@ -27,11 +27,12 @@ import pytest
 
 from service.adapters import files as files_module
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.adapters.files import LocalFiles, NotAllowed
 from service.adapters.s3 import S3Clients
 from service.core.paths import DataRoots
 from service.errors import ConfigError, PermanentError, Refused
+from tests.adapters.blob_calls import Cred, write_round
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -65,16 +66,7 @@ class Layout:
         )
 
     def write_round(self, source: Path, data: Path, ranges: list[tuple[int, int]]) -> int:
-        return self.store.write_round(
-            source_url=str(source),
-            fmt="txt",
-            ranges=ranges,
-            data_url=str(data),
-            index_url=None,
-            index_prefix=None,
-            source_cred=None,
-            dest_cred=None,
-        )
+        return write_round(self.store, source, data, ranges)
 
     def poll(self, source: Path, fmt: str = "txt") -> int:
         """The samples of a poll; a source the reader may not read (which it reports like a
@@ -430,16 +422,7 @@ def test_system_directories_are_refused_at_effect_time(tmp_path: Path, in_one_ca
     store = BlobStore(S3Clients(), files=files, attempts=1, tmp_dir=str(tmp_path))
     for target, system in (("etc/cron.d", "/etc"), ("usr/lib", "/usr"), ("proc/1", "/proc")):
         with pytest.raises(Refused, match=f"system directory {system}"):
-            store.write_round(
-                source_url=str(dataset),
-                fmt="txt",
-                ranges=[(0, 1)],
-                data_url=str(rootfs / target / "data.txt"),
-                index_url=None,
-                index_prefix=None,
-                source_cred=None,
-                dest_cred=None,
-            )
+            write_round(store, dataset, rootfs / target / "data.txt", [(0, 1)])
     passwd = rootfs / "etc" / "passwd"
     polled = DatasetReader(S3Clients(), files=files).poll(str(passwd), "txt", Cursor(), None)
     assert polled.missing and "'/etc/passwd' is in the system directory /etc" in polled.why
@@ -447,14 +430,6 @@ def test_system_directories_are_refused_at_effect_time(tmp_path: Path, in_one_ca
 
 
 # ================================================================ S3: the job's bucket/prefix
-
-
-@dataclass(frozen=True)
-class Cred:
-    endpoint: str | None
-    use_https: bool = False
-    access_key_id: str | None = "testing"
-    secret_access_key: str | None = "testing"
 
 
 def test_s3_models_must_be_in_the_job_output(

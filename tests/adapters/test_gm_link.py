@@ -28,12 +28,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as sync_connect
 
-from service.adapters.gm import (
+from service.adapters.gm_frames import GmFrame, GmRejected
+from service.adapters.gm_link import (
     GmEndpoint,
-    GmFrame,
     GmLink,
     GmLinkSettings,
-    GmRejected,
     LinkStatus,
     parse_gm_address,
 )
@@ -45,17 +44,11 @@ from service.runtime.accept import accept_downstream
 from tests.gm_standin import GmStandIn
 from tests.harness import dataset_resource, job_resource
 from tests.wait import wait_until
+from tests.wire.test_gm_frames import STATUS_HEADER
 
 NODE = "edge-1"
 FAST = GmLinkSettings(redial_s=0.3, open_timeout_s=5.0, close_timeout_s=1.0)
 HELLO = b'{"namespace":"","resourceKind":"","resourceName":"","operation":""}\n'
-STATUS_HEADER = {
-    "namespace": "default",
-    "resourceKind": "dataset",
-    "resourceName": "ds-1",
-    "operation": "status",
-    "id": "s1-17-0",
-}
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.adapters.gm import GmLink, GmLinkSettings, parse_gm_address
+from service.adapters.gm_link import GmLink, GmLinkSettings, parse_gm_address
 from service.heartbeat import Heartbeats
 from tests.gm_standin import GmStandIn
 from tests.wait import wait_until

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from service.adapters.http import HttpServer
+from service.adapters.http_server import HttpServer
 from service.errors import ConfigError
 from service.metrics import Metrics
 from tests.wait import wait_until

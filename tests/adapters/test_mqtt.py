@@ -23,11 +23,13 @@ import pytest
 from paho.mqtt import _packet as paho_packet
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
-from service.adapters.mqtt.paho_client import (
+from service.adapters.mqtt import (
     PUBACK_NO_PROPERTIES,
     PUBACK_TAKEN,
+    Inbound,
     LeanClient,
+    MqttClient,
+    MqttSettings,
 )
 from service.errors import ConfigError
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
-from service.adapters.mqtt import ConnectRefusal, fallback_protocol
-from service.adapters.mqtt.policy import ConnectionPolicy, Reconnect
+from service.adapters.mqtt import ConnectionPolicy, ConnectRefusal, Reconnect, fallback_protocol
 
 V5, V311 = MQTTProtocolVersion.MQTTv5, MQTTProtocolVersion.MQTTv311
 TAKEN_OVER, UNSPECIFIED, KEEPALIVE_TIMEOUT = 0x8E, 0x80, 0x8D

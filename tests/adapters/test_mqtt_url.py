@@ -8,8 +8,7 @@ import traceback
 import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
-from service.adapters.mqtt import MqttEndpoint, parse_mqtt_url
-from service.adapters.tls_query import TlsFiles
+from service.adapters.broker_url import MqttEndpoint, TlsFiles, parse_mqtt_url
 from service.errors import ConfigError
 from service.urls import redact_url
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.adapters.blobs import pipelined as pipelining
-from service.adapters.blobs.pipelined import PIPELINED_MIN_BYTES, PipelinedWriter
+from service.adapters import staging as pipelining
+from service.adapters.staging import PIPELINED_MIN_BYTES, PipelinedWriter
 
 BIG = PIPELINED_MIN_BYTES
 

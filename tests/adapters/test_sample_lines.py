@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.adapters.datasets import (
-    TAIL_BYTES,
-    ReadInto,
-    SampleScanner,
-    iter_batches,
-    read_exact,
-    sample_lines,
-)
-from service.adapters.datasets import scanner as scanning
+from service.adapters import scanner as scanning
+from service.adapters.dataset_sources import read_exact
+from service.adapters.scanner import TAIL_BYTES, ReadInto, SampleScanner, iter_batches, sample_lines
 
 
 def reference(data: bytes, fmt: str) -> tuple[bytes | None, list[bytes]]:

@@ -10,8 +10,8 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.adapters import scanner as scanning
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import scanner as scanning
 from service.adapters.s3 import S3Clients
 
 line_st = st.sampled_from([b"", b"\r", b"a", b"bb", b"c d", b"e\r"])

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from service.adapters.http import HttpServer
+from service.adapters.http_server import HttpServer
 from service.cli import build_parser
 from service.config import Config
 from service.metrics import Metrics

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.adapters.blobs import BlobStore
-from service.adapters.datasets import DatasetReader
+from service.adapters.dataset_sources import DatasetReader
 from service.adapters.redis_store import Commit, RedisStore
 from service.adapters.s3 import S3Clients
 from service.core.effects import (

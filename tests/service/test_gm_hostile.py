@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from service.adapters.gm.link import DEFAULT_MAX_PENDING_BYTES
+from service.adapters.gm_link import DEFAULT_MAX_PENDING_BYTES
 from service.embedded.processes import free_port
 from tests.gm_standin import GmStandIn, go_frame, resource_json
 from tests.harness import NODE, NS, dataset_resource, metric_sum

@@ -12,14 +12,9 @@ import json
 
 import pytest
 
-from service.adapters.gm import (
-    HELLO_FRAME,
-    GmEndpoint,
-    encode_frame,
-    go_json_string,
-    parse_gm_address,
-)
-from service.adapters.tls_query import TlsFiles
+from service.adapters.broker_url import TlsFiles
+from service.adapters.gm_frames import HELLO_FRAME, encode_frame, go_json_string
+from service.adapters.gm_link import GmEndpoint, parse_gm_address
 from service.config import Config
 from service.errors import ConfigError
 

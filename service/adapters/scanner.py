@@ -13,12 +13,11 @@ one-line file cannot make the controller hold the line.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.adapters.datasets.sources import ReadInto
 from service.errors import Refused
 
 BLOCK_BYTES = 1 << 20
@@ -33,6 +32,11 @@ CENSUS_CHUNK = 1 << 18
 
 Chunk = bytes | memoryview
 """Bytes read or scanned; a memoryview is a window on a reused buffer (see where it is made)."""
+
+ReadInto = Callable[[memoryview], int]
+"""Fills a prefix of the view with the next bytes of a range; returns how many (0 at the
+end). Reading into the caller's buffer, not into new bytes objects, is what keeps big scans
+free of allocations."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,11 @@ The connection, as Sedna's own code has it (kubeedge/sedna: the local controller
 ``pkg/localcontroller/gmclient/websocket.go``, the GM's server in
 ``pkg/globalmanager/messagelayer/ws/``; both on gorilla/websocket 1.5):
 
-- The local controller dials the GM (`service.adapters.gm.address`) with the HTTP header
-  ``Node-Name: {node}``; the GM files the connection under that node (it does not refuse a
-  request without the header: it files it under the empty name). After a failed dial the
-  local controller waits 5 s and dials again; after a connection ends it dials at once.
-  Right after the handshake it writes `HELLO_FRAME`, and so does this link.
+- The local controller dials the GM with the HTTP header ``Node-Name: {node}``; the GM files
+  the connection under that node (it does not refuse a request without the header: it files
+  it under the empty name). After a failed dial the local controller waits 5 s and dials
+  again; after a connection ends it dials at once. Right after the handshake it writes
+  `HELLO_FRAME`, and so does this link.
 - The GM keeps one outgoing queue per node name, shared by every connection of that node: a
   second connection for the same node is accepted beside the first, and each queued message
   goes to whichever connection's writer takes it first. Hence only one replica of a node may
@@ -18,6 +18,12 @@ The connection, as Sedna's own code has it (kubeedge/sedna: the local controller
 - Neither side sends pings or sets read deadlines or limits; gorilla answers pings with pongs.
   So this link sends websocket pings (every ``ping_interval_s``) to find a GM that died
   without closing the connection, which Sedna's local controller never notices.
+
+Where the link dials: Sedna's ``GM_ADDRESS`` (``host:port``; Sedna's local controller dials
+``ws://{GM_ADDRESS}/``) or a ``ws://``/``wss://`` URL, whose query may name TLS files
+(``ca=``, ``cert=``, ``key=``, ``insecure=1``; see `service.adapters.broker_url`).
+Configuration validates the address with `parse_gm_address` at startup; the link builds its
+TLS context with `ssl_context`.
 
 How this link differs from Sedna's client, on purpose: it follows no HTTP redirect (the dial
 fails with the reason), and a frame that is not a valid message does not end the connection
@@ -32,6 +38,9 @@ timeout drops the connection, as a GM that stopped answering pings would, and th
 redials. A send never queues here: while the link is down `GmLink.send` returns False and
 the caller keeps the message to send again.
 
+What the link reports: its state (`LinkState`), for ``/readyz`` and ``describe``, and the
+metrics hooks of a `GmObserver` it calls as frames pass and the connection comes and goes.
+
 All I/O runs on one asyncio event loop on the link's own thread; `GmLink.send` hands the
 frame to it and waits for the write. Library errors never leave this module: they become
 ``False`` from `GmLink.send` and the ``last_error`` of `GmLink.state`.
@@ -43,28 +52,146 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import (
-    ConnectionClosed,
-    InvalidStatus,
-    SecurityError,
-    WebSocketException,
-)
+from websockets.exceptions import ConnectionClosed, InvalidStatus, SecurityError, WebSocketException
 from websockets.frames import CloseCode
 
-from service.adapters.gm.address import GmEndpoint, ssl_context
-from service.adapters.gm.frames import HELLO_FRAME, GmFrame, GmRejected, encode_frame
-from service.adapters.gm.reporting import GmObserver, LinkState, LinkStatus, NoObserver
+from service.adapters.broker_url import TLS_QUERY_KEYS, TlsFiles, query_options, tls_files
+from service.adapters.gm_frames import HELLO_FRAME, GmFrame, GmRejected, encode_frame
 from service.errors import ConfigError, PermanentError
 from service.heartbeat import Heartbeats, progress
+from service.urls import redact_url
 
 log = logging.getLogger("service.gm")
+
+
+@dataclass(frozen=True)
+class GmEndpoint:
+    """Where the link dials: the websocket URL (TLS query removed) and, for ``wss://``, its
+    TLS files."""
+
+    url: str
+    tls: TlsFiles | None = None
+
+    @property
+    def shown(self) -> str:
+        """The URL fit for logs: a password in it masked."""
+        return redact_url(self.url)
+
+
+def _address_error(address: str, problem: str) -> ConfigError:
+    shown = redact_url(address if "://" in address else f"ws://{address}")
+    if "://" not in address:
+        shown = shown.removeprefix("ws://")
+    return ConfigError(f"GM address {shown!r}: {problem}")
+
+
+def parse_gm_address(address: str) -> GmEndpoint:
+    """Parse ``host:port`` (Sedna's GM_ADDRESS, dialed as ``ws://host:port/``) or a
+    ``ws://`` / ``wss://`` URL, whose query may name TLS files
+    (``wss://gm:443/?ca=/ca.pem&cert=/tls.crt&key=/tls.key``).
+
+    Raises `ConfigError` saying what is wrong; a password in the URL is never shown.
+    """
+    text = address.strip()
+    if not text:
+        raise _address_error(address, "empty")
+    bare = "://" not in text
+    if bare and any(c in text for c in "/?#@"):
+        raise _address_error(address, "expected host:port or a ws:// or wss:// URL")
+    try:
+        parts = urlsplit(f"ws://{text}/" if bare else text)
+        port = parts.port
+    except ValueError:
+        raise _address_error(address, "port must be a number in 1..65535") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("ws", "wss"):
+        raise _address_error(address, f"scheme {scheme!r} is not ws:// or wss://")
+    if not parts.hostname:
+        raise _address_error(address, "no host")
+    if port == 0:
+        raise _address_error(address, "port must be in 1..65535")
+    if parts.fragment:
+        raise _address_error(address, "a GM URL takes no #fragment")
+    fail = partial(_address_error, address)
+    options = query_options(parts.query, TLS_QUERY_KEYS, fail)
+    if scheme == "ws" and options:
+        raise fail("ca=, cert=, key= and insecure= need wss://")
+    tls = tls_files(options, fail) if scheme == "wss" else None
+    url = urlunsplit((scheme, parts.netloc, parts.path or "/", "", ""))
+    return GmEndpoint(url=url, tls=tls)
+
+
+def ssl_context(tls: TlsFiles) -> ssl.SSLContext:
+    """The client TLS context for ``tls``; `ConfigError` if a file cannot be loaded."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_path)
+        if tls.cert_path is not None:
+            context.load_cert_chain(tls.cert_path, tls.key_path)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        raise ConfigError(f"GM TLS files (ca/cert/key) could not be loaded: {e}") from e
+    if tls.insecure:
+        context.check_hostname = False
+    return context
+
+
+LinkStatus = Literal["disabled", "connecting", "up", "down"]
+Direction = Literal["in", "out"]
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """What `/readyz` and ``describe`` show of the link.
+
+    ``since`` is when ``status`` last changed (``time.time()``); ``last_error`` why the latest
+    dial failed or connection ended (kept after the link is up again, None if none has);
+    ``reconnects`` counts the times the link came back up after having been up.
+    """
+
+    status: LinkStatus
+    since: float
+    last_error: str | None = None
+    reconnects: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+
+
+class GmObserver(Protocol):
+    """Metrics hooks; called on the link's thread (``frame("out")`` on the sender's)."""
+
+    def frame(self, direction: Direction) -> None: ...
+
+    def reconnected(self) -> None: ...
+
+    def link_up(self, up: bool) -> None: ...
+
+    def reading_paused(self, paused: bool) -> None: ...
+
+
+class NoObserver:
+    """The observer of a link nobody measures."""
+
+    def frame(self, direction: Direction) -> None:
+        pass
+
+    def reconnected(self) -> None:
+        pass
+
+    def link_up(self, up: bool) -> None:
+        pass
+
+    def reading_paused(self, paused: bool) -> None:
+        pass
+
 
 NODE_NAME_HEADER = "Node-Name"
 DEFAULT_REDIAL_S = 5.0
