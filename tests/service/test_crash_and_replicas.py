@@ -6,8 +6,9 @@ What these prove, from the outside only (MQTT, files, Redis keys, logs):
   restarted controller finishes the round, and every upstream message exists once (duplicates
   only as re-sends under the same `header.id`);
 - two replicas split the jobs, each event applied by exactly one of them, and the survivor of a
-  SIGKILL takes the dead one's shards within the lease time;
-- SIGTERM is graceful: exit 0, a retained `offline` presence, leases released at once;
+  SIGKILL takes the dead one's shards (how soon is `make bench`'s figure 6.failover);
+- SIGTERM is graceful: exit 0, a retained `offline` presence, leases released at once, so the
+  successor takes every shard in its first lease round;
 - a replica frozen past its lease (a zombie) writes nothing stale after it wakes, and rejoins.
 """
 
@@ -48,7 +49,6 @@ from tests.stack import Stack
 from tests.wait import wait_until
 
 DATASET = "lifelong-dataset"
-LEASE_S = 2.0
 KEYS = Keys("lifelong")
 
 
@@ -250,10 +250,9 @@ def insert_dataset(stack: Stack, data: Path) -> None:
     stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
 
 
-def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
-    """Grow the dataset; round 2 trains exactly the new train share. Returns the delay."""
+def wait_round_two(rnd: Round) -> None:
+    """Grow the dataset; round 2 trains exactly the new train share."""
     before = len(rnd.cloud.upstream(rnd.job))
-    grown = time.monotonic()
     append_lines(rnd.data, lines(10, 20))
 
     def round_two() -> dict[str, Any] | None:
@@ -264,8 +263,7 @@ def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
             None,
         )  # fmt: skip
 
-    ready = rnd.cloud.wait_for(round_two, within_s, "round 2's train ready")
-    delay_s = time.monotonic() - grown
+    ready = rnd.cloud.wait_for(round_two, 20, "round 2's train ready")
     assert read_lines(Path(ready["content"]["input"]["dataURL"])) == lines(10, 18)
     # anything else since is a message the crashed replica had published and a successor
     # sent again (its acknowledgement not yet recorded): the same id as the original
@@ -274,7 +272,6 @@ def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
     again = [m for m in upstream[before:] if m is not ready and m["content"].get("input")]
     assert all(m["header"]["id"] in earlier for m in again if m["content"]["phase"] == "train"
                and m["content"]["input"]["outputDir"] != f"{rnd.out}/train/2"), again  # fmt: skip
-    return delay_s
 
 
 # ---------------------------------------------------------------- 1. SIGKILL at every step
@@ -369,13 +366,11 @@ def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> N
 
     # r1 dies mid-way; its jobs' reports go out while nobody owns their shards
     r1.kill()
-    killed = time.monotonic()
     for rnd in rounds:
         rnd.report_train_running()
         rnd.report_train_completed()
-    wait_until(lambda: shards_held(r2) == NUM_SHARDS, LEASE_S + 4, "r2 taking every shard")
-    took_over_s = time.monotonic() - killed
-    wait_until(lambda: holds_ingress(r2), 1, "r2 taking the ingress lease")
+    wait_until(lambda: shards_held(r2) == NUM_SHARDS, 20, "r2 taking every shard")
+    wait_until(lambda: holds_ingress(r2), 10, "r2 taking the ingress lease")
     for rnd in rounds:
         rnd.wait_eval_ready()
     for rnd in rounds:
@@ -393,7 +388,6 @@ def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> N
     assert applied_jobs(r2) >= by_r1, "the survivor finished the dead replica's jobs"
     assert_no_double_application(cloud)
     assert cloud.errors() == []
-    assert took_over_s <= LEASE_S + 4
 
 
 # ---------------------------------------------------------------- 3. graceful SIGTERM
@@ -419,12 +413,15 @@ def test_sigterm_is_graceful_and_hands_over_at_once(stack: Stack) -> None:
     presences = [m for t, m in stack.cloud.messages if t.endswith("/controllers/r1")]
     assert presences[-1]["state"] == "offline"
 
-    # the successor finds every lease free and r1 gone from the live set: all 16 at once
+    # the successor finds every lease free and r1 gone from the live set: all 16 at once, in
+    # its first lease round (one that waited for a lease, or counted r1 as live, would take
+    # its shards over several rounds)
     r2 = stack.controller("r2")
     assert shards_held(r2) == NUM_SHARDS
-    wait_until(lambda: holds_ingress(r2), 1.5, "the ingress lease")
-    delay_s = wait_round_two(rnd, within_s=5)
-    assert delay_s < 2.0, f"round 2 took {delay_s:.1f}s: the successor waited for leases"
+    acquired = re.findall(r"acquired shards (\S+)", r2.log())
+    assert acquired[:1] == [",".join(map(str, range(NUM_SHARDS)))], acquired
+    wait_until(lambda: holds_ingress(r2), 10, "the ingress lease")
+    wait_round_two(rnd)
     rnd.assert_round_one()
     assert_no_double_application(stack.cloud)
     assert stack.cloud.errors() == []
@@ -459,7 +456,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
         # r1 stops mid-flight, right after the train worker's completion was sent
         r1.freeze()
         try:
-            rnd.wait_eval_ready(timeout_s=LEASE_S + 6)
+            rnd.wait_eval_ready()
             rnd.report_eval_completed()
             rnd.wait_deploy_ready(timeout_s=10)
             assert lease_holder(store, f"job:{NS}/{job}") == "r2"
@@ -471,8 +468,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
         # r1 wakes up believing it owns half the shards: it must be fenced, then rejoin
         wait_until(lambda: shards_held(r1) == NUM_SHARDS // 2, 10, "r1 rejoining (8 shards)")
         wait_until(lambda: shards_held(r2) == NUM_SHARDS // 2, 5, "r2 giving 8 shards back")
-        delay_s = wait_round_two(rnd)
-        assert delay_s < 5
+        wait_round_two(rnd)
         state = decode_state(store.get(KEYS.state(f"job:{NS}/{job}")) or b"")
         assert isinstance(state, JobState)
         assert (state.phase, state.version) == ("train", 2)
