@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import msgspec
 import paho.mqtt.client as paho
 import redis
 from paho.mqtt.enums import CallbackAPIVersion
@@ -59,6 +60,52 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def at_most(
+        cls,
+        id: str,
+        name: str,
+        value: float,
+        unit: str,
+        limit: float,
+        *,
+        target: str,
+        limit_name: str = "target",
+        details: dict[str, Any] | None = None,
+    ) -> Result:
+        """A figure that passes at or below `limit`, which is its baseline too."""
+        return cls(
+            id,
+            name,
+            value,
+            unit,
+            baseline=limit,
+            baseline_name=limit_name,
+            ratio=value / limit,
+            target=target,
+            passed=value <= limit,
+            details=details or {},
+        )
+
+
+C = TypeVar("C")
+
+
+class UpstreamHeader(msgspec.Struct):
+    resourceName: str = ""  # noqa: N815
+
+
+class UpstreamMessage(msgspec.Struct, Generic[C]):
+    """An upstream message as a benchmark reads it: its content type names the only
+    fields decoded (decoding on the measuring process's MQTT thread must stay cheap)."""
+
+    header: UpstreamHeader
+    content: C
+
+
+def upstream_decoder(content: type[C]) -> Callable[[bytes], UpstreamMessage[C]]:
+    return msgspec.json.Decoder(UpstreamMessage[content]).decode  # type: ignore[valid-type]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -270,12 +317,7 @@ class Peer:
 
 
 def envelope(kind: str, operation: str, name: str, content: Any) -> bytes:
-    header = {
-        "namespace": NS,
-        "resourceKind": kind,
-        "resourceName": name,
-        "operation": operation,
-    }
+    header = {"namespace": NS, "resourceKind": kind, "resourceName": name, "operation": operation}
     return json.dumps({"header": header, "content": content}).encode()
 
 

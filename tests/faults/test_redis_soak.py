@@ -24,13 +24,13 @@ from tests.faults.rounds import (
     Fleet,
     TopologyStack,
     cut_off,
+    fleet_on,
     markers,
     reached,
     replica_of,
-    topology_stack,
-    wait_until,
 )
 from tests.harness import NS
+from tests.wait import wait_until
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
@@ -111,10 +111,7 @@ def test_sentinel_soak(tmp_path: Path, mosquitto: Server, sentinel: SentinelTopo
     def cut(old: Server) -> contextlib.AbstractContextManager[None]:
         return cut_off(replica_of(old, sentinel.data), old)
 
-    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
+    with fleet_on(tmp_path, mosquitto, sentinel.url, JOBS) as fleet:
         kill_scenarios(fleet, sentinel.master, heal, cut)
         fleet.check(sentinel.url)
 
@@ -128,10 +125,7 @@ def test_cluster_soak(tmp_path: Path, mosquitto: Server, cluster: ClusterTopolog
     def cut(old: Server) -> contextlib.AbstractContextManager[None]:
         return cut_off(replica_of(old, cluster.nodes), old)
 
-    with topology_stack(tmp_path, mosquitto, cluster.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
+    with fleet_on(tmp_path, mosquitto, cluster.url, JOBS) as fleet:
         key = KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}"))
         kill_scenarios(fleet, lambda: cluster.master_of(key), heal, cut)
         fleet.check(cluster.url)

@@ -18,9 +18,6 @@ import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,18 +30,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.harness import (
-    NODE,
-    NS,
-    PREFIX,
-    Cloud,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
-)
+from tests.harness import NODE, NS, PREFIX, Cloud, Controller, append_lines, lines, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -64,14 +50,7 @@ def stack(stack: Stack) -> Iterator[Stack]:
 
 def readyz(controller: Controller) -> str:
     """The /readyz detail line (`mqtt=.. redis=.. shards=N ingress=..`)."""
-    url = f"http://127.0.0.1:{controller.http_port}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return str(response.read().decode())
-    except urllib.error.HTTPError as e:
-        return str(e.read().decode())
-    except (urllib.error.URLError, OSError):
-        return ""
+    return controller.get("/readyz", timeout_s=1)[1]
 
 
 def holds_ingress(controller: Controller) -> bool:
@@ -101,26 +80,6 @@ def all_held_by(store: redis.Redis, replica: str) -> bool:
         raw is not None and raw.decode().rsplit(":", 1)[0] == replica
         for raw in store.mget(leases)
     )
-
-
-def canonical(message: dict[str, Any]) -> str:
-    """A message without its id: equal strings mean the same message."""
-    header = {k: v for k, v in message["header"].items() if k != "id"}
-    return json.dumps({"header": header, "content": message["content"]}, sort_keys=True)
-
-
-def assert_no_double_application(cloud: Cloud) -> None:
-    """Duplicates only as re-sends of one message under one id; no id shared by two messages;
-    no message emitted twice under two ids (which would mean a transition applied twice)."""
-    ids_by_message: dict[str, set[str]] = defaultdict(set)
-    messages_by_id: dict[str, set[str]] = defaultdict(set)
-    for message in cloud.upstream():
-        ids_by_message[canonical(message)].add(message["header"]["id"])
-        messages_by_id[message["header"]["id"]].add(canonical(message))
-    shared = {i: m for i, m in messages_by_id.items() if len(m) > 1}
-    assert not shared, f"different messages share an id: {shared}"
-    twice = {m: i for m, i in ids_by_message.items() if len(i) > 1}
-    assert not twice, f"a message was emitted under several ids: {twice}"
 
 
 def ready_ids(cloud: Cloud, job: str, phase: str, suffix: str = "") -> set[str]:
@@ -192,13 +151,10 @@ class Round:
 
     def model(self, kind: str, body: bytes) -> str:
         path = self.out / kind / "1" / "model.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(body)
-        return str(path)
+        return model_file(path, body)
 
     def insert(self) -> None:
-        self.cloud.downstream("lifelonglearningjob", "insert", job_resource(self.job, DATASET,
-                                                                            str(self.out)))
+        self.cloud.insert_job(self.job, DATASET, self.out)
 
     def wait_train_ready(self, timeout_s: float = 20) -> None:
         ready = self.cloud.wait_status(self.job, "train", "ready", timeout_s)
@@ -239,15 +195,14 @@ class Round:
         assert read_lines(self.out / "data/eval/1/data.txt") == lines(8, 10)
 
 
-def make_dataset(stack: Stack) -> Path:
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
-    return data
-
-
-def insert_dataset(stack: Stack, data: Path) -> None:
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+def two_replicas(stack: Stack) -> tuple[Controller, Controller]:
+    """r1 taking in the downstream, then r2, once they split the shards 8/8."""
+    r1 = stack.serving("r1")
+    r2 = stack.controller("r2")
+    wait_until(
+        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
+    )
+    return r1, r2
 
 
 def wait_round_two(rnd: Round) -> None:
@@ -289,7 +244,7 @@ REPORT_STEPS = {"train_running", "train_completed", "eval_completed"}
 
 def run_step(rnd: Round, step: str) -> None:
     if step == "inserted":
-        insert_dataset(rnd.stack, rnd.data)
+        rnd.cloud.insert_dataset(DATASET, rnd.data)
         rnd.insert()
     else:
         getattr(rnd, ("report_" if step in REPORT_STEPS else "wait_") + step)()
@@ -309,10 +264,9 @@ def run_step(rnd: Round, step: str) -> None:
 def test_sigkill_between_steps_then_restart(
     stack: Stack, kill_after: str, successor: str
 ) -> None:
-    data = make_dataset(stack)
+    data = stack.samples()
     rnd = Round.make(stack, "crash-job", data)
-    first = stack.controller("r1")
-    wait_ingress(first, stack.cloud)
+    first = stack.serving("r1")
 
     at = STEPS.index(kill_after)
     for step in STEPS[: at + 1]:
@@ -336,7 +290,7 @@ def test_sigkill_between_steps_then_restart(
         ("eval", "completed"),
     }
     assert {10, 20} <= set(stack.cloud.samples(DATASET))
-    assert_no_double_application(stack.cloud)
+    stack.cloud.assert_each_message_once()
     assert stack.cloud.errors() == []
     assert "as lifelong-edge-node-ingress (MQTTv5, session present: True)" in second.log()
 
@@ -344,16 +298,11 @@ def test_sigkill_between_steps_then_restart(
 # ---------------------------------------------------------------- 2. two replicas, 20 jobs
 def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> None:
     cloud = stack.cloud
-    data = make_dataset(stack)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
-    r2 = stack.controller("r2")
-    wait_until(
-        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
-    )
+    data = stack.samples()
+    r1, r2 = two_replicas(stack)
 
     rounds = [Round.make(stack, f"job-{i:02d}", data) for i in range(20)]
-    insert_dataset(stack, data)
+    cloud.insert_dataset(DATASET, data)
     for rnd in rounds:
         rnd.insert()
     for rnd in rounds:
@@ -386,16 +335,15 @@ def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> N
             ("eval", "completed"),
         }
     assert applied_jobs(r2) >= by_r1, "the survivor finished the dead replica's jobs"
-    assert_no_double_application(cloud)
+    cloud.assert_each_message_once()
     assert cloud.errors() == []
 
 
 # ---------------------------------------------------------------- 3. graceful SIGTERM
 def test_sigterm_is_graceful_and_hands_over_at_once(stack: Stack) -> None:
-    data = make_dataset(stack)
+    data = stack.samples()
     rnd = Round.make(stack, "graceful-job", data)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
+    r1 = stack.serving("r1")
     for step in STEPS:
         run_step(rnd, step)
 
@@ -423,7 +371,7 @@ def test_sigterm_is_graceful_and_hands_over_at_once(stack: Stack) -> None:
     wait_until(lambda: holds_ingress(r2), 10, "the ingress lease")
     wait_round_two(rnd)
     rnd.assert_round_one()
-    assert_no_double_application(stack.cloud)
+    stack.cloud.assert_each_message_once()
     assert stack.cloud.errors() == []
 
 
@@ -438,13 +386,8 @@ def pick_job_owned_by(store: redis.Redis, replica: str) -> str:
 
 def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> None:
     cloud = stack.cloud
-    data = make_dataset(stack)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
-    r2 = stack.controller("r2")
-    wait_until(
-        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
-    )
+    data = stack.samples()
+    r1, r2 = two_replicas(stack)
     store = redis.Redis.from_url(stack.redis_url)
     try:
         job = pick_job_owned_by(store, "r1")
@@ -480,7 +423,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
     assert not ready_ids(cloud, job, "eval", "/eval/2"), "nothing beyond round 2's train"
     assert (rnd.out / "deploy" / "index.pkl").read_bytes() == b"evaluated " + job.encode()
     assert applied_jobs(r2) >= {job}, "r2 advanced the job while r1 was frozen"
-    assert_no_double_application(cloud)
+    cloud.assert_each_message_once()
     assert cloud.errors() == []
     for controller in (r1, r2):
         log = controller.log()

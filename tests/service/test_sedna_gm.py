@@ -111,9 +111,7 @@ def apply(gm: SednaGm, stack: Stack, *, train_node: str = NODE,
           restart_policy: str = "", rounds: int | None = None) -> tuple[Path, Feeder]:  # fmt: skip
     """The dataset (10 samples, on NODE) and the job applied through the GM: the outputDir
     and the feeder that grows the dataset round by round."""
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     gm.apply(dataset_resource(DATASET, str(data)))
     job = job_resource(JOB, DATASET, str(out))
