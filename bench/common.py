@@ -68,13 +68,13 @@ class Result:
         name: str,
         value: float,
         unit: str,
-        limit: float,
         *,
+        limit: float,
+        limit_name: str,
         target: str,
-        limit_name: str = "target",
-        details: dict[str, Any] | None = None,
+        details: dict[str, Any],
     ) -> Result:
-        """A figure that passes at or below `limit`, which is its baseline too."""
+        """A figure that passes at or below `limit` (named `limit_name`), its baseline too."""
         return cls(
             id,
             name,
@@ -85,7 +85,7 @@ class Result:
             ratio=value / limit,
             target=target,
             passed=value <= limit,
-            details=details or {},
+            details=details,
         )
 
 

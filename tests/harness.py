@@ -200,10 +200,13 @@ class Cloud:
         self, job: str, kind: str, status: str, *models: str, worker: str | None = None
     ) -> dict[str, Any]:
         message = worker_message(job, kind, status, *models, worker=worker)
-        self.publish(
-            f"{PREFIX}/{NODE}/workers/{message['name']}/info", json.dumps(message).encode()
-        )
+        self.publish_report(message)
         return message
+
+    def publish_report(self, message: dict[str, Any]) -> None:
+        """Publish a worker's message on its own worker topic (returns once PUBACKed)."""
+        topic = f"{PREFIX}/{NODE}/workers/{message['name']}/info"
+        self.publish(topic, json.dumps(message).encode())
 
     # ------------------------------------------------------------ waiting
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -10,7 +10,6 @@ and the controllers' Redis (histories with the lease token of each commit).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,17 +23,7 @@ from service.embedded import Server
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, shard_of
 from tests.faults.conftest import kind_of
-from tests.harness import (
-    NODE,
-    NS,
-    PREFIX,
-    Cloud,
-    Controller,
-    append_lines,
-    lines,
-    model_file,
-    samples_file,
-)
+from tests.harness import NS, Cloud, Controller, append_lines, lines, model_file, samples_file
 from tests.wait import wait_until
 
 DATASET = "ha-dataset"
@@ -135,9 +124,7 @@ class Fleet:
         self.wait_ready("train", f"/train/{self.version}", timeout_s)
 
     def report(self, job: str, kind: str, status: str, models: list[str] | None = None) -> None:
-        message = self._message(job, kind, status, models)
-        topic = f"{PREFIX}/{NODE}/workers/{message['name']}/info"
-        self.stack.cloud.publish(topic, json.dumps(message).encode())  # returns once PUBACKed
+        self.stack.cloud.publish_report(self._message(job, kind, status, models))
         self.sent[job] += 1
 
     def post_running(self, controller: Controller, job: str) -> int:
@@ -199,6 +186,24 @@ class Fleet:
             and m["content"].get("input", {}).get("outputDir", "").endswith(suffix)
             for m in self.stack.cloud.upstream(job)
         )
+
+    def reports_lost_with(self, master: Server, replica: Server) -> None:
+        """This round's train reports taken in by `master` alone (its `replica` cut off, so
+        none of them reaches it), then `master` SIGKILLed: the broker must deliver them
+        again to whoever is promoted."""
+        before = markers(master)
+        with cut_off(replica, master):
+            self.train_reports()
+            reached(master, before)
+            master.kill()
+
+    def finish_and_check(self, redis_url: str) -> None:
+        """Finish this round, run one more whole round, then every check of `check`."""
+        self.finish_round()
+        self.next_round()
+        self.train_reports()
+        self.finish_round()
+        self.check(redis_url)
 
     def finish_round(self, timeout_s: float = 60) -> None:
         """From the train reports sent to the deploy of this round's model."""

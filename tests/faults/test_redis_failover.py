@@ -18,7 +18,7 @@ from pathlib import Path
 
 from service.embedded import ClusterTopology, SentinelTopology, Server
 from service.keys import Keys, shard_of
-from tests.faults.rounds import cut_off, fleet_on, markers, reached, replica_of
+from tests.faults.rounds import fleet_on, replica_of
 from tests.harness import NS
 from tests.wait import wait_until
 
@@ -34,20 +34,10 @@ def test_sentinel_failover_loses_no_accepted_report(
         fleet.next_round()
 
         old = sentinel.master()
-        replica = replica_of(old, sentinel.data)
-        before = markers(old)
-        with cut_off(replica, old):
-            fleet.train_reports()  # accepted by the broker, taken in by the master only
-            reached(old, before)
-            old.kill()
+        fleet.reports_lost_with(old, replica_of(old, sentinel.data))
         sentinel.wait_promoted(old)  # how soon: `make bench`'s figure 8.failover
         sentinel.restart_as_replica(old)
-
-        fleet.finish_round()
-        fleet.next_round()
-        fleet.train_reports()
-        fleet.finish_round()
-        fleet.check(sentinel.url)
+        fleet.finish_and_check(sentinel.url)
 
 
 def test_cluster_failover_loses_no_accepted_report(
@@ -60,21 +50,11 @@ def test_cluster_failover_loses_no_accepted_report(
         # the master serving the first job's shard; its replica frozen, so what it takes in
         # from now on stays unreplicated
         victim = cluster.master_of(KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}")))
-        replica = replica_of(victim, cluster.nodes)
-        before = markers(victim)
-        with cut_off(replica, victim):
-            fleet.train_reports()
-            reached(victim, before)
-            victim.kill()
+        fleet.reports_lost_with(victim, replica_of(victim, cluster.nodes))
         cluster.wait_promoted(victim)
         victim.start()  # rejoins as a replica of the promoted node
         cluster.wait_healthy()
-
-        fleet.finish_round()
-        fleet.next_round()
-        fleet.train_reports()
-        fleet.finish_round()
-        fleet.check(cluster.url)
+        fleet.finish_and_check(cluster.url)
 
 
 def test_a_replica_slower_than_the_wait_changes_nothing(

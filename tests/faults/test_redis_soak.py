@@ -12,7 +12,6 @@ replicated) or simply mid-stream. At the end every check of `Fleet.check` holds.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,10 +22,7 @@ from service.keys import Keys, shard_of
 from tests.faults.rounds import (
     Fleet,
     TopologyStack,
-    cut_off,
     fleet_on,
-    markers,
-    reached,
     replica_of,
 )
 from tests.harness import NS
@@ -58,11 +54,11 @@ def kill_scenarios(
     fleet: Fleet,
     master: Callable[[], Server],
     heal: Callable[[Server], None],
-    cut: Callable[[Server], contextlib.AbstractContextManager[None]],
+    replica: Callable[[Server], Server],
 ) -> None:
     """Rounds, each with the master killed at another step. ``master``: the master to kill
     (on a Cluster, the one serving the first job's shard); ``heal``: wait until the killed
-    one was replaced and bring it back as a replica; ``cut``: cut a master's replica off."""
+    one was replaced and bring it back as a replica; ``replica``: a master's replica."""
     stack = fleet.stack
 
     def kill() -> None:
@@ -72,11 +68,7 @@ def kill_scenarios(
 
     fleet.next_round()  # 1: the replica cut off, reports taken in by the master alone
     victim = master()
-    before = markers(victim)
-    with cut(victim):
-        fleet.train_reports()
-        reached(victim, before)
-        victim.kill()
+    fleet.reports_lost_with(victim, replica(victim))
     heal(victim)
     fleet.finish_round()
 
@@ -108,11 +100,8 @@ def test_sentinel_soak(tmp_path: Path, mosquitto: Server, sentinel: SentinelTopo
         sentinel.restart_as_replica(old)
         sentinel.wait_synced()
 
-    def cut(old: Server) -> contextlib.AbstractContextManager[None]:
-        return cut_off(replica_of(old, sentinel.data), old)
-
     with fleet_on(tmp_path, mosquitto, sentinel.url, JOBS) as fleet:
-        kill_scenarios(fleet, sentinel.master, heal, cut)
+        kill_scenarios(fleet, sentinel.master, heal, lambda old: replica_of(old, sentinel.data))
         fleet.check(sentinel.url)
 
 
@@ -122,10 +111,9 @@ def test_cluster_soak(tmp_path: Path, mosquitto: Server, cluster: ClusterTopolog
         old.start()  # rejoins as a replica of the promoted node
         cluster.wait_healthy()
 
-    def cut(old: Server) -> contextlib.AbstractContextManager[None]:
-        return cut_off(replica_of(old, cluster.nodes), old)
-
     with fleet_on(tmp_path, mosquitto, cluster.url, JOBS) as fleet:
         key = KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}"))
-        kill_scenarios(fleet, lambda: cluster.master_of(key), heal, cut)
+        kill_scenarios(
+            fleet, lambda: cluster.master_of(key), heal, lambda old: replica_of(old, cluster.nodes)
+        )
         fleet.check(cluster.url)

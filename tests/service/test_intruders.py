@@ -37,7 +37,17 @@ from paho.mqtt.reasoncodes import ReasonCode
 from service.adapters.redis_store import RedisStore
 from service.embedded import Server, find_binary, free_port
 from service.keys import NUM_SHARDS, Keys
-from tests.harness import NODE, NS, PREFIX, Cloud, append_lines, lines, model_file, worker_message
+from tests.harness import (
+    NODE,
+    NS,
+    PREFIX,
+    Cloud,
+    append_lines,
+    lines,
+    model_file,
+    samples_file,
+    worker_message,
+)
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -501,9 +511,7 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
         userinfo=f"lifelong:{passwords['lifelong']}",
     )  # fmt: skip
     try:
-        data = tmp_path / "data" / "train.txt"
-        data.parent.mkdir()
-        append_lines(data, lines(0, 10))
+        data = samples_file(tmp_path / "data" / "train.txt")
         out = tmp_path / "out"
         controller = stack.serving()
         cloud.insert_dataset(DATASET, data)
@@ -616,9 +624,7 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
     runner = start_runner(f"mqtt://{RUNNER}:{passwords[RUNNER]}@127.0.0.1:{port}", runner_log)
     try:
         wait_until(lambda: "subscribed to" in runner_log.read_text(), 15, "the runner serving")
-        data = tmp_path / "data" / "train.txt"
-        data.parent.mkdir()
-        append_lines(data, lines(0, 10))
+        data = samples_file(tmp_path / "data" / "train.txt")
         out = tmp_path / "out"
         stack.controller()
         cloud.wait_for(lambda: any(t == PRESENCE for t, _ in cloud.messages), 10, "online")

@@ -354,7 +354,7 @@ def test_canary_secret_never_leaks(stack: Stack, s3_endpoint: str) -> None:
     # and a worker report (for an unknown job) quoting the secret where a secret-named key is
     report = worker_message("no-such-job", "train", "failed")
     report["ownerInfo"] = {"SECRET_ACCESS_KEY": SECRET}
-    cloud.publish(f"{PREFIX}/{NODE}/workers/{report['name']}/info", json.dumps(report).encode())
+    cloud.publish_report(report)
     cloud.wait_for(lambda: len(cloud.errors()) >= len(refused) + 1, 15, "every rejection")
     assert len(cloud.errors()) == len(refused) + 1, [e["reason"] for e in cloud.errors()]
 
