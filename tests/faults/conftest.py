@@ -28,7 +28,7 @@ from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
 from service.runtime.resources import Transition
 from tests.harness import NODE, Cloud, Controller, lines, model_file, samples_file, wait_ingress
-from tests.servers import redis_server
+from tests.servers import pipe, redis_server
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -200,17 +200,9 @@ class FlakyProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                thread = threading.Thread(target=pipe, args=(a, b), daemon=True)
                 thread.start()
                 self._threads.append(thread)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 # ------------------------------------------------------------------ one round

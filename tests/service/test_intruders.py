@@ -51,9 +51,10 @@ from tests.harness import (
 from tests.stack import Stack
 from tests.wait import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-PROD_CONF = REPO / "mosquitto" / "mosquitto.prod.conf"
-ACL = REPO / "mosquitto" / "acl"
+#: the repository's broker configuration: the production mosquitto.conf and its ACL
+MOSQUITTO = Path(__file__).resolve().parents[2] / "mosquitto"
+PROD_CONF = MOSQUITTO / "mosquitto.prod.conf"
+ACL = MOSQUITTO / "acl"
 
 JOB = "guarded-job"
 DATASET = "guarded-dataset"

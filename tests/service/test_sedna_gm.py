@@ -7,6 +7,7 @@ conditions are in order with one pod per Ready, and the GM refused no status.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -44,23 +45,23 @@ MIN_RUN_S = 0.2
 @pytest.fixture
 def sedna_gm() -> Iterator[GmFactory]:
     """Makes started GMs (options as `SednaGm` takes them); closes them at the end."""
-    made: list[SednaGm] = []
+    with contextlib.ExitStack() as closing:
 
-    def make(**options: Any) -> SednaGm:
-        chosen: Callable[[PodInfo], Behaviour] = options.pop("behaviour", lambda _i: Behaviour())
+        def make(**options: Any) -> SednaGm:
+            chosen: Callable[[PodInfo], Behaviour] = options.pop(
+                "behaviour", lambda _i: Behaviour()
+            )
 
-        def behaviour(info: PodInfo) -> Behaviour:
-            run = chosen(info)
-            return dataclasses.replace(run, run_s=max(run.run_s, MIN_RUN_S))
+            def behaviour(info: PodInfo) -> Behaviour:
+                run = chosen(info)
+                return dataclasses.replace(run, run_s=max(run.run_s, MIN_RUN_S))
 
-        gm = SednaGm(behaviour=behaviour, **options)
-        made.append(gm)
-        gm.start()
-        return gm
+            gm = SednaGm(behaviour=behaviour, **options)
+            closing.callback(gm.close)
+            gm.start()
+            return gm
 
-    yield make
-    for gm in made:
-        gm.close()
+        yield make
 
 
 def url(controller: Controller) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -66,19 +68,19 @@ def start_job(stack: Stack, samples: int = 10) -> Path:
 
 @pytest.fixture
 def run_worker(stack: Stack) -> Iterator[Any]:
-    workers: list[Worker] = []
+    """Starts workers (settings and env as `Worker` takes them); stops them at the end."""
+    numbers = itertools.count()
+    with contextlib.ExitStack() as stopping:
 
-    def start(settings: WorkerSettings, **env: str) -> Worker:
-        environ = {"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE, **env}
-        cfg = Config.from_env(environ)
-        worker = Worker(cfg, settings, client_id=f"worker-{len(workers)}")
-        workers.append(worker)
-        worker.start()
-        return worker
+        def start(settings: WorkerSettings, **env: str) -> Worker:
+            environ = {"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE, **env}
+            cfg = Config.from_env(environ)
+            worker = Worker(cfg, settings, client_id=f"worker-{next(numbers)}")
+            stopping.callback(worker.stop)
+            worker.start()
+            return worker
 
-    yield start
-    for worker in workers:
-        worker.stop()
+        yield start
 
 
 def wait_deployed(stack: Stack, out: Path, model: str, content: bytes) -> None:
