@@ -168,6 +168,7 @@ def envelope(kind: str, operation: str, content: Any, name: str = "some-job") ->
 
 
 DEEP = "@deep@"
+JOB_KIND = "lifelonglearningjob"
 
 
 def nest(payload: bytes, depth: int = 1000) -> bytes:
@@ -199,69 +200,37 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
             "annotations": {"note": "n" * (256 * 1024)},
         },
     }
+    def case(
+        label: str, kind: str, operation: str, content: Any, *reasons: str, name: str = "some-job"
+    ) -> tuple[str, bytes, list[str]]:
+        """A reject class whose payload is one envelope, as JSON."""
+        return label, encoded(envelope(kind, operation, content, name)), list(reasons)
+
+    bad_utf8 = encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"')
+    escape = job(outputDir=f"{out}/../escape")
+    plain_words = base64.b64encode(b"plain words").decode()
+    deep = nest(encoded(envelope(JOB_KIND, "insert", {"nested": DEEP})))
     return [
         ("not json", b"this is { not json", ["not valid JSON"]),
-        (
-            "invalid utf-8",
-            encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"'),
-            ["UTF-8"],
-        ),
-        (
-            "wrong type",
-            encoded(envelope("lifelonglearningjob", "insert", wrong_type)),
-            ["$.spec.dataset.trainProb"],
-        ),
-        (
-            "unknown kind",
-            encoded(envelope("pod", "insert", good)),
-            ["$.header.resourceKind", "unknown resourceKind 'pod'"],
-        ),
-        (
-            "unknown operation",
-            encoded(envelope("lifelonglearningjob", "upsert", good)),
-            ["$.header.operation", "unknown operation 'upsert'"],
-        ),
-        (
-            "bad dns name",
-            encoded(envelope("lifelonglearningjob", "insert", bad_name, "Bad_Name")),
-            ["resourceName", "DNS-1123"],
-        ),
-        (
-            "dotdot",
-            encoded(envelope("lifelonglearningjob", "insert", job(outputDir=f"{out}/../escape"))),
-            ["$.spec.outputDir", "'..'"],
-        ),
-        (
-            "http url",
-            encoded(envelope("dataset", "insert", bad_dataset, "web-dataset")),
-            ["$.spec.url", "s3://"],
-        ),
-        (
-            "oversize",
-            encoded(envelope("lifelonglearningjob", "insert", {**good, **padding})),
-            ["too large"],
-        ),
-        (
-            "base64 not json",
-            encoded(envelope("dataset", "insert", base64.b64encode(b"plain words").decode())),
-            ["$.content", "not valid JSON"],
-        ),
-        (
-            "deep",
-            nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
-            ["nesting deeper than"],
-        ),
-        (
-            "template too deep",
-            encoded(envelope("lifelonglearningjob", "insert", deep_template)),
-            ["$.spec.trainSpec.template", "nesting deeper than 32 levels"],
-        ),
-        (
-            "annotations too large",
-            encoded(envelope("lifelonglearningjob", "insert", annotated)),
-            ["$.metadata.annotations", "larger than 262144 bytes"],
-        ),
-    ]
+        ("invalid utf-8", bad_utf8, ["UTF-8"]),
+        case("wrong type", JOB_KIND, "insert", wrong_type, "$.spec.dataset.trainProb"),
+        case("unknown kind", "pod", "insert", good,
+             "$.header.resourceKind", "unknown resourceKind 'pod'"),
+        case("unknown operation", JOB_KIND, "upsert", good,
+             "$.header.operation", "unknown operation 'upsert'"),
+        case("bad dns name", JOB_KIND, "insert", bad_name, "resourceName", "DNS-1123",
+             name="Bad_Name"),
+        case("dotdot", JOB_KIND, "insert", escape, "$.spec.outputDir", "'..'"),
+        case("http url", "dataset", "insert", bad_dataset, "$.spec.url", "s3://",
+             name="web-dataset"),
+        case("oversize", JOB_KIND, "insert", {**good, **padding}, "too large"),
+        case("base64 not json", "dataset", "insert", plain_words, "$.content", "not valid JSON"),
+        ("deep", deep, ["nesting deeper than"]),
+        case("template too deep", JOB_KIND, "insert", deep_template,
+             "$.spec.trainSpec.template", "nesting deeper than 32 levels"),
+        case("annotations too large", JOB_KIND, "insert", annotated,
+             "$.metadata.annotations", "larger than 262144 bytes"),
+    ]  # fmt: skip
 
 
 def nested_object(depth: int) -> dict[str, Any]:
