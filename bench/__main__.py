@@ -37,43 +37,24 @@ class Sizes:
     gm_rounds: int
 
 
-QUICK = Sizes(
-    round_trips=500,
-    relay_burst=5_000,
-    latency_jobs=250,
-    throughput_jobs=1_000,
-    reports=5_000,
-    dataset_lines=1_000_000,
-    idle_jobs=1_000,
-    idle_window_s=20,
-    failover_trials=3,
-    gm_rounds=5,
-)
-FULL = Sizes(
-    round_trips=2_000,
-    relay_burst=20_000,
-    latency_jobs=500,
-    throughput_jobs=1_000,
-    reports=20_000,
-    dataset_lines=1_000_000,
-    idle_jobs=10_000,
-    idle_window_s=60,
-    failover_trials=20,
-    gm_rounds=20,
-)
-#: Toy sizes: every suite runs and yields its figures in about a minute, which proves the
-#: benchmarks still work (the test suite runs this) and measures nothing worth keeping.
-SMOKE = Sizes(
-    round_trips=20,
-    relay_burst=200,
-    latency_jobs=3,
-    throughput_jobs=5,
-    reports=100,
-    dataset_lines=2_000,
-    idle_jobs=10,
-    idle_window_s=2,
-    failover_trials=1,
-    gm_rounds=1,
+#: Each size in the three modes, side by side: quick (`make bench`), `--full`, and `--smoke`.
+#: Smoke's toy sizes make every suite run and yield its figures in about a minute, which
+#: proves the benchmarks still work (the test suite runs this) and measures nothing worth
+#: keeping.
+_MODES: dict[str, tuple[int, int, int]] = {
+    "round_trips": (500, 2_000, 20),
+    "relay_burst": (5_000, 20_000, 200),
+    "latency_jobs": (250, 500, 3),
+    "throughput_jobs": (1_000, 1_000, 5),
+    "reports": (5_000, 20_000, 100),
+    "dataset_lines": (1_000_000, 1_000_000, 2_000),
+    "idle_jobs": (1_000, 10_000, 10),
+    "idle_window_s": (20, 60, 2),
+    "failover_trials": (3, 20, 1),
+    "gm_rounds": (5, 20, 1),
+}
+QUICK, FULL, SMOKE = (
+    Sizes(**{size: modes[mode] for size, modes in _MODES.items()}) for mode in range(3)
 )
 SUITES = ("latency", "throughput", "datasets", "idle", "failover", "sentinel", "decode", "gm")
 

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import msgspec
 import paho.mqtt.client as paho
 import redis
 from paho.mqtt.enums import CallbackAPIVersion
@@ -53,6 +54,52 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def at_most(
+        cls,
+        id: str,
+        name: str,
+        value: float,
+        unit: str,
+        *,
+        limit: float,
+        limit_name: str,
+        target: str,
+        details: dict[str, Any],
+    ) -> Result:
+        """A figure that passes at or below `limit` (named `limit_name`), its baseline too."""
+        return cls(
+            id,
+            name,
+            value,
+            unit,
+            baseline=limit,
+            baseline_name=limit_name,
+            ratio=value / limit,
+            target=target,
+            passed=value <= limit,
+            details=details,
+        )
+
+
+C = TypeVar("C")
+
+
+class UpstreamHeader(msgspec.Struct):
+    resourceName: str = ""  # noqa: N815
+
+
+class UpstreamMessage(msgspec.Struct, Generic[C]):
+    """An upstream message as a benchmark reads it: its content type names the only
+    fields decoded (decoding on the measuring process's MQTT thread must stay cheap)."""
+
+    header: UpstreamHeader
+    content: C
+
+
+def upstream_decoder(content: type[C]) -> Callable[[bytes], UpstreamMessage[C]]:
+    return msgspec.json.Decoder(UpstreamMessage[content]).decode  # type: ignore[valid-type]
 
 
 def percentile(values: list[float], q: float) -> float:

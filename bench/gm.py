@@ -46,6 +46,7 @@ from bench.common import (
     dataset_resource,
     distribution_ms,
     job_resource,
+    upstream_decoder,
     wait_until,
     write_lines,
 )
@@ -85,16 +86,7 @@ class _Content(msgspec.Struct):
     input: _Input | None = None
 
 
-class _Header(msgspec.Struct):
-    resourceName: str = ""  # noqa: N815
-
-
-class _Upstream(msgspec.Struct):
-    header: _Header
-    content: _Content
-
-
-_decode_upstream = msgspec.json.Decoder(_Upstream).decode
+_decode_upstream = upstream_decoder(_Content)
 
 
 @dataclass(frozen=True)

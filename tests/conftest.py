@@ -147,6 +147,14 @@ def s3_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Denie
 
 
 @pytest.fixture
-def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
-    with stack_on(tmp_path, mosquitto, redis_proc) as s:
+def durable_cloud() -> bool:
+    """Whether the `stack`'s cloud keeps a persistent session (see `Cloud`)."""
+    return False
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, mosquitto: Server, redis_proc: Server, durable_cloud: bool
+) -> Iterator[Stack]:
+    with stack_on(tmp_path, mosquitto, redis_proc, durable=durable_cloud) as s:
         yield s

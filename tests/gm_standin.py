@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -85,6 +85,23 @@ class Received:
         return obj.get("header", {}), None if content is None else base64.b64decode(content)
 
 
+class Started:
+    """A context manager that starts its server on entry and closes it on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 @dataclass
 class _Node:
     connections: list[ServerConnection] = field(default_factory=list)
@@ -92,7 +109,7 @@ class _Node:
     turn: int = 0
 
 
-class GmStandIn:
+class GmStandIn(Started):
     """A GM stand-in on 127.0.0.1; a context manager that starts and stops it."""
 
     def __init__(
@@ -115,17 +132,11 @@ class GmStandIn:
         self._handshakes: list[Headers] = []
         self._refused = 0
         self._connects: dict[str, int] = {}
+        self._dropped: dict[str, list[ConnectionClosed]] = {}
         self._raw_keys = 0
         self._flushing: asyncio.Future[None] | None = None  # a flood's writer, kept alive
 
     # -- life cycle -----------------------------------------------------------------------
-
-    def __enter__(self) -> GmStandIn:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
 
     @property
     def address(self) -> str:
@@ -178,6 +189,11 @@ class GmStandIn:
         """Connections ``node`` opened since the stand-in was made."""
         with self._changed:
             return self._connects.get(node, 0)
+
+    def dropped(self, node: str) -> list[ConnectionClosed]:
+        """How ``node``'s connections that ended without a clean close ended."""
+        with self._changed:
+            return list(self._dropped.get(node, []))
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
         """Wait until ``predicate()`` (evaluated on every change) holds; False on timeout."""
@@ -295,8 +311,11 @@ class GmStandIn:
                     self._changed.notify_all()
                 if self._on_frame is not None:
                     self._on_frame(received)
-        except ConnectionClosed:
-            pass
+        except ConnectionClosed as e:
+            # the node went away without a clean close: recorded for the tests, as a GM logs
+            # it and then serves the node's next connection
+            with self._changed:
+                self._dropped.setdefault(node, []).append(e)
         finally:
             with self._changed:
                 state.connections.remove(connection)

@@ -13,12 +13,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from service import wire
 from service.embedded.processes import ControllerProcess
@@ -67,6 +70,11 @@ class Controller(ControllerProcess):
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.http_token}"} if self.http_token else {}
 
+    def get(self, path: str, timeout_s: float = 5) -> tuple[int, str]:
+        """GET `path` of its HTTP endpoint (with the token, if any): see `http_get`."""
+        url = f"http://127.0.0.1:{self.http_port}{path}"
+        return http_get(url, self.auth_headers(), timeout_s)
+
     def post_worker(self, worker: str, body: dict[str, Any] | bytes) -> tuple[int, dict[str, Any]]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(
@@ -93,9 +101,16 @@ class Cloud:
         password: str | None = None,
         ca_path: str | None = None,
         protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
+        durable: bool = False,
     ) -> None:
         """`username`/`password` log in (a broker with a password file); `ca_path` speaks TLS;
-        `protocol` is MQTT 5 unless the broker speaks only 3.1.1 (RabbitMQ's MQTT plugin)."""
+        `protocol` is MQTT 5 unless the broker speaks only 3.1.1 (RabbitMQ's MQTT plugin).
+
+        `durable` keeps a persistent session and reconnects fast: a clean-session peer loses
+        its subscriptions when the broker restarts and misses what the controller publishes
+        before it has re-subscribed; with a persistent session the broker keeps them and
+        queues QoS 1 messages while we reconnect, so "every upstream message appears at
+        least once" is something a test can check."""
         self.messages: list[tuple[str, dict[str, Any]]] = []
         self._cond = threading.Condition()
         self.client = paho.Client(
@@ -107,7 +122,13 @@ class Cloud:
             self.client.tls_set(ca_certs=ca_path)
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
-        self.client.connect("127.0.0.1", port)
+        if durable:
+            self.client.reconnect_delay_set(1, 1)
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = 3600
+            self.client.connect("127.0.0.1", port, clean_start=False, properties=properties)
+        else:
+            self.client.connect("127.0.0.1", port)
         self.client.loop_start()
         self.wait_for(lambda: self._subscribed, 10, "subscription")
 
@@ -163,14 +184,28 @@ class Cloud:
         )
         self.publish(f"{PREFIX}/{NODE}/downstream", data)
 
+    def insert_dataset(
+        self, name: str, url: str | Path, fmt: str = "txt", **options: Any
+    ) -> None:
+        """Send a Dataset insert (`fmt` and `options` as `dataset_resource` takes them)."""
+        self.downstream("dataset", "insert", dataset_resource(name, str(url), fmt, **options))
+
+    def insert_job(self, name: str, dataset: str, output_dir: str | Path, **options: Any) -> None:
+        """Send a LifelongLearningJob insert (`options` as `job_resource` takes them)."""
+        resource = job_resource(name, dataset, str(output_dir), **options)
+        self.downstream("lifelonglearningjob", "insert", resource)
+
     def report(
         self, job: str, kind: str, status: str, *models: str, worker: str | None = None
     ) -> dict[str, Any]:
         message = worker_message(job, kind, status, *models, worker=worker)
-        self.publish(
-            f"{PREFIX}/{NODE}/workers/{message['name']}/info", json.dumps(message).encode()
-        )
+        self.publish_report(message)
         return message
+
+    def publish_report(self, message: dict[str, Any]) -> None:
+        """Publish a worker's message on its own worker topic (returns once PUBACKed)."""
+        topic = f"{PREFIX}/{NODE}/workers/{message['name']}/info"
+        self.publish(topic, json.dumps(message).encode())
 
     # ------------------------------------------------------------ waiting
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -213,6 +248,19 @@ class Cloud:
             if "numberOfSamples" in m["content"]
         ]
 
+    def assert_each_message_once(self) -> None:
+        """Copies of an upstream message share its id and are equal; no message went out
+        under two ids (which would mean a transition applied twice)."""
+        ids_by_message: dict[str, set[str]] = defaultdict(set)
+        messages_by_id: dict[str, set[str]] = defaultdict(set)
+        for message in self.upstream():
+            ids_by_message[canonical(message)].add(message["header"]["id"])
+            messages_by_id[message["header"]["id"]].add(canonical(message))
+        shared = {i: m for i, m in messages_by_id.items() if len(m) > 1}
+        assert not shared, f"different messages share an id: {shared}"
+        twice = {m: i for m, i in ids_by_message.items() if len(i) > 1}
+        assert not twice, f"a message went out under several ids: {twice}"
+
     def summary(self) -> str:
         return "; ".join(
             f"{t.rsplit('/', 1)[-1]}:{json.dumps(m)[:160]}" for t, m in self.messages[-12:]
@@ -246,6 +294,10 @@ def status_header(kind: str, name: str, message_id: str | None = None) -> wire.H
         operation="status",
         id=message_id,
     )
+def canonical(message: dict[str, Any]) -> str:
+    """A message without its id: equal strings mean the same message."""
+    header = {k: v for k, v in message["header"].items() if k != "id"}
+    return json.dumps({"header": header, "content": message["content"]}, sort_keys=True)
 
 
 def worker_message(
@@ -319,6 +371,36 @@ def lines(start: int, end: int) -> list[str]:
 def append_lines(path: Path, rows: list[str]) -> None:
     with open(path, "a") as f:
         f.write("".join(row + "\n" for row in rows))
+
+
+def samples_file(path: Path, rows: int = 10) -> Path:
+    """A txt dataset of `rows` samples (`lines(0, rows)`) at `path`, its folder made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    append_lines(path, lines(0, rows))
+    return path
+
+
+def http_get(
+    url: str, headers: dict[str, str] | None = None, timeout_s: float = 5
+) -> tuple[int, str]:
+    """GET `url`: the status and body, error statuses included; (0, "") when nothing
+    answers (a controller not listening yet, or gone)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as e:
+        with e:
+            return int(e.code), e.read().decode()
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def model_file(path: Path, content: bytes) -> str:
+    """A model file as a worker leaves it (its folders made); its path, for a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return str(path)
 
 
 def metric_sum(controller: Controller, name: str, /, **labels: str) -> float:

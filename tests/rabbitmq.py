@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tests.servers import free_port, wait_port
 
@@ -122,32 +123,27 @@ class RabbitNode:
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
+    def _as_node(self) -> dict[str, Any]:
+        """How each of the node's processes runs: in its folder, with its environment, as
+        the unprivileged USER."""
+        return {"cwd": self.base, "env": self._env(), "user": USER, "group": USER,
+                "extra_groups": []}  # fmt: skip
+
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         with open(self.base / "out.log", "ab") as out:
             return subprocess.Popen(
-                argv,
-                cwd=self.base,
-                env=self._env(),
-                user=USER,
-                group=USER,
-                extra_groups=[],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                **self._as_node(),
+            )  # fmt: skip
 
     def _ctl(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         try:
             return subprocess.run(
                 [str(CTL), "-n", self.name, *args],
-                cwd=self.base,
-                env=self._env(),
-                user=USER,
-                group=USER,
-                extra_groups=[],
                 capture_output=True,
                 timeout=60,
                 check=False,
+                **self._as_node(),
             )
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess([str(CTL)], 1)

@@ -4,6 +4,7 @@ topologies (a Sentinel-watched master and replica, a Cluster) and moto's S3 serv
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ __all__ = [
     "locked_mosquitto",
     "mosquitto_server",
     "moto_server",
+    "pipe",
     "redis_server",
     "running",
     "running_topology",
@@ -75,6 +77,16 @@ def moto_server(workdir: Path, port: int | None = None) -> Server:
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     return Server("moto", argv, port, workdir)
+
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """One direction of a TCP proxy: copy until `src` ends or fails, then end `dst`'s
+    sending side (what the other end then reads as EOF)."""
+    with contextlib.suppress(OSError):
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager

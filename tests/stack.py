@@ -7,14 +7,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
+from service.core.state import State, decode_state
 from service.embedded.processes import Server
+from service.keys import Keys
 from tests.harness import (
     Cloud,
     Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
+    samples_file,
     wait_ingress,
 )
 
@@ -47,28 +48,46 @@ class Stack:
             controller.wait_ready()
         return controller
 
+    def serving(self, name: str = "r1", *, env: dict[str, str] | None = None) -> Controller:
+        """A started controller, once it is proven to take in what the cloud sends."""
+        controller = self.controller(name, env=env)
+        wait_ingress(controller, self.cloud)
+        return controller
+
+    def samples(self, rows: int = 10, name: str = "train.txt") -> Path:
+        """A txt dataset file of `rows` samples in the test's data folder."""
+        return samples_file(self.workdir / "data" / name, rows)
+
+    def stored_state(self, rkey: str) -> State:
+        """The state the controllers keep in Redis for a resource key (there must be one)."""
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            raw = client.get(Keys("lifelong").state(rkey))
+        finally:
+            client.close()
+        assert raw is not None, f"no state stored for {rkey}"
+        return decode_state(raw)
+
     def job_at_train_ready(self, job: str, dataset: str) -> tuple[Controller, Path]:
         """A controller, a dataset of 10 samples and a job on it, once the cloud has seen the
         job's first train `ready` (where a round's tests start): the controller and the
         job's outputDir."""
-        data = self.workdir / "data" / "train.txt"
-        data.parent.mkdir()
-        append_lines(data, lines(0, 10))
+        data = self.samples()
         out = self.workdir / "out"
-        controller = self.controller()
-        wait_ingress(controller, self.cloud)
-        self.cloud.downstream("dataset", "insert", dataset_resource(dataset, str(data)))
-        self.cloud.downstream("lifelonglearningjob", "insert", job_resource(job, dataset, str(out)))
+        controller = self.serving()
+        self.cloud.insert_dataset(dataset, data)
+        self.cloud.insert_job(job, dataset, out)
         self.cloud.wait_status(job, "train", "ready")
         return controller, out
 
 
 @contextlib.contextmanager
 def stack_on(
-    tmp_path: Path, broker: Server, redis: Server, cloud_type: type[Cloud] = Cloud
+    tmp_path: Path, broker: Server, redis: Server, *, durable: bool = False
 ) -> Iterator[Stack]:
-    """A stack on these servers; every controller started in it is stopped at the end."""
-    cloud = cloud_type(broker.port)
+    """A stack on these servers (its cloud `durable`, as `Cloud` says); every controller
+    started in it is stopped at the end."""
+    cloud = Cloud(broker.port, durable=durable)
     s = Stack(tmp_path, broker, redis, cloud)
     try:
         yield s

@@ -12,8 +12,6 @@ import functools
 import json
 import re
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from service.config import Config
 from service.metrics import Metrics
 from service.settings import SETTINGS
 from tests.deploy.kustomize import Resource, pod_specs, render
+from tests.harness import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -252,12 +251,7 @@ def test_probe_paths_are_served_by_the_http_server(rendered: list[Resource]) -> 
     try:
 
         def status(path: str) -> int:
-            url = f"http://127.0.0.1:{server.port}{path}"
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    return int(response.status)
-            except urllib.error.HTTPError as e:
-                return e.code
+            return http_get(f"http://127.0.0.1:{server.port}{path}")[0]
 
         liveness = c["livenessProbe"]["httpGet"]["path"]
         readiness = c["readinessProbe"]["httpGet"]["path"]

@@ -27,14 +27,7 @@ import yaml
 
 from service.embedded.processes import Server, free_port, running
 from tests.gm_standin import GmStandIn
-from tests.harness import (
-    NODE,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
-)
+from tests.harness import NODE, append_lines, lines
 from tests.stack import Stack, stack_on
 from tests.wait import wait_until
 
@@ -130,9 +123,9 @@ def drive(stack: Stack) -> None:
     data = stack.workdir / "data.txt"
     append_lines(data, lines(0, 10))
     out = stack.workdir / "out"
-    cloud.downstream("dataset", "insert", dataset_resource("ds", str(data)))
+    cloud.insert_dataset("ds", data)
     for job in ("round", "busy"):
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(job, "ds", str(out / job)))
+        cloud.insert_job(job, "ds", out / job)
     cloud.wait_status("round", "train", "ready")
     cloud.wait_status("busy", "train", "ready")  # and no worker ever reports: train/running
     for phase in ("train", "eval"):
@@ -157,8 +150,7 @@ def test_dashboard_and_rule_queries_against_real_prometheus(tmp_path: Path, stac
 
 
 def check_queries(tmp_path: Path, stack: Stack, env: dict[str, str]) -> None:
-    first = stack.controller("r1", env=env)
-    wait_ingress(first, stack.cloud)
+    first = stack.serving("r1", env=env)
     second = stack.controller("r2", env=env)
     targets = [f"127.0.0.1:{c.http_port}" for c in (first, second)]
     with running(prometheus_server(tmp_path / "prometheus", targets)) as (server,):

@@ -1,4 +1,4 @@
-"""Fault-test helpers: a cloud peer whose session survives broker restarts, a look into the
+"""Fault-test helpers: a `stack` whose cloud's session survives broker restarts, a look into the
 service's Redis from outside, a TCP proxy that makes S3 unreachable on demand, and the
 checks every fault test ends with (each upstream message at least once, duplicates share an
 id, no transition applied twice)."""
@@ -10,19 +10,13 @@ import socket
 import struct
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from service.adapters.redis_store import RedisStore
 from service.config import Config
@@ -33,45 +27,16 @@ from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
 from service.runtime.resources import Transition
-from tests.harness import (
-    NODE,
-    Cloud,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
-)
-from tests.servers import redis_server
+from tests.harness import NODE, Cloud, Controller, lines, model_file, samples_file, wait_ingress
+from tests.servers import pipe, redis_server
 from tests.stack import Stack
-from tests.stack import stack_on as integration_stack_on
 from tests.wait import wait_until
 
 
-class DurableCloud(Cloud):
-    """`Cloud` with a persistent session under a fixed client id and a fast reconnect.
-
-    A clean-session peer loses its subscriptions when the broker restarts and misses what
-    the controller publishes before it has re-subscribed; with a persistent session the
-    broker keeps the subscriptions and queues QoS 1 messages for us while we reconnect, so
-    "every upstream message appears at least once" is something the test can check.
-    """
-
-    def __init__(self, port: int) -> None:  # builds its own client: no super().__init__
-        self.messages: list[tuple[str, dict[str, Any]]] = []
-        self._cond = threading.Condition()
-        self.client = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"cloud-{time.time_ns()}", protocol=paho.MQTTv5
-        )
-        self.client.on_message = self._on_message
-        self.client.on_connect = self._on_connect
-        self.client.reconnect_delay_set(1, 1)
-        properties = Properties(PacketTypes.CONNECT)
-        properties.SessionExpiryInterval = 3600
-        self.client.connect("127.0.0.1", port, clean_start=False, properties=properties)
-        self.client.loop_start()
-        self.wait_for(lambda: self._subscribed, 10, "subscription")
+@pytest.fixture
+def durable_cloud() -> bool:
+    """Fault tests restart brokers: the `stack`'s cloud keeps its session through them."""
+    return True
 
 
 @dataclass
@@ -115,20 +80,6 @@ def probe_of(redis_url: str) -> Iterator[Probe]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, mosquitto: Server, redis_proc: Server) -> Iterator[Stack]:
-    """The integration `stack`, with a `DurableCloud` as the cloud."""
-    with stack_on(tmp_path, mosquitto, redis_proc) as s:
-        yield s
-
-
-@contextlib.contextmanager
-def stack_on(tmp_path: Path, broker: Server, redis: Server) -> Iterator[Stack]:
-    """The integration `stack_on`, with a `DurableCloud` as the cloud."""
-    with integration_stack_on(tmp_path, broker, redis, DurableCloud) as s:
-        yield s
-
-
-@pytest.fixture
 def aof_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     """redis-server with the AOF on; `request.param` is the appendfsync policy."""
     server = redis_server(
@@ -146,15 +97,7 @@ def aof_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server
 
 def readyz(controller: Controller) -> int:
     """The HTTP status of the controller's /readyz (0: nothing answered)."""
-    url = f"http://127.0.0.1:{controller.http_port}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as e:
-        e.close()
-        return int(e.code)
-    except (urllib.error.URLError, OSError):
-        return 0
+    return controller.get("/readyz", timeout_s=2)[0]
 
 
 def wait_exit(controller: Controller, timeout_s: float = 15) -> int:
@@ -257,17 +200,9 @@ class FlakyProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                thread = threading.Thread(target=pipe, args=(a, b), daemon=True)
                 thread.start()
                 self._threads.append(thread)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 # ------------------------------------------------------------------ one round
@@ -317,30 +252,32 @@ class Round:
 
     def prepare(self) -> None:
         """The dataset file and an older, larger deploy file, before any controller runs."""
-        self.data.parent.mkdir(parents=True, exist_ok=True)
-        append_lines(self.data, lines(0, 10))
+        samples_file(self.data)
         (self.out / "deploy").mkdir(parents=True, exist_ok=True)
         (self.out / "deploy" / "index.pkl").write_bytes(OLD_DEPLOY)
 
     def create(self) -> None:
         """Insert the dataset and the job; wait for round 1's train ready."""
         cloud = self.stack.cloud
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(self.data)))
-        job = job_resource(JOB, DATASET, str(self.out), trigger=QUIET_TRIGGER)
-        cloud.downstream("lifelonglearningjob", "insert", job)
+        cloud.insert_dataset(DATASET, self.data)
+        cloud.insert_job(JOB, DATASET, self.out, trigger=QUIET_TRIGGER)
         cloud.wait_status(JOB, "train", "ready")
+
+    def start(self, name: str = "r1") -> Controller:
+        """Prepare, start a controller (`QUIET_POLLS`) taking in what the cloud sends, and
+        create: round 1's train ready is out. The controller."""
+        self.prepare()
+        controller = self.stack.serving(name, env=QUIET_POLLS)
+        self.create()
+        return controller
 
     def train_model(self) -> str:
         model = self.out / "train" / "1" / "model.pkl"
-        model.parent.mkdir(parents=True, exist_ok=True)
-        model.write_bytes(b"trained")
-        return str(model)
+        return model_file(model, b"trained")
 
     def scored_model(self) -> str:
         model = self.out / "eval" / "1" / "model.pkl"
-        model.parent.mkdir(parents=True, exist_ok=True)
-        model.write_bytes(self.eval_model)
-        return str(model)
+        return model_file(model, self.eval_model)
 
     def train_completed(self) -> None:
         self.stack.cloud.report(JOB, "train", "completed", self.train_model())
@@ -349,7 +286,9 @@ class Round:
         self.stack.cloud.report(JOB, "eval", "completed", self.scored_model())
 
     def assert_complete(self, probe: Probe) -> None:
-        """Round 1 went through exactly once: messages, files, version and event counts."""
+        """Round 1 went through exactly once: messages, files, version and event counts,
+        once the outbox has drained."""
+        wait_until(lambda: probe.outbox_depth() == 0, 10, "the outbox to drain")
         assert_once_each(self.stack.cloud, JOB, FULL_ROUND)
         assert read_lines(self.out / "data" / "train" / "1" / "data.txt") == lines(0, 8)
         assert read_lines(self.out / "data" / "eval" / "1" / "data.txt") == lines(8, 10)

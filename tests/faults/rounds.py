@@ -10,7 +10,6 @@ and the controllers' Redis (histories with the lease token of each commit).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,18 +22,8 @@ from service.adapters.redis_store import RedisStore
 from service.embedded.processes import Server
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.faults.conftest import DurableCloud, kind_of
-from tests.harness import (
-    NODE,
-    NS,
-    PREFIX,
-    Cloud,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-)
+from tests.faults.conftest import kind_of
+from tests.harness import NS, Cloud, Controller, append_lines, lines, model_file, samples_file
 from tests.wait import wait_until
 
 DATASET = "ha-dataset"
@@ -72,7 +61,7 @@ class TopologyStack:
 
 @contextlib.contextmanager
 def topology_stack(tmp_path: Path, broker: Server, redis_url: str) -> Iterator[TopologyStack]:
-    cloud = DurableCloud(broker.port)
+    cloud = Cloud(broker.port, durable=True)
     stack = TopologyStack(tmp_path, broker, redis_url, cloud)
     try:
         yield stack
@@ -80,6 +69,18 @@ def topology_stack(tmp_path: Path, broker: Server, redis_url: str) -> Iterator[T
         for controller in stack.controllers.values():
             controller.kill()
         cloud.close()
+
+
+@contextlib.contextmanager
+def fleet_on(
+    tmp_path: Path, broker: Server, redis_url: str, jobs: int, replicas: int = 2
+) -> Iterator[Fleet]:
+    """`jobs` jobs inserted under `replicas` controller replicas (r1, r2, ...) on this Redis
+    (any topology's URL)."""
+    with topology_stack(tmp_path, broker, redis_url) as stack:
+        for i in range(replicas):
+            stack.start(f"r{i + 1}")
+        yield Fleet.create(stack, jobs)
 
 
 @dataclass
@@ -99,14 +100,10 @@ class Fleet:
     @classmethod
     def create(cls, stack: TopologyStack, count: int) -> Fleet:
         fleet = cls(stack, [f"ha-job-{i}" for i in range(count)])
-        fleet.data.parent.mkdir(parents=True, exist_ok=True)
-        append_lines(fleet.data, lines(0, LINES_PER_ROUND))
-        cloud = stack.cloud
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(fleet.data)))
+        samples_file(fleet.data, LINES_PER_ROUND)
+        stack.cloud.insert_dataset(DATASET, fleet.data)
         for job in fleet.jobs:
-            cloud.downstream(
-                "lifelonglearningjob", "insert", job_resource(job, DATASET, str(fleet.out(job)))
-            )
+            stack.cloud.insert_job(job, DATASET, fleet.out(job))
         return fleet
 
     @property
@@ -127,9 +124,7 @@ class Fleet:
         self.wait_ready("train", f"/train/{self.version}", timeout_s)
 
     def report(self, job: str, kind: str, status: str, models: list[str] | None = None) -> None:
-        message = self._message(job, kind, status, models)
-        topic = f"{PREFIX}/{NODE}/workers/{message['name']}/info"
-        self.stack.cloud.publish(topic, json.dumps(message).encode())  # returns once PUBACKed
+        self.stack.cloud.publish_report(self._message(job, kind, status, models))
         self.sent[job] += 1
 
     def post_running(self, controller: Controller, job: str) -> int:
@@ -162,9 +157,7 @@ class Fleet:
 
     def model(self, job: str, kind: str) -> str:
         path = self.out(job) / kind / str(self.version) / "model.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(f"{kind} model {job} v{self.version}".encode())
-        return str(path)
+        return model_file(path, f"{kind} model {job} v{self.version}".encode())
 
     def train_reports(self) -> None:
         """A stream of running reports, then train completed, for every job."""
@@ -193,6 +186,24 @@ class Fleet:
             and m["content"].get("input", {}).get("outputDir", "").endswith(suffix)
             for m in self.stack.cloud.upstream(job)
         )
+
+    def reports_lost_with(self, master: Server, replica: Server) -> None:
+        """This round's train reports taken in by `master` alone (its `replica` cut off, so
+        none of them reaches it), then `master` SIGKILLed: the broker must deliver them
+        again to whoever is promoted."""
+        before = markers(master)
+        with cut_off(replica, master):
+            self.train_reports()
+            reached(master, before)
+            master.kill()
+
+    def finish_and_check(self, redis_url: str) -> None:
+        """Finish this round, run one more whole round, then every check of `check`."""
+        self.finish_round()
+        self.next_round()
+        self.train_reports()
+        self.finish_round()
+        self.check(redis_url)
 
     def finish_round(self, timeout_s: float = 60) -> None:
         """From the train reports sent to the deploy of this round's model."""
@@ -225,7 +236,7 @@ class Fleet:
     def check(self, redis_url: str) -> None:
         """Everything accepted was applied exactly once; every round completed; copies of a
         message share one id; no shard was committed to by two replicas under one token."""
-        assert_each_message_once(self.stack.cloud)
+        self.stack.cloud.assert_each_message_once()
         for job in self.jobs:
             upstream = Counter(kind_of(m["content"]) for m in distinct(self.stack.cloud, job))
             rounds = self.version
@@ -259,24 +270,6 @@ def distinct(cloud: Cloud, job: str) -> list[dict[str, Any]]:
     for message in cloud.upstream(job):
         by_id.setdefault(message["header"]["id"], message)
     return list(by_id.values())
-
-
-def canonical(message: dict[str, Any]) -> str:
-    header = {k: v for k, v in message["header"].items() if k != "id"}
-    return json.dumps({"header": header, "content": message["content"]}, sort_keys=True)
-
-
-def assert_each_message_once(cloud: Cloud) -> None:
-    """Copies of a message share its id and are equal; no message went out under two ids."""
-    ids_by_message: dict[str, set[str]] = defaultdict(set)
-    messages_by_id: dict[str, set[str]] = defaultdict(set)
-    for message in cloud.upstream():
-        ids_by_message[canonical(message)].add(message["header"]["id"])
-        messages_by_id[message["header"]["id"]].add(canonical(message))
-    shared = {i: m for i, m in messages_by_id.items() if len(m) > 1}
-    assert not shared, f"different messages share an id: {shared}"
-    twice = {m: i for m, i in ids_by_message.items() if len(i) > 1}
-    assert not twice, f"a message went out under several ids: {twice}"
 
 
 def assert_tokens_unique(store: RedisStore) -> None:

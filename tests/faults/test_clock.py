@@ -18,7 +18,6 @@ import redis
 from service.core.state import JobState
 from service.keys import Keys, job_key, shard_of
 from tests.faults.conftest import DATASET, JOB, Probe, probe_of, replica_on
-from tests.harness import append_lines, dataset_resource, job_resource, lines
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -87,9 +86,7 @@ def check_still_pending(redis_url: str) -> bool:
 def test_timer_window_and_check_period_follow_the_injected_clock(stack: Stack) -> None:
     cloud = stack.cloud
     clock = ManualClock(START_MS, minute_of_day=9 * 60)
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     trigger = {
         "checkPeriodSeconds": PERIOD_S,
@@ -97,10 +94,8 @@ def test_timer_window_and_check_period_follow_the_injected_clock(stack: Stack) -
         "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
     }
     with replica_on(stack, clock=clock), probe_of(stack.redis_url) as probe:
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream(
-            "lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out), trigger=trigger)
-        )
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(JOB, DATASET, out, trigger=trigger)
         waiting = wait_until(lambda: pending_check(probe), 10, "samples to be pending")
         assert waiting.taken == 10 and waiting.version == 0
         assert waiting.next_check_ms == START_MS + PERIOD_S * 1000, "the period is on the clock"

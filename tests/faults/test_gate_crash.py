@@ -26,7 +26,7 @@ from tests.faults.conftest import (
     probe_of,
     wait_exit,
 )
-from tests.harness import NS, Cloud, append_lines, dataset_resource, job_resource, lines
+from tests.harness import NS, Cloud, append_lines, job_resource, lines, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -37,9 +37,7 @@ CONDITION = {"operator": ">", "threshold": 0, "metric": "accuracy_delta[0]"}
 
 def model(out: Path, version: int) -> str:
     path = out / "train" / str(version) / "model.bin"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"model %d " % version * 1000)
-    return str(path)
+    return model_file(path, b"model %d " % version * 1000)
 
 
 def report(cloud: Cloud, kind: str, version: int, results: list[dict[str, Any]]) -> None:
@@ -83,9 +81,7 @@ def round_to_eval(stack: Stack, out: Path, version: int) -> None:
                          ids=["passes-the-gate", "held-back"])  # fmt: skip
 def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: bool) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     deploy_file = out / "deploy" / "index.pkl"
     job = job_resource(JOB, DATASET, str(out), trigger=QUIET_TRIGGER)
@@ -94,7 +90,7 @@ def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: b
     # A: round 1 deployed, round 2 evaluated against it; the dataset then deleted, so that
     # no poll is due when B starts (its only commit must be the gate's decision)
     a = stack.controller("a")
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.insert_dataset(DATASET, data)
     cloud.downstream("lifelonglearningjob", "insert", job)
     round_to_eval(stack, out, 1)
     report(cloud, "eval", 1, [scored(str(out / "train/1/model.bin"), 0.7)])

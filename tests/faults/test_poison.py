@@ -23,15 +23,7 @@ from service.adapters.redis_store import RedisStore
 from service.keys import Keys, job_key, shard_of
 from service.runtime.quarantine import decode_mark
 from tests.faults.conftest import readyz
-from tests.harness import (
-    NS,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    metric_sum,
-    wait_ingress,
-)
+from tests.harness import NS, job_resource, metric_sum, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -41,22 +33,17 @@ GARBAGE = b"\xc1 not msgpack: 0xc1 is never used"
 
 def model(out: Path, kind: str) -> str:
     path = out / kind / "1" / "model.pkl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(f"{kind}ed".encode())
-    return str(path)
+    return model_file(path, f"{kind}ed".encode())
 
 
 def test_garbage_state_and_entry_are_quarantined_and_the_rest_goes_on(stack: Stack) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     outs = {job: stack.workdir / job for job in (POISONED, HEALTHY)}
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    controller = stack.serving()
+    cloud.insert_dataset(DATASET, data)
     for job, out in outs.items():
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(job, DATASET, str(out)))
+        cloud.insert_job(job, DATASET, out)
     for job in outs:
         cloud.wait_status(job, "train", "ready")
 

@@ -11,14 +11,16 @@ written everything it acknowledged to the AOF file, and then expects nothing los
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from service.embedded.processes import Server
-from tests.faults.conftest import JOB, QUIET_POLLS, Round, probe_of, readyz, stack_on
-from tests.harness import wait_ingress, worker_message
+from tests.faults.conftest import JOB, Round, probe_of, readyz
+from tests.harness import worker_message
+from tests.stack import Stack, stack_on
 from tests.wait import wait_until
 
 LEASE_S = 2.0  # the harness's LIFELONG_LEASE_SECONDS
@@ -36,18 +38,20 @@ def aof_written(url: str) -> bool:
         client.close()
 
 
+@pytest.fixture
+def stack(tmp_path: Path, mosquitto: Server, aof_redis: Server) -> Iterator[Stack]:
+    """The fault tests' `stack`, on the AOF Redis."""
+    with stack_on(tmp_path, mosquitto, aof_redis, durable=True) as s:
+        yield s
+
+
 @pytest.mark.parametrize("aof_redis", ["always", "everysec"], indirect=True)
-def test_redis_killed_and_restarted_from_its_aof(
-    tmp_path: Path, mosquitto: Server, aof_redis: Server
-) -> None:
+def test_redis_killed_and_restarted_from_its_aof(stack: Stack, aof_redis: Server) -> None:
     policy = aof_redis.argv[-1]
-    with stack_on(tmp_path, mosquitto, aof_redis) as stack, probe_of(stack.redis_url) as probe:
+    with probe_of(stack.redis_url) as probe:
         cloud = stack.cloud
         game = Round(stack)
-        game.prepare()
-        controller = stack.controller(env=QUIET_POLLS)
-        wait_ingress(controller, cloud)
-        game.create()
+        controller = game.start()
         game.train_completed()
         cloud.wait_status(JOB, "eval", "ready")
         if policy == "everysec":
@@ -63,26 +67,22 @@ def test_redis_killed_and_restarted_from_its_aof(
 
         game.eval_completed()
         cloud.wait_status(JOB, "deploy", "ready", timeout_s=20)
-        wait_until(lambda: probe.outbox_depth() == 0, 10, "the outbox to drain")
         game.assert_complete(probe)
         assert controller.proc is not None and controller.proc.poll() is None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("aof_redis", ["everysec"], indirect=True)
-def test_redis_down_past_every_lease(tmp_path: Path, mosquitto: Server, aof_redis: Server) -> None:
+def test_redis_down_past_every_lease(stack: Stack, aof_redis: Server) -> None:
     """An MQTT report arriving while Redis is down is held unacknowledged until it can be
     made durable; the HTTP endpoint answers 503 (retry) meanwhile; nothing is lost or
     applied twice (the broker's redelivery after the ingress lease moved is deduplicated).
     Redis stays down until every lease it held has run out and the controller has failed
     to make the report durable several times."""
-    with stack_on(tmp_path, mosquitto, aof_redis) as stack, probe_of(stack.redis_url) as probe:
+    with probe_of(stack.redis_url) as probe:
         cloud = stack.cloud
         game = Round(stack)
-        game.prepare()
-        controller = stack.controller(env=QUIET_POLLS)
-        wait_ingress(controller, cloud)
-        game.create()
+        controller = game.start()
 
         aof_redis.stop()
         down_at = time.time()  # no lease is renewed after this; Redis expires by this clock
@@ -107,6 +107,5 @@ def test_redis_down_past_every_lease(tmp_path: Path, mosquitto: Server, aof_redi
         cloud.wait_status(JOB, "eval", "ready", timeout_s=15)
         game.eval_completed()
         cloud.wait_status(JOB, "deploy", "ready")
-        wait_until(lambda: probe.outbox_depth() == 0, 10, "the outbox to drain")
         game.assert_complete(probe)
         assert "ingress not durable yet" in controller.log()

@@ -14,22 +14,14 @@ second one complete; every check of `Fleet.check` holds.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from service.embedded.processes import Server
 from service.embedded.topologies import ClusterTopology, SentinelTopology
 from service.keys import Keys, shard_of
-from tests.faults.rounds import (
-    Fleet,
-    cut_off,
-    markers,
-    reached,
-    replica_of,
-    topology_stack,
-    wait_until,
-)
+from tests.faults.rounds import fleet_on, replica_of
 from tests.harness import NS
+from tests.wait import wait_until
 
 JOBS = 3
 KEYS = Keys()
@@ -39,60 +31,31 @@ def test_sentinel_failover_loses_no_accepted_report(
     tmp_path: Path, mosquitto: Server, sentinel: SentinelTopology
 ) -> None:
     """[make test: the one Sentinel failover]"""
-    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
+    with fleet_on(tmp_path, mosquitto, sentinel.url, JOBS) as fleet:
         fleet.next_round()
 
         old = sentinel.master()
-        replica = replica_of(old, sentinel.data)
-        before = markers(old)
-        with cut_off(replica, old):
-            fleet.train_reports()  # accepted by the broker, taken in by the master only
-            reached(old, before)
-            old.kill()
-        killed = time.monotonic()
-        sentinel.wait_promoted(old)
-        promoted_s = time.monotonic() - killed
+        fleet.reports_lost_with(old, replica_of(old, sentinel.data))
+        sentinel.wait_promoted(old)  # how soon: `make bench`'s figure 8.failover
         sentinel.restart_as_replica(old)
-
-        fleet.finish_round()
-        fleet.next_round()
-        fleet.train_reports()
-        fleet.finish_round()
-        fleet.check(sentinel.url)
-        assert promoted_s < 15
+        fleet.finish_and_check(sentinel.url)
 
 
 def test_cluster_failover_loses_no_accepted_report(
     tmp_path: Path, mosquitto: Server, cluster: ClusterTopology
 ) -> None:
     """[make test: the one Cluster failover]"""
-    with topology_stack(tmp_path, mosquitto, cluster.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
+    with fleet_on(tmp_path, mosquitto, cluster.url, JOBS) as fleet:
         fleet.next_round()
 
         # the master serving the first job's shard; its replica frozen, so what it takes in
         # from now on stays unreplicated
         victim = cluster.master_of(KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}")))
-        replica = replica_of(victim, cluster.nodes)
-        before = markers(victim)
-        with cut_off(replica, victim):
-            fleet.train_reports()
-            reached(victim, before)
-            victim.kill()
+        fleet.reports_lost_with(victim, replica_of(victim, cluster.nodes))
         cluster.wait_promoted(victim)
         victim.start()  # rejoins as a replica of the promoted node
         cluster.wait_healthy()
-
-        fleet.finish_round()
-        fleet.next_round()
-        fleet.train_reports()
-        fleet.finish_round()
-        fleet.check(cluster.url)
+        fleet.finish_and_check(cluster.url)
 
 
 def test_a_replica_slower_than_the_wait_changes_nothing(
@@ -102,9 +65,8 @@ def test_a_replica_slower_than_the_wait_changes_nothing(
     the controller saw as not done did happen. Reports are still applied exactly once (the
     intake retries its appends as redeliveries), the HTTP endpoint says 503 meanwhile (not
     accepted), and nothing goes upstream before the replica holds it."""
-    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
-        r1 = stack.start("r1")
-        fleet = Fleet.create(stack, 1)
+    with fleet_on(tmp_path, mosquitto, sentinel.url, 1, replicas=1) as fleet:
+        stack, r1 = fleet.stack, fleet.stack.controllers["r1"]
         fleet.next_round()
         replica = replica_of(sentinel.master(), sentinel.data)
         published = len(stack.cloud.upstream())

@@ -12,7 +12,6 @@ replicated) or simply mid-stream. At the end every check of `Fleet.check` holds.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,14 +23,11 @@ from service.keys import Keys, shard_of
 from tests.faults.rounds import (
     Fleet,
     TopologyStack,
-    cut_off,
-    markers,
-    reached,
+    fleet_on,
     replica_of,
-    topology_stack,
-    wait_until,
 )
 from tests.harness import NS
+from tests.wait import wait_until
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
@@ -59,11 +55,11 @@ def kill_scenarios(
     fleet: Fleet,
     master: Callable[[], Server],
     heal: Callable[[Server], None],
-    cut: Callable[[Server], contextlib.AbstractContextManager[None]],
+    replica: Callable[[Server], Server],
 ) -> None:
     """Rounds, each with the master killed at another step. ``master``: the master to kill
     (on a Cluster, the one serving the first job's shard); ``heal``: wait until the killed
-    one was replaced and bring it back as a replica; ``cut``: cut a master's replica off."""
+    one was replaced and bring it back as a replica; ``replica``: a master's replica."""
     stack = fleet.stack
 
     def kill() -> None:
@@ -73,11 +69,7 @@ def kill_scenarios(
 
     fleet.next_round()  # 1: the replica cut off, reports taken in by the master alone
     victim = master()
-    before = markers(victim)
-    with cut(victim):
-        fleet.train_reports()
-        reached(victim, before)
-        victim.kill()
+    fleet.reports_lost_with(victim, replica(victim))
     heal(victim)
     fleet.finish_round()
 
@@ -109,14 +101,8 @@ def test_sentinel_soak(tmp_path: Path, mosquitto: Server, sentinel: SentinelTopo
         sentinel.restart_as_replica(old)
         sentinel.wait_synced()
 
-    def cut(old: Server) -> contextlib.AbstractContextManager[None]:
-        return cut_off(replica_of(old, sentinel.data), old)
-
-    with topology_stack(tmp_path, mosquitto, sentinel.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
-        kill_scenarios(fleet, sentinel.master, heal, cut)
+    with fleet_on(tmp_path, mosquitto, sentinel.url, JOBS) as fleet:
+        kill_scenarios(fleet, sentinel.master, heal, lambda old: replica_of(old, sentinel.data))
         fleet.check(sentinel.url)
 
 
@@ -126,13 +112,9 @@ def test_cluster_soak(tmp_path: Path, mosquitto: Server, cluster: ClusterTopolog
         old.start()  # rejoins as a replica of the promoted node
         cluster.wait_healthy()
 
-    def cut(old: Server) -> contextlib.AbstractContextManager[None]:
-        return cut_off(replica_of(old, cluster.nodes), old)
-
-    with topology_stack(tmp_path, mosquitto, cluster.url) as stack:
-        stack.start("r1")
-        stack.start("r2")
-        fleet = Fleet.create(stack, JOBS)
+    with fleet_on(tmp_path, mosquitto, cluster.url, JOBS) as fleet:
         key = KEYS.ingress(shard_of(f"job:{NS}/{fleet.jobs[0]}"))
-        kill_scenarios(fleet, lambda: cluster.master_of(key), heal, cut)
+        kill_scenarios(
+            fleet, lambda: cluster.master_of(key), heal, lambda old: replica_of(old, cluster.nodes)
+        )
         fleet.check(cluster.url)

@@ -17,7 +17,7 @@ import pytest
 from service.embedded.processes import Server
 from service.runtime import Tuning
 from tests.faults.conftest import DATASET, JOB, FlakyProxy, probe_of, replica_on
-from tests.harness import append_lines, dataset_resource, job_resource, lines
+from tests.harness import lines
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -34,9 +34,7 @@ def proxy(s3_server: Server) -> Iterator[FlakyProxy]:
 
 def start_job(stack: Stack, proxy: FlakyProxy, bucket: str) -> str:
     """A local dataset and a job whose outputDir is in S3, reached through the proxy."""
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     credential = {
         "s3-endpoint": f"127.0.0.1:{proxy.port}",
         "s3-usehttps": "0",
@@ -44,10 +42,8 @@ def start_job(stack: Stack, proxy: FlakyProxy, bucket: str) -> str:
         "SECRET_ACCESS_KEY": "testing",
     }
     out = f"s3://{bucket}/out"
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource(JOB, DATASET, out, credential=credential)
-    )
+    stack.cloud.insert_dataset(DATASET, data)
+    stack.cloud.insert_job(JOB, DATASET, out, credential=credential)
     return out
 
 

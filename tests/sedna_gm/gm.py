@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.gm_standin import GmStandIn, Received
+from tests.gm_standin import GmStandIn, Received, Started
 from tests.sedna_gm import gojson
 from tests.sedna_gm.kube import Informer, Lag, NotFound, Store, WorkQueue, now_rfc3339
 from tests.sedna_gm.pods import Behaviour, Kubelet, PodInfo, PodRecord
@@ -98,7 +98,7 @@ def _suffix() -> str:
     return "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
 
 
-class SednaGm:
+class SednaGm(Started):
     """Sedna's GM on a free port, with the Kubernetes store and pods it stands on.
 
     ``lag`` is the job and dataset informers' lag (seconds, or a (low, high) range drawn
@@ -142,13 +142,6 @@ class SednaGm:
         self.pod_sequence = itertools.count(1)  # pods' creation order, across restarts
 
     # -- life cycle -----------------------------------------------------------------------
-
-    def __enter__(self) -> SednaGm:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
 
     @property
     def address(self) -> str:

@@ -26,7 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,36 +89,30 @@ class PodRecord:
     loaded: list[bytes] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class Kubelet:
     """Runs the store's pods; ``lc_server(node)`` is the URL a node's pods post to (None: the
-    node does not exist and its pods stay Pending)."""
+    node does not exist and its pods stay Pending). Watches the store from the start."""
 
-    def __init__(
-        self,
-        store: Store,
-        lc_server: Callable[[str], str | None],
-        behaviour: Callable[[PodInfo], Behaviour],
-        *,
-        token: str = "",
-        restart_backoff_s: float = 10.0,
-        post_retry_s: float = 30.0,
-    ) -> None:
-        self._store = store
-        self._lc_server = lc_server
-        self.behaviour = behaviour
-        self._token = token
-        self._restart_backoff_s = restart_backoff_s
-        self._post_retry_s = post_retry_s
+    store: Store
+    lc_server: Callable[[str], str | None]
+    behaviour: Callable[[PodInfo], Behaviour]
+    _: KW_ONLY
+    token: str = ""
+    restart_backoff_s: float = 10.0
+    post_retry_s: float = 30.0
+    records: list[PodRecord] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self.records: list[PodRecord] = []
         self._stops: dict[str, threading.Event] = {}
         self._threads: list[threading.Thread] = []
         self._counts: dict[tuple[str, str], int] = {}
         self._closed = threading.Event()
-        store.watch(self._on_change)
+        self.store.watch(self._on_change)
 
     def close(self) -> None:
-        self._store.unwatch(self._on_change)
+        self.store.unwatch(self._on_change)
         self._closed.set()
         with self._lock:
             for stop in self._stops.values():
@@ -164,7 +158,7 @@ class Kubelet:
 
     def _live(self, pod: dict[str, Any], record: PodRecord, number: int,
               stop: threading.Event) -> None:  # fmt: skip
-        if self._lc_server(record.node) is None:
+        if self.lc_server(record.node) is None:
             return  # no such node: Pending for good
         env = record.env
         attempt = 1
@@ -183,7 +177,7 @@ class Kubelet:
             if policy == "Never":
                 self._phase(pod, record, "Failed" if code else "Succeeded")
                 return
-            if stop.wait(self._restart_backoff_s):
+            if stop.wait(self.restart_backoff_s):
                 return
             attempt += 1
             info = PodInfo(record.job, record.type, number, attempt, record.node)
@@ -195,7 +189,7 @@ class Kubelet:
 
         meta = pod["metadata"]
         try:
-            self._store.update("pod", meta["namespace"], meta["name"], change)
+            self.store.update("pod", meta["namespace"], meta["name"], change)
         except NotFound:
             return  # deleted meanwhile
         record.phase = phase
@@ -268,8 +262,8 @@ class Kubelet:
     def _post(self, url: str, message: dict[str, Any]) -> int:
         """POST until the controller answers (a 5xx or no answer is retried a while)."""
         headers = {"Content-Type": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         body = json.dumps(message).encode()
         delay_s, waited_s = 0.1, 0.0
         while True:
@@ -283,7 +277,7 @@ class Kubelet:
                     return e.code
             except OSError as e:
                 log.info("report to %s not delivered yet: %s", url, e)
-            if waited_s >= self._post_retry_s or self._closed.wait(delay_s):
+            if waited_s >= self.post_retry_s or self._closed.wait(delay_s):
                 log.warning("report to %s not delivered", url)
                 return 0
             waited_s += delay_s

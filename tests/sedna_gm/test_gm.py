@@ -66,6 +66,8 @@ class FakeLc:
     gm: SednaGm
     node: str = NODE
     frames: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
+    #: how the GM ended the connection, when it did so without a clean close
+    dropped: ConnectionClosed | None = None
 
     def __post_init__(self) -> None:
         self._ws: ClientConnection = connect(
@@ -81,8 +83,8 @@ class FakeLc:
                 content = frame["content"]
                 body = None if content is None else json.loads(base64.b64decode(content))
                 self.frames.append((frame["header"], body))
-        except ConnectionClosed:
-            pass
+        except ConnectionClosed as e:
+            self.dropped = e
 
     def close(self) -> None:
         self._ws.close()
@@ -162,6 +164,16 @@ def stage_input(out: Path, data: Path, stage: str, models: list[str] | None = No
 def wait_latest(gm: SednaGm, condition: tuple[str, str]) -> None:
     gm.wait(lambda: gm.conditions(JOB)[-1:] == [condition], 10, f"{condition}",
             detail=lambda: str(gm.conditions(JOB)))  # fmt: skip
+
+
+def train_ready(gm: SednaGm, tmp_path: Path) -> tuple[FakeLc, Path, Path]:
+    """A node, the dataset and job applied (`setup`), Train/Waiting seen at the node and
+    train ready reported back: the node, the data file and the output dir."""
+    lc = FakeLc(gm)
+    data, out = setup(gm, tmp_path)
+    lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting")
+    lc.status("train", "ready", input=stage_input(out, data, "train"))
+    return lc, data, out
 
 
 def test_a_round_through_the_stage_machine(
@@ -259,10 +271,7 @@ def test_a_failed_worker_is_restarted_in_its_pod_by_default(
 
     gm = make_gm(endpoint, behaviour=behaviour, restart_backoff_s=0.2)
     try:
-        lc = FakeLc(gm)
-        data, out = setup(gm, tmp_path)
-        lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting")
-        lc.status("train", "ready", input=stage_input(out, data, "train"))
+        train_ready(gm, tmp_path)
         wait_latest(gm, ("Eval", "Waiting"))
         (pod,) = gm.pods(JOB)
         statuses = [r.message["status"] for r in pod.reports]
@@ -285,10 +294,7 @@ def test_the_status_write_back_is_stale_and_loses_a_condition_appended_meanwhile
                 history.append([(c["stage"], c["type"]) for c in conditions])
 
         gm.store.watch(record)
-        lc = FakeLc(gm)
-        data, out = setup(gm, tmp_path)
-        lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting")
-        lc.status("train", "ready", input=stage_input(out, data, "train"))
+        lc, _, _ = train_ready(gm, tmp_path)
         wait_latest(gm, ("Train", "Ready"))
         # in the store now, and in the GM's cache only 2 s after the Ready
         lc.status("train", "failed")
@@ -304,10 +310,7 @@ def test_without_lag_the_same_statuses_are_kept(endpoint: WorkerEndpoint, tmp_pa
     """The valid neighbour: a status that arrives after the GM's cache caught up stays."""
     gm = make_gm(endpoint, behaviour=lambda _i: Behaviour(start_delay_s=5))
     try:
-        lc = FakeLc(gm)
-        data, out = setup(gm, tmp_path)
-        lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting")
-        lc.status("train", "ready", input=stage_input(out, data, "train"))
+        lc, _, _ = train_ready(gm, tmp_path)
         wait_latest(gm, ("Train", "Starting"))
         lc.status("train", "failed")
         wait_latest(gm, ("Train", "Waiting"))
@@ -431,10 +434,7 @@ def test_routing_2021_sends_everything_to_the_train_node(
 ) -> None:
     gm = make_gm(endpoint, routing="2021")
     try:
-        lc = FakeLc(gm)
-        data, out = setup(gm, tmp_path)
-        lc.wait(lambda: lc.latest() == ("Train", "Waiting"), "Train/Waiting")
-        lc.status("train", "ready", input=stage_input(out, data, "train"))
+        lc, data, out = train_ready(gm, tmp_path)
         lc.wait(lambda: lc.latest() == ("Eval", "Waiting"), "Eval/Waiting")
         model = f"{out}/train/1/model.pkl"
         lc.status("eval", "ready", input=stage_input(out, data, "eval", [model]))

@@ -34,8 +34,7 @@ def dataset(name: str, path: Path, *, namespace: str = NS, pad: int = 0) -> dict
 def test_a_dataset_for_another_node_is_refused_and_jobs_are_not(stack: Stack) -> None:
     data = stack.workdir / "train.txt"
     data.write_text("a\n")
-    controller = stack.controller()
-    wait_ingress(controller, stack.cloud)
+    controller = stack.serving()
     store = RedisStore(stack.redis_url, Keys())
     try:
         foreign = dataset("elsewhere", data)

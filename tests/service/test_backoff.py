@@ -20,13 +20,12 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-import redis
 
 from service.config import Config
-from service.core.state import JobState, decode_state
-from service.keys import Keys, job_key
+from service.core.state import JobState
+from service.keys import job_key
 from service.worker import Worker, WorkerSettings
-from tests.harness import NODE, NS, append_lines, dataset_resource, job_resource, lines
+from tests.harness import NODE, NS
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -76,13 +75,7 @@ class ReadyClock:
 
 
 def job_state(stack: Stack) -> JobState:
-    client = redis.Redis.from_url(stack.redis_url)
-    try:
-        raw = client.get(Keys("lifelong").state(job_key(NS, JOB)))
-    finally:
-        client.close()
-    assert raw is not None
-    state = decode_state(raw)
+    state = stack.stored_state(job_key(NS, JOB))
     assert isinstance(state, JobState)
     return state
 
@@ -90,18 +83,14 @@ def job_state(stack: Stack) -> JobState:
 def test_a_worker_that_always_fails_backs_off(stack: Stack, failing_worker: Worker) -> None:
     clock = ReadyClock(stack.cloud.client)
     stack.controller()
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     trigger = {
         "checkPeriodSeconds": PERIOD_S,
         "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
     }
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out), trigger=trigger)
-    )
+    stack.cloud.insert_dataset(DATASET, data)
+    stack.cloud.insert_job(JOB, DATASET, out, trigger=trigger)
     wait_until(lambda: len(clock.snapshot()) >= ROUNDS, 60, f"{ROUNDS} train readies")
     times = clock.snapshot()[:ROUNDS]
 

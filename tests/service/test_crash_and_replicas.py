@@ -6,8 +6,9 @@ What these prove, from the outside only (MQTT, files, Redis keys, logs):
   restarted controller finishes the round, and every upstream message exists once (duplicates
   only as re-sends under the same `header.id`);
 - two replicas split the jobs, each event applied by exactly one of them, and the survivor of a
-  SIGKILL takes the dead one's shards within the lease time;
-- SIGTERM is graceful: exit 0, a retained `offline` presence, leases released at once;
+  SIGKILL takes the dead one's shards (how soon is `make bench`'s figure 6.failover);
+- SIGTERM is graceful: exit 0, a retained `offline` presence, leases released at once, so the
+  successor takes every shard in its first lease round;
 - a replica frozen past its lease (a zombie) writes nothing stale after it wakes, and rejoins.
 """
 
@@ -17,9 +18,6 @@ import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,23 +30,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.harness import (
-    NODE,
-    NS,
-    PREFIX,
-    Cloud,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
-)
+from tests.harness import NODE, NS, PREFIX, Cloud, Controller, append_lines, lines, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
 DATASET = "lifelong-dataset"
-LEASE_S = 2.0
 KEYS = Keys("lifelong")
 
 
@@ -64,14 +50,7 @@ def stack(stack: Stack) -> Iterator[Stack]:
 
 def readyz(controller: Controller) -> str:
     """The /readyz detail line (`mqtt=.. redis=.. shards=N ingress=..`)."""
-    url = f"http://127.0.0.1:{controller.http_port}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return str(response.read().decode())
-    except urllib.error.HTTPError as e:
-        return str(e.read().decode())
-    except (urllib.error.URLError, OSError):
-        return ""
+    return controller.get("/readyz", timeout_s=1)[1]
 
 
 def holds_ingress(controller: Controller) -> bool:
@@ -101,26 +80,6 @@ def all_held_by(store: redis.Redis, replica: str) -> bool:
         raw is not None and raw.decode().rsplit(":", 1)[0] == replica
         for raw in store.mget(leases)
     )
-
-
-def canonical(message: dict[str, Any]) -> str:
-    """A message without its id: equal strings mean the same message."""
-    header = {k: v for k, v in message["header"].items() if k != "id"}
-    return json.dumps({"header": header, "content": message["content"]}, sort_keys=True)
-
-
-def assert_no_double_application(cloud: Cloud) -> None:
-    """Duplicates only as re-sends of one message under one id; no id shared by two messages;
-    no message emitted twice under two ids (which would mean a transition applied twice)."""
-    ids_by_message: dict[str, set[str]] = defaultdict(set)
-    messages_by_id: dict[str, set[str]] = defaultdict(set)
-    for message in cloud.upstream():
-        ids_by_message[canonical(message)].add(message["header"]["id"])
-        messages_by_id[message["header"]["id"]].add(canonical(message))
-    shared = {i: m for i, m in messages_by_id.items() if len(m) > 1}
-    assert not shared, f"different messages share an id: {shared}"
-    twice = {m: i for m, i in ids_by_message.items() if len(i) > 1}
-    assert not twice, f"a message was emitted under several ids: {twice}"
 
 
 def ready_ids(cloud: Cloud, job: str, phase: str, suffix: str = "") -> set[str]:
@@ -192,13 +151,10 @@ class Round:
 
     def model(self, kind: str, body: bytes) -> str:
         path = self.out / kind / "1" / "model.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(body)
-        return str(path)
+        return model_file(path, body)
 
     def insert(self) -> None:
-        self.cloud.downstream("lifelonglearningjob", "insert", job_resource(self.job, DATASET,
-                                                                            str(self.out)))
+        self.cloud.insert_job(self.job, DATASET, self.out)
 
     def wait_train_ready(self, timeout_s: float = 20) -> None:
         ready = self.cloud.wait_status(self.job, "train", "ready", timeout_s)
@@ -239,21 +195,19 @@ class Round:
         assert read_lines(self.out / "data/eval/1/data.txt") == lines(8, 10)
 
 
-def make_dataset(stack: Stack) -> Path:
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
-    return data
+def two_replicas(stack: Stack) -> tuple[Controller, Controller]:
+    """r1 taking in the downstream, then r2, once they split the shards 8/8."""
+    r1 = stack.serving("r1")
+    r2 = stack.controller("r2")
+    wait_until(
+        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
+    )
+    return r1, r2
 
 
-def insert_dataset(stack: Stack, data: Path) -> None:
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-
-
-def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
-    """Grow the dataset; round 2 trains exactly the new train share. Returns the delay."""
+def wait_round_two(rnd: Round) -> None:
+    """Grow the dataset; round 2 trains exactly the new train share."""
     before = len(rnd.cloud.upstream(rnd.job))
-    grown = time.monotonic()
     append_lines(rnd.data, lines(10, 20))
 
     def round_two() -> dict[str, Any] | None:
@@ -264,8 +218,7 @@ def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
             None,
         )  # fmt: skip
 
-    ready = rnd.cloud.wait_for(round_two, within_s, "round 2's train ready")
-    delay_s = time.monotonic() - grown
+    ready = rnd.cloud.wait_for(round_two, 20, "round 2's train ready")
     assert read_lines(Path(ready["content"]["input"]["dataURL"])) == lines(10, 18)
     # anything else since is a message the crashed replica had published and a successor
     # sent again (its acknowledgement not yet recorded): the same id as the original
@@ -274,7 +227,6 @@ def wait_round_two(rnd: Round, *, within_s: float = 20) -> float:
     again = [m for m in upstream[before:] if m is not ready and m["content"].get("input")]
     assert all(m["header"]["id"] in earlier for m in again if m["content"]["phase"] == "train"
                and m["content"]["input"]["outputDir"] != f"{rnd.out}/train/2"), again  # fmt: skip
-    return delay_s
 
 
 # ---------------------------------------------------------------- 1. SIGKILL at every step
@@ -292,7 +244,7 @@ REPORT_STEPS = {"train_running", "train_completed", "eval_completed"}
 
 def run_step(rnd: Round, step: str) -> None:
     if step == "inserted":
-        insert_dataset(rnd.stack, rnd.data)
+        rnd.cloud.insert_dataset(DATASET, rnd.data)
         rnd.insert()
     else:
         getattr(rnd, ("report_" if step in REPORT_STEPS else "wait_") + step)()
@@ -312,10 +264,9 @@ def run_step(rnd: Round, step: str) -> None:
 def test_sigkill_between_steps_then_restart(
     stack: Stack, kill_after: str, successor: str
 ) -> None:
-    data = make_dataset(stack)
+    data = stack.samples()
     rnd = Round.make(stack, "crash-job", data)
-    first = stack.controller("r1")
-    wait_ingress(first, stack.cloud)
+    first = stack.serving("r1")
 
     at = STEPS.index(kill_after)
     for step in STEPS[: at + 1]:
@@ -339,7 +290,7 @@ def test_sigkill_between_steps_then_restart(
         ("eval", "completed"),
     }
     assert {10, 20} <= set(stack.cloud.samples(DATASET))
-    assert_no_double_application(stack.cloud)
+    stack.cloud.assert_each_message_once()
     assert stack.cloud.errors() == []
     assert "as lifelong-edge-node-ingress (MQTTv5, session present: True)" in second.log()
 
@@ -347,16 +298,11 @@ def test_sigkill_between_steps_then_restart(
 # ---------------------------------------------------------------- 2. two replicas, 20 jobs
 def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> None:
     cloud = stack.cloud
-    data = make_dataset(stack)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
-    r2 = stack.controller("r2")
-    wait_until(
-        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
-    )
+    data = stack.samples()
+    r1, r2 = two_replicas(stack)
 
     rounds = [Round.make(stack, f"job-{i:02d}", data) for i in range(20)]
-    insert_dataset(stack, data)
+    cloud.insert_dataset(DATASET, data)
     for rnd in rounds:
         rnd.insert()
     for rnd in rounds:
@@ -369,13 +315,11 @@ def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> N
 
     # r1 dies mid-way; its jobs' reports go out while nobody owns their shards
     r1.kill()
-    killed = time.monotonic()
     for rnd in rounds:
         rnd.report_train_running()
         rnd.report_train_completed()
-    wait_until(lambda: shards_held(r2) == NUM_SHARDS, LEASE_S + 4, "r2 taking every shard")
-    took_over_s = time.monotonic() - killed
-    wait_until(lambda: holds_ingress(r2), 1, "r2 taking the ingress lease")
+    wait_until(lambda: shards_held(r2) == NUM_SHARDS, 20, "r2 taking every shard")
+    wait_until(lambda: holds_ingress(r2), 10, "r2 taking the ingress lease")
     for rnd in rounds:
         rnd.wait_eval_ready()
     for rnd in rounds:
@@ -391,17 +335,15 @@ def test_two_replicas_share_twenty_jobs_and_survive_a_sigkill(stack: Stack) -> N
             ("eval", "completed"),
         }
     assert applied_jobs(r2) >= by_r1, "the survivor finished the dead replica's jobs"
-    assert_no_double_application(cloud)
+    cloud.assert_each_message_once()
     assert cloud.errors() == []
-    assert took_over_s <= LEASE_S + 4
 
 
 # ---------------------------------------------------------------- 3. graceful SIGTERM
 def test_sigterm_is_graceful_and_hands_over_at_once(stack: Stack) -> None:
-    data = make_dataset(stack)
+    data = stack.samples()
     rnd = Round.make(stack, "graceful-job", data)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
+    r1 = stack.serving("r1")
     for step in STEPS:
         run_step(rnd, step)
 
@@ -419,14 +361,17 @@ def test_sigterm_is_graceful_and_hands_over_at_once(stack: Stack) -> None:
     presences = [m for t, m in stack.cloud.messages if t.endswith("/controllers/r1")]
     assert presences[-1]["state"] == "offline"
 
-    # the successor finds every lease free and r1 gone from the live set: all 16 at once
+    # the successor finds every lease free and r1 gone from the live set: all 16 at once, in
+    # its first lease round (one that waited for a lease, or counted r1 as live, would take
+    # its shards over several rounds)
     r2 = stack.controller("r2")
     assert shards_held(r2) == NUM_SHARDS
-    wait_until(lambda: holds_ingress(r2), 1.5, "the ingress lease")
-    delay_s = wait_round_two(rnd, within_s=5)
-    assert delay_s < 2.0, f"round 2 took {delay_s:.1f}s: the successor waited for leases"
+    acquired = re.findall(r"acquired shards (\S+)", r2.log())
+    assert acquired[:1] == [",".join(map(str, range(NUM_SHARDS)))], acquired
+    wait_until(lambda: holds_ingress(r2), 10, "the ingress lease")
+    wait_round_two(rnd)
     rnd.assert_round_one()
-    assert_no_double_application(stack.cloud)
+    stack.cloud.assert_each_message_once()
     assert stack.cloud.errors() == []
 
 
@@ -441,13 +386,8 @@ def pick_job_owned_by(store: redis.Redis, replica: str) -> str:
 
 def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> None:
     cloud = stack.cloud
-    data = make_dataset(stack)
-    r1 = stack.controller("r1")
-    wait_ingress(r1, stack.cloud)
-    r2 = stack.controller("r2")
-    wait_until(
-        lambda: shards_held(r1) == shards_held(r2) == NUM_SHARDS // 2, 10, "an 8/8 shard split"
-    )
+    data = stack.samples()
+    r1, r2 = two_replicas(stack)
     store = redis.Redis.from_url(stack.redis_url)
     try:
         job = pick_job_owned_by(store, "r1")
@@ -459,7 +399,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
         # r1 stops mid-flight, right after the train worker's completion was sent
         r1.freeze()
         try:
-            rnd.wait_eval_ready(timeout_s=LEASE_S + 6)
+            rnd.wait_eval_ready()
             rnd.report_eval_completed()
             rnd.wait_deploy_ready(timeout_s=10)
             assert lease_holder(store, f"job:{NS}/{job}") == "r2"
@@ -471,8 +411,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
         # r1 wakes up believing it owns half the shards: it must be fenced, then rejoin
         wait_until(lambda: shards_held(r1) == NUM_SHARDS // 2, 10, "r1 rejoining (8 shards)")
         wait_until(lambda: shards_held(r2) == NUM_SHARDS // 2, 5, "r2 giving 8 shards back")
-        delay_s = wait_round_two(rnd)
-        assert delay_s < 5
+        wait_round_two(rnd)
         state = decode_state(store.get(KEYS.state(f"job:{NS}/{job}")) or b"")
         assert isinstance(state, JobState)
         assert (state.phase, state.version) == ("train", 2)
@@ -484,7 +423,7 @@ def test_frozen_replica_past_its_lease_writes_nothing_stale(stack: Stack) -> Non
     assert not ready_ids(cloud, job, "eval", "/eval/2"), "nothing beyond round 2's train"
     assert (rnd.out / "deploy" / "index.pkl").read_bytes() == b"evaluated " + job.encode()
     assert applied_jobs(r2) >= {job}, "r2 advanced the job while r1 was frozen"
-    assert_no_double_application(cloud)
+    cloud.assert_each_message_once()
     assert cloud.errors() == []
     for controller in (r1, r2):
         log = controller.log()

@@ -22,15 +22,7 @@ import pytest
 
 from service.config import Config
 from service.worker import Worker, WorkerSettings
-from tests.harness import (
-    NODE,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    metric_sum,
-)
+from tests.harness import NODE, Controller, append_lines, job_resource, lines, metric_sum
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -124,7 +116,7 @@ def gated_job(stack: Stack) -> tuple[Path, Path, Path]:
     out = stack.workdir / "out"
     job = job_resource(JOB, DATASET, str(out))
     job["spec"]["deploySpec"]["trigger"] = {"condition": CONDITION}
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    stack.cloud.insert_dataset(DATASET, data)
     stack.cloud.downstream("lifelonglearningjob", "insert", job)
     return data, out, out / "deploy" / "index.pkl"
 

@@ -9,16 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.harness import (
-    Cloud,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    metric_sum,
-    wait_ingress,
-)
+from tests.harness import Cloud, Controller, append_lines, lines, metric_sum, model_file
 from tests.stack import Stack
 
 JOB = "guarded-job"
@@ -29,28 +20,19 @@ MiB = 1 << 20
 def setup(stack: Stack) -> tuple[Cloud, Controller, Path, Path]:
     """A 10-sample dataset, a job on it, a running controller; returns the data and out dir."""
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     out.mkdir()
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+    controller = stack.serving()
+    cloud.insert_dataset(DATASET, data)
+    cloud.insert_job(JOB, DATASET, out)
     return cloud, controller, data, out
-
-
-def model(path: Path, content: bytes) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    return str(path)
 
 
 def train_round(cloud: Cloud, out: Path, version: int, after: int) -> None:
     """Round `version` trains: train ready -> completed with a model -> eval ready."""
     cloud.wait_status(JOB, "train", "ready", after=after)
-    trained = model(out / "train" / str(version) / "model.pkl", b"trained %d" % version)
+    trained = model_file(out / "train" / str(version) / "model.pkl", b"trained %d" % version)
     cloud.report(JOB, "train", "completed", trained)
     cloud.wait_status(JOB, "eval", "ready", after=after)
 
@@ -106,7 +88,7 @@ def test_hostile_models_fail_their_deploy_and_the_next_round_deploys(stack: Stac
     # round 4: a real model deploys; the controller saw nothing worse than three refusals
     after = next_round(cloud, data, 30)
     train_round(cloud, out, 4, after)
-    cloud.report(JOB, "eval", "completed", model(out / "eval" / "4" / "m.pkl", b"good model"))
+    cloud.report(JOB, "eval", "completed", model_file(out / "eval" / "4" / "m.pkl", b"good model"))
     cloud.wait_status(JOB, "deploy", "ready", after=after)
     assert deploy.read_bytes() == b"good model"
     assert passwd.read_text().startswith("root:")
@@ -120,8 +102,8 @@ def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack)
 
     # outputDir "/" and "/etc", a dataset in /etc: rejected at intake, with the field and why
     for name, output_dir in (("root-job", "/"), ("etc-job", "/etc")):
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(name, DATASET, output_dir))
-    cloud.downstream("dataset", "insert", dataset_resource("etc-dataset", "/etc/passwd"))
+        cloud.insert_job(name, DATASET, output_dir)
+    cloud.insert_dataset("etc-dataset", "/etc/passwd")
     cloud.wait_for(lambda: len(cloud.errors()) >= 3, 15, "three rejections")
     reasons = sorted(r["reason"] for r in cloud.errors())
     assert reasons == [
@@ -136,21 +118,17 @@ def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack)
     huge = stack.workdir / "data" / "huge.txt"
     with open(huge, "wb") as f:
         f.truncate(512 * MiB)
-    cloud.downstream("dataset", "insert", dataset_resource("huge-dataset", str(huge)))
-    cloud.downstream(
-        "lifelonglearningjob",
-        "insert",
-        job_resource("huge-job", "huge-dataset", str(stack.workdir / "huge-out"), train_prob=1.0),
-    )
+    cloud.insert_dataset("huge-dataset", huge)
+    cloud.insert_job("huge-job", "huge-dataset", stack.workdir / "huge-out", train_prob=1.0)
 
     # a FIFO as a dataset: each poll is refused at once (it blocked an effect thread forever)
     fifo = stack.workdir / "data" / "fifo.txt"
     os.mkfifo(fifo)
-    cloud.downstream("dataset", "insert", dataset_resource("fifo-dataset", str(fifo)))
+    cloud.insert_dataset("fifo-dataset", fifo)
 
     # round 1 runs; the worker then swaps the next round's data dir for a link elsewhere
     train_round(cloud, out, 1, after=0)
-    cloud.report(JOB, "eval", "completed", model(out / "eval" / "1" / "m.pkl", b"model 1"))
+    cloud.report(JOB, "eval", "completed", model_file(out / "eval" / "1" / "m.pkl", b"model 1"))
     cloud.wait_status(JOB, "deploy", "ready")
     (out / "data" / "train" / "2").symlink_to(victim)
     after = next_round(cloud, data, 10)
@@ -162,7 +140,7 @@ def test_swapped_dirs_system_dirs_fifos_and_huge_lines_are_refused(stack: Stack)
     (out / "deploy" / "index.pkl").unlink()
     (out / "deploy").rmdir()
     (out / "deploy").symlink_to(victim)
-    cloud.report(JOB, "eval", "completed", model(out / "eval" / "3" / "m.pkl", b"model 3"))
+    cloud.report(JOB, "eval", "completed", model_file(out / "eval" / "3" / "m.pkl", b"model 3"))
     assert "out/deploy is a symbolic link" in deploy_failure(cloud, after)
     assert list(victim.iterdir()) == []
 

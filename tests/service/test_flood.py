@@ -11,17 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 from service import wire
-from tests.harness import (
-    NODE,
-    PREFIX,
-    metric_sum,
-    worker_message,
-)
+from tests.harness import NODE, PREFIX, metric_sum, model_file, worker_message
 from tests.stack import Stack
 
 FLOOD = 24
@@ -40,23 +32,6 @@ def hostile_report(i: int) -> tuple[str, bytes]:
     return f"{PREFIX}/{NODE}/workers/{worker}/info", payload.encode()
 
 
-def readyz(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as e:
-        e.close()
-        return int(e.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
-def write_model(path: Path, content: bytes) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    return str(path)
-
-
 def test_a_flood_of_deeply_nested_reports_leaves_an_unrelated_round_alone(stack: Stack) -> None:
     cloud = stack.cloud
     controller, out = stack.job_at_train_ready(JOB, DATASET)
@@ -66,7 +41,7 @@ def test_a_flood_of_deeply_nested_reports_leaves_an_unrelated_round_alone(stack:
 
     def watch_readiness() -> None:
         while not done.wait(0.2):
-            statuses.append(readyz(controller.http_port))
+            statuses.append(controller.get("/readyz")[0])
 
     watcher = threading.Thread(target=watch_readiness, daemon=True)
     watcher.start()
@@ -74,12 +49,12 @@ def test_a_flood_of_deeply_nested_reports_leaves_an_unrelated_round_alone(stack:
     try:
         for topic, payload in flood[: FLOOD // 2]:
             cloud.publish(topic, payload)
-        model = write_model(out / "train" / "1" / "model.pkl", b"trained")
+        model = model_file(out / "train" / "1" / "model.pkl", b"trained")
         cloud.report(JOB, "train", "completed", model)
         for topic, payload in flood[FLOOD // 2 :]:
             cloud.publish(topic, payload)
         cloud.wait_status(JOB, "eval", "ready", timeout_s=ROUND_TIMEOUT_S)
-        scored = write_model(out / "eval" / "1" / "model.pkl", b"scored")
+        scored = model_file(out / "eval" / "1" / "model.pkl", b"scored")
         cloud.report(JOB, "eval", "completed", scored)
         cloud.wait_status(JOB, "deploy", "ready", timeout_s=ROUND_TIMEOUT_S)
         cloud.wait_for(lambda: len(cloud.errors()) >= FLOOD, ROUND_TIMEOUT_S, "every refusal")

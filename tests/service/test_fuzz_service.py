@@ -17,11 +17,11 @@ from typing import Any
 from tests.harness import (
     NODE,
     PREFIX,
-    append_lines,
     dataset_resource,
     job_resource,
     lines,
-    wait_ingress,
+    model_file,
+    samples_file,
     worker_message,
 )
 from tests.stack import Stack
@@ -100,16 +100,12 @@ def _noise(rng: random.Random, i: int, out: Path) -> tuple[str, bytes]:
 def test_ten_thousand_random_messages_leave_valid_rounds_intact(stack: Stack) -> None:
     rng = random.Random(20261202)
     cloud = stack.cloud
-    data = stack.workdir / "data.txt"
-    append_lines(data, lines(0, 10))
+    data = samples_file(stack.workdir / "data.txt")
     out = stack.workdir / "out"
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    controller = stack.serving()
+    cloud.insert_dataset(DATASET, data)
     for job in JOBS:
-        cloud.downstream(
-            "lifelonglearningjob", "insert", job_resource(job, DATASET, str(out / job))
-        )
+        cloud.insert_job(job, DATASET, out / job)
     noise = [_noise(rng, i, out) for i in range(NOISE)]
     half = NOISE // 2
     for topic, payload in noise[:half]:
@@ -119,16 +115,12 @@ def test_ten_thousand_random_messages_leave_valid_rounds_intact(stack: Stack) ->
     for topic, payload in noise[half:]:
         cloud.client.publish(topic, payload, qos=1)
     for job in JOBS:
-        model = out / job / "train" / "1" / "model.pkl"
-        model.parent.mkdir(parents=True, exist_ok=True)
-        model.write_bytes(b"trained " + job.encode())
-        cloud.report(job, "train", "completed", str(model))
+        trained = model_file(out / job / "train" / "1" / "model.pkl", b"trained " + job.encode())
+        cloud.report(job, "train", "completed", trained)
     for job in JOBS:
         cloud.wait_status(job, "eval", "ready", timeout_s=60)
-        scored = out / job / "eval" / "1" / "model.pkl"
-        scored.parent.mkdir(parents=True, exist_ok=True)
-        scored.write_bytes(b"scored " + job.encode())
-        cloud.report(job, "eval", "completed", str(scored))
+        scored = model_file(out / job / "eval" / "1" / "model.pkl", b"scored " + job.encode())
+        cloud.report(job, "eval", "completed", scored)
     for job in JOBS:
         cloud.wait_status(job, "deploy", "ready", timeout_s=60)
         assert (out / job / "deploy" / "index.pkl").read_bytes() == b"scored " + job.encode()

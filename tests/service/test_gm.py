@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,7 @@ import pytest
 
 from tests.cli.runner import cli_env, run_cli
 from tests.gm_standin import GmStandIn
-from tests.harness import (
-    NODE,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-)
+from tests.harness import NODE, Controller, dataset_resource, job_resource, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -65,12 +57,9 @@ def wait_phase(gm: GmStandIn, phase: str, status: str = "ready", timeout_s: floa
 
 
 def readyz(controller: Controller) -> str:
-    url = f"http://127.0.0.1:{controller.http_port}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return str(answer.read().decode())
-    except OSError:
-        return ""
+    """The /readyz detail of a ready controller ("" while it is not ready)."""
+    status, detail = controller.get("/readyz", timeout_s=2)
+    return detail if status == 200 else ""
 
 
 def linked(stack: Stack, gm: GmStandIn, name: str) -> Controller:
@@ -98,9 +87,7 @@ class Conditions:
 def start_round(stack: Stack, gm: GmStandIn) -> tuple[Path, Conditions]:
     """Dataset and job inserted by the GM, which shows Train/Waiting; returns the job's
     output dir and its conditions once train is ready."""
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     gm.insert(NODE, dataset_resource(DATASET, str(data)))
     conditions = Conditions(gm, out)
@@ -112,9 +99,25 @@ def start_round(stack: Stack, gm: GmStandIn) -> tuple[Path, Conditions]:
 
 def model(out: Path, phase: str, version: int = 1) -> str:
     path = out / phase / str(version) / "model.pkl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(f"{phase} model".encode())
-    return str(path)
+    return model_file(path, f"{phase} model".encode())
+
+
+def on_to_eval(gm: GmStandIn, conditions: Conditions) -> None:
+    """Train completed reaches the GM, which shows it; eval is then ready."""
+    wait_forwarded(gm, "train", "completed")
+    conditions.show("Train", "Completed")
+    conditions.show("Eval", "Waiting")
+    wait_phase(gm, "eval")
+
+
+def on_to_deploy(stack: Stack, gm: GmStandIn, out: Path, conditions: Conditions) -> None:
+    """The GM shows eval ready, the eval worker completes, and deploy is ready."""
+    conditions.show("Eval", "Ready")
+    stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
+    wait_forwarded(gm, "eval", "completed")
+    conditions.show("Eval", "Completed")
+    conditions.show("Deploy", "Waiting")
+    wait_phase(gm, "deploy")
 
 
 def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
@@ -136,16 +139,8 @@ def test_a_round_driven_only_by_the_gm(stack: Stack, gm: GmStandIn) -> None:
 
     stack.cloud.report(JOB, "train", "running")
     stack.cloud.report(JOB, "train", "completed", model(out, "train"))
-    wait_forwarded(gm, "train", "completed")
-    conditions.show("Train", "Completed")
-    conditions.show("Eval", "Waiting")
-    wait_phase(gm, "eval")
-    conditions.show("Eval", "Ready")
-    stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
-    wait_forwarded(gm, "eval", "completed")
-    conditions.show("Eval", "Completed")
-    conditions.show("Deploy", "Waiting")
-    wait_phase(gm, "deploy")
+    on_to_eval(gm, conditions)
+    on_to_deploy(stack, gm, out, conditions)
     assert (out / "deploy" / "index.pkl").read_bytes() == b"eval model"
     assert "gm=up" in readyz(controller)
     forwarded = [(c["phase"], c["status"]) for _, c in statuses(gm) if "output" in c]
@@ -174,10 +169,7 @@ def test_statuses_wait_for_a_restarted_gm_and_go_in_order(stack: Stack, gm: GmSt
         lambda: ("train", "completed") in mqtt_forwarded(stack), 20, "the forwarded completed"
     )  # while the GM is away
     gm.start()
-    wait_forwarded(gm, "train", "completed")
-    conditions.show("Train", "Completed")
-    conditions.show("Eval", "Waiting")
-    wait_phase(gm, "eval")
+    on_to_eval(gm, conditions)
     assert phases(gm) == [("train", "ready"), ("eval", "ready")]
 
 
@@ -191,16 +183,8 @@ def test_the_link_moves_with_its_holder_and_nothing_is_lost(stack: Stack, gm: Gm
     holder.kill()
     stack.cloud.report(JOB, "train", "completed", model(out, "train"))
     wait_until(lambda: "gm=up" in readyz(other), 15, "the other replica to take the link")
-    wait_forwarded(gm, "train", "completed")
-    conditions.show("Train", "Completed")
-    conditions.show("Eval", "Waiting")
-    wait_phase(gm, "eval")
-    conditions.show("Eval", "Ready")
-    stack.cloud.report(JOB, "eval", "completed", model(out, "eval"))
-    wait_forwarded(gm, "eval", "completed")
-    conditions.show("Eval", "Completed")
-    conditions.show("Deploy", "Waiting")
-    wait_phase(gm, "deploy")
+    on_to_eval(gm, conditions)
+    on_to_deploy(stack, gm, out, conditions)
     assert phases(gm)[-3:] == [("train", "ready"), ("eval", "ready"), ("deploy", "ready")]
 
 

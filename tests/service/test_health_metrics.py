@@ -8,14 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import (
-    NODE,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-)
+from tests.harness import NODE, Controller, append_lines, lines
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -75,9 +68,9 @@ def test_a_job_has_one_phase_series_that_follows_its_round(stack: Stack) -> None
     append_lines(data, lines(0, 10))
     out = stack.workdir / "out"
     controller = stack.controller()
-    cloud.downstream("dataset", "insert", dataset_resource("ds", str(data)))
+    cloud.insert_dataset("ds", data)
     started_s = time.time()
-    cloud.downstream("lifelonglearningjob", "insert", job_resource("job", "ds", str(out)))
+    cloud.insert_job("job", "ds", out)
     cloud.wait_status("job", "train", "ready")
 
     def phase_of_job() -> tuple[str, str, float] | None:
@@ -114,10 +107,8 @@ def test_a_job_waiting_for_its_worker_is_reported_by_whoever_owns_it(stack: Stac
     data = stack.workdir / "data.txt"
     append_lines(data, lines(0, 10))
     first = stack.controller("r1")
-    cloud.downstream("dataset", "insert", dataset_resource("ds", str(data)))
-    cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource("job", "ds", str(stack.workdir / "out"))
-    )
+    cloud.insert_dataset("ds", data)
+    cloud.insert_job("job", "ds", stack.workdir / "out")
     cloud.wait_status("job", "train", "ready")  # no worker ever reports: train/running
 
     def reported(controller: Controller) -> list[tuple[tuple[str, str], ...]]:

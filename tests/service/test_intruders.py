@@ -43,18 +43,18 @@ from tests.harness import (
     PREFIX,
     Cloud,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
-    wait_ingress,
+    model_file,
+    samples_file,
     worker_message,
 )
 from tests.stack import Stack
 from tests.wait import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-PROD_CONF = REPO / "mosquitto" / "mosquitto.prod.conf"
-ACL = REPO / "mosquitto" / "acl"
+#: the repository's broker configuration: the production mosquitto.conf and its ACL
+MOSQUITTO = Path(__file__).resolve().parents[2] / "mosquitto"
+PROD_CONF = MOSQUITTO / "mosquitto.prod.conf"
+ACL = MOSQUITTO / "acl"
 
 JOB = "guarded-job"
 DATASET = "guarded-dataset"
@@ -444,19 +444,16 @@ def test_controller_completes_a_round_under_the_acl(
 
 def run_round(stack: SecureStack, peers: Callable[[str], Peer]) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
+    stack.serving()
     # presence, the retained message and its will's topic, got past the ACL
     cloud.wait_for(
         lambda: any(t.endswith("/controllers/r1") for t, _ in cloud.messages), 10, "presence"
     )
 
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+    cloud.insert_dataset(DATASET, data)
+    cloud.insert_job(JOB, DATASET, out)
     cloud.wait_status(JOB, "train", "ready")
 
     train = evaluator = peers(WORKERS)
@@ -515,21 +512,16 @@ def test_an_intruder_cannot_drive_a_job_nor_a_worker_replay_a_round(
         userinfo=f"lifelong:{passwords['lifelong']}",
     )  # fmt: skip
     try:
-        data = tmp_path / "data" / "train.txt"
-        data.parent.mkdir()
-        append_lines(data, lines(0, 10))
+        data = samples_file(tmp_path / "data" / "train.txt")
         out = tmp_path / "out"
-        controller = stack.controller()
-        wait_ingress(controller, cloud)
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        controller = stack.serving()
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(JOB, DATASET, out)
         cloud.wait_status(JOB, "train", "ready")
 
         def model(kind: str, version: int) -> str:
             path = out / kind / str(version) / "model.pkl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(f"{kind} {version}".encode())
-            return str(path)
+            return model_file(path, f"{kind} {version}".encode())
 
         # a worker of the job's namespace not named for the job
         workers = peers(WORKERS)
@@ -633,14 +625,12 @@ def test_runner_completes_a_round_under_the_acl_and_an_intruder_gets_nothing(
     runner = start_runner(f"mqtt://{RUNNER}:{passwords[RUNNER]}@127.0.0.1:{port}", runner_log)
     try:
         wait_until(lambda: "subscribed to" in runner_log.read_text(), 15, "the runner serving")
-        data = tmp_path / "data" / "train.txt"
-        data.parent.mkdir()
-        append_lines(data, lines(0, 10))
+        data = samples_file(tmp_path / "data" / "train.txt")
         out = tmp_path / "out"
         stack.controller()
         cloud.wait_for(lambda: any(t == PRESENCE for t, _ in cloud.messages), 10, "online")
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(JOB, DATASET, out)
         cloud.wait_status(JOB, "train", "ready")
 
         # the intruder forges the runner's report: refused by the broker, never applied

@@ -9,7 +9,7 @@ import base64
 import json
 import zlib
 
-from tests.harness import NODE, PREFIX, dataset_resource, wait_ingress
+from tests.harness import NODE, PREFIX, dataset_resource
 from tests.stack import Stack
 from tests.wire.test_masking import leaks
 
@@ -21,8 +21,7 @@ def wrapped(text: str, width: int) -> str:
 
 
 def test_secrets_in_encodings_never_reach_the_errors_topic_or_the_log(stack: Stack) -> None:
-    controller = stack.controller()
-    wait_ingress(controller, stack.cloud)
+    controller = stack.serving()
     credential = json.dumps({"ACCESS_KEY_ID": "AKID", "SECRET_ACCESS_KEY": SECRET})
     resource = dataset_resource("ds", "/data/d.txt")
     resource["metadata"]["annotations"] = {"sedna.io/credential": credential}

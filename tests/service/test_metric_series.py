@@ -12,16 +12,7 @@ from __future__ import annotations
 import redis
 
 from service.keys import Keys, dataset_key, job_key, shard_of
-from tests.harness import (
-    NS,
-    Controller,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    metric_sum,
-    wait_ingress,
-)
+from tests.harness import NS, Controller, append_lines, job_resource, lines, metric_sum
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -49,14 +40,13 @@ def holder(stack: Stack, rkey: str) -> str:
 
 def test_series_go_with_their_resource_and_with_their_shard(stack: Stack) -> None:
     cloud = stack.cloud
-    r1 = stack.controller("r1", env=QUIET)
-    wait_ingress(r1, cloud)
+    r1 = stack.serving("r1", env=QUIET)
     names = [f"series-{i}" for i in range(COUNT)]
     for name in names:
         data = stack.workdir / "data" / f"{name}.txt"
         data.parent.mkdir(exist_ok=True)
         append_lines(data, lines(0, 10))
-        cloud.downstream("dataset", "insert", dataset_resource(name, str(data)))
+        cloud.insert_dataset(name, data)
         job = job_resource(name, name, str(stack.workdir / "out" / name))
         cloud.downstream("lifelonglearningjob", "insert", job)
     for name in names:  # each job waits in train/running for a worker that never comes

@@ -13,7 +13,7 @@ from typing import Any
 
 from service.adapters.redis_store import RedisStore
 from service.keys import Keys, job_key
-from tests.harness import job_resource, wait_ingress
+from tests.harness import job_resource
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -27,8 +27,7 @@ def job_in(namespace: str, name: str, output_dir: str, **kw: Any) -> dict[str, A
 def test_an_output_dir_belongs_to_one_job_at_a_time(stack: Stack) -> None:
     cloud = stack.cloud
     shared = str(stack.workdir / "out" / "shared")
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
+    controller = stack.serving()
     store = RedisStore(stack.redis_url, Keys())
     alpha, beta, gamma = (job_key("default", "alpha"), job_key("team-b", "beta"),
                           job_key("team-c", "gamma"))  # fmt: skip

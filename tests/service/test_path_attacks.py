@@ -13,14 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import (
-    Cloud,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    wait_ingress,
-)
+from tests.harness import Cloud, append_lines, job_resource, lines, wait_ingress
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -61,7 +54,7 @@ def test_one_directory_has_one_spelling_and_no_outputdir_nests_in_another(stack:
     controller = stack.controller(env=env)
     cloud = stack.cloud
     wait_ingress(controller, cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, "/data/train.txt"))
+    cloud.insert_dataset(DATASET, "/data/train.txt")
     cloud.downstream("lifelonglearningjob", "insert", job_in("default", "v", "/output/v"))
     cloud.wait_status("v", "train", "ready")
 
@@ -93,7 +86,7 @@ def test_default_data_roots_are_an_allow_list(stack: Stack) -> None:
     for name, url in (
         ("dpkg", "/var/lib/dpkg/status"), ("ssh", "/root/.ssh/id_rsa"), ("home", "/home/a/x.txt"),
     ):  # fmt: skip
-        cloud.downstream("dataset", "insert", dataset_resource(name, url))
+        cloud.insert_dataset(name, url)
     cloud.wait_for(lambda: len(cloud.errors()) >= 3, 20, "three refusals")
     for error in cloud.errors():
         assert "is not under a data root (LIFELONG_DATA_ROOTS=/data:/output:/models)" in (
@@ -116,7 +109,7 @@ def test_missing_and_forbidden_datasets_read_alike(stack: Stack) -> None:
     cloud = stack.cloud
     wait_ingress(controller, cloud)
     for name, path in (("missing", "none.txt"), ("linked", "link.txt"), ("ok", "ok.txt")):
-        cloud.downstream("dataset", "insert", dataset_resource(name, str(root / path)))
+        cloud.insert_dataset(name, root / path)
     said = {name: unreadable(cloud, name).split(": ", 1)[1] for name in ("missing", "linked")}
     assert said == {
         name: f"cannot read {root / path} (missing, or not readable by the controller)"
@@ -140,7 +133,7 @@ def test_a_root_swapped_for_a_link_is_not_followed(stack: Stack) -> None:
     wait_ingress(controller, cloud)
     root.rename(share / "root.old")
     root.symlink_to(elsewhere)
-    cloud.downstream("dataset", "insert", dataset_resource("swapped", str(root / "passwd")))
+    cloud.insert_dataset("swapped", root / "passwd")
     assert str(root / "passwd") in unreadable(cloud, "swapped")
     assert cloud.samples("swapped") == []
     assert "is no longer a directory there" in controller.log()
@@ -193,7 +186,7 @@ def test_hard_linked_and_foreign_files_are_not_read(stack: Stack) -> None:
     os.chown(foreign, 12345, 12345)
     for name in ("linked", "foreign"):
         path = stack.workdir / "data" / f"{name}.txt"
-        cloud.downstream("dataset", "insert", dataset_resource(name, str(path)))
+        cloud.insert_dataset(name, path)
     for name in ("linked", "foreign"):
         assert "cannot read" in unreadable(cloud, name)
     wait_until(lambda: "belongs to uid 12345" in controller.log(), 20, "the owner in the log")
@@ -219,34 +212,28 @@ def test_sparse_datasets_are_capped_and_old_round_files_removed(stack: Stack) ->
         "LIFELONG_MAX_ROUND_BYTES": "8MiB",
         "LIFELONG_ROUNDS_KEPT": "2",
     }
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
-    controller = stack.controller(env=env)
-    wait_ingress(controller, cloud)
+    controller = stack.serving(env=env)
 
     huge = stack.workdir / "data" / "huge.txt"
     sparse_lines(huge, 512, MiB)
-    cloud.downstream("dataset", "insert", dataset_resource("huge", str(huge)))
+    cloud.insert_dataset("huge", huge)
     assert f"{huge} holds {512 * MiB} bytes, more than the {256 * MiB} a dataset may" in (
         unreadable(cloud, "huge")
     )
     big = stack.workdir / "data" / "big.txt"
     sparse_lines(big, 16, MiB - 1)  # under the dataset cap, over the round cap
-    cloud.downstream("dataset", "insert", dataset_resource("big", str(big)))
-    cloud.downstream(
-        "lifelonglearningjob", "insert",
-        job_resource("big-job", "big", str(stack.workdir / "big-out"), train_prob=1.0),
-    )  # fmt: skip
+    cloud.insert_dataset("big", big)
+    cloud.insert_job("big-job", "big", stack.workdir / "big-out", train_prob=1.0)
     failed = cloud.wait_status("big-job", "train", "failed")["content"]["reason"]
     assert f"more than {8 * MiB} bytes (LIFELONG_MAX_ROUND_BYTES)" in failed
 
     # the valid neighbour: a small job's rounds; round 1 deploys, round 2 fails, round 3
     # deploys, and round 4's data leaves rounds 3 and 4 (the newest two) and 1 (a rollback
     # target) on disk
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource("j", DATASET, str(out)))
+    cloud.insert_dataset(DATASET, data)
+    cloud.insert_job("j", DATASET, out)
 
     def deploy_round(version: int, after: int) -> None:
         cloud.wait_status("j", "train", "ready", after=after)

@@ -57,8 +57,7 @@ def test_spoofed_presence_serves_no_node_and_does_not_last(stack: Stack) -> None
 
 
 def test_without_redis_the_cli_does_not_guess(stack: Stack) -> None:
-    controller = stack.controller()
-    wait_ingress(controller, stack.cloud)
+    stack.serving()
     env = cli_env(stack.mqtt_url, "redis://127.0.0.1:1/0")
     refused = run_cli(env, "apply", "-f", "-", stdin=dataset_on(NODE))
     assert refused.returncode == 3, refused.stderr

@@ -25,9 +25,9 @@ from tests.harness import (
     Cloud,
     Controller,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
+    model_file,
+    samples_file,
     wait_ingress,
 )
 from tests.rabbitmq import RabbitNode
@@ -81,9 +81,7 @@ def presences(cloud: Cloud, replica: str) -> list[str]:
 def test_full_round_on_rabbitmq_found_by_itself(
     rabbitmq_node: RabbitNode, redis_proc: Server, cloud: Cloud, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = samples_file(tmp_path / "data" / "train.txt")
     out = tmp_path / "out"
     controller = controller_on(rabbitmq_node, redis_proc, tmp_path, "rabbit-round", "rround")
     controller.start()
@@ -95,22 +93,18 @@ def test_full_round_on_rabbitmq_found_by_itself(
         assert "as rround-edge-node-ingress (MQTTv311, session present:" in log
         assert retained_presence(rabbitmq_node, "rabbit-round")["state"] == "online"
 
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+        cloud.insert_dataset(DATASET, data)
         job = "rabbit-job"
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(job, DATASET, str(out)))
+        cloud.insert_job(job, DATASET, out)
         train = cloud.wait_status(job, "train", "ready")["content"]["input"]
         assert Path(train["dataURL"]).read_text().splitlines() == lines(0, 8)
-        model = out / "train" / "1" / "model.pkl"
-        model.parent.mkdir(parents=True)
-        model.write_bytes(b"trained")
+        model = model_file(out / "train" / "1" / "model.pkl", b"trained")
         cloud.report(job, "train", "running")
-        cloud.report(job, "train", "completed", str(model))
+        cloud.report(job, "train", "completed", model)
         evaluate = cloud.wait_status(job, "eval", "ready")["content"]["input"]
-        assert evaluate["models"] == [{"format": "pkl", "url": str(model)}]
-        scored = out / "eval" / "1" / "model.pkl"
-        scored.parent.mkdir(parents=True)
-        scored.write_bytes(b"evaluated")
-        cloud.report(job, "eval", "completed", str(scored))
+        assert evaluate["models"] == [{"format": "pkl", "url": model}]
+        scored = model_file(out / "eval" / "1" / "model.pkl", b"evaluated")
+        cloud.report(job, "eval", "completed", scored)
         cloud.wait_status(job, "deploy", "ready")
         assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated"
 
@@ -133,9 +127,7 @@ def test_full_round_on_rabbitmq_found_by_itself(
 def test_sigkill_resumes_on_the_persistent_session_and_the_will_says_offline(
     rabbitmq_node: RabbitNode, redis_proc: Server, cloud: Cloud, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = samples_file(tmp_path / "data" / "train.txt")
     controller = controller_on(rabbitmq_node, redis_proc, tmp_path, "rabbit-kill", "rkill")
     controller.start()
     try:
@@ -149,10 +141,8 @@ def test_sigkill_resumes_on_the_persistent_session_and_the_will_says_offline(
 
         # sent while no controller runs: RabbitMQ queues them in the ingress session
         job = "resumed-job"
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream(
-            "lifelonglearningjob", "insert", job_resource(job, DATASET, str(tmp_path / "out"))
-        )
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(job, DATASET, tmp_path / "out")
 
         controller.start()
         controller.wait_ready()

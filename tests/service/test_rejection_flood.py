@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tests.harness import NODE, PREFIX, metric_sum, wait_ingress
+from tests.harness import NODE, PREFIX, metric_sum
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -14,8 +14,7 @@ FLOOD = 400
 
 
 def test_a_flood_of_rejections_is_counted_exactly_and_logged_in_summary(stack: Stack) -> None:
-    controller = stack.controller()
-    wait_ingress(controller, stack.cloud)
+    controller = stack.serving()
     for i in range(FLOOD):
         stack.cloud.publish(f"{PREFIX}/{NODE}/downstream", b"not json %d" % i)
     wait_until(

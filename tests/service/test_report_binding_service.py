@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from tests.harness import NODE, NS, PREFIX, dataset_resource, job_resource, worker_message
+from tests.harness import NODE, NS, PREFIX, worker_message
 from tests.stack import Stack
 
 JOB, DATASET = "bound-job", "bound-dataset"
@@ -68,17 +68,13 @@ def test_a_job_name_its_workers_names_cannot_carry_is_refused(stack: Stack) -> N
     stack.job_at_train_ready(JOB, DATASET)
     data = stack.workdir / "data" / "train.txt"
     too_long, longest = "j" * 228, "j" * 227
-    cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource(too_long, DATASET, str(stack.workdir / "a"))
-    )
+    cloud.insert_job(too_long, DATASET, stack.workdir / "a")
     refusal = cloud.wait_for(cloud.errors, 10, "the long name's refusal")[0]
     assert "$.metadata.name" in refusal["reason"]
     assert "at most 227 characters (228 given)" in refusal["reason"]
 
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource(longest, DATASET, str(stack.workdir / "b"))
-    )
+    cloud.insert_dataset(DATASET, data)
+    cloud.insert_job(longest, DATASET, stack.workdir / "b")
     cloud.wait_status(longest, "train", "ready")
     worker = f"{longest}-train-1"
     running = worker_message(longest, "train", "running", worker=worker)

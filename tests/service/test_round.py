@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness import (
-    NS,
-    append_lines,
-    dataset_resource,
-    job_resource,
-    lines,
-    worker_message,
-)
+from tests.harness import NS, append_lines, job_resource, lines, worker_message
 from tests.stack import Stack
 
 JOB = "atcii-classifier"
@@ -24,15 +17,13 @@ def read_lines(path: str) -> list[str]:
 
 def test_full_round_over_mqtt(stack: Stack) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     (out / "deploy").mkdir(parents=True)
     (out / "deploy" / "index.pkl").write_bytes(b"an older, larger model file" * 10)
     stack.controller()
 
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.insert_dataset(DATASET, data)
     cloud.downstream(
         "lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)), as_base64=True
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.embedded.processes import Server
-from tests.harness import dataset_resource, job_resource, lines, wait_ingress
+from tests.harness import job_resource, lines, wait_ingress
 from tests.stack import Stack
 
 if TYPE_CHECKING:
@@ -49,11 +49,7 @@ def test_s3_round_with_annotation_credentials(
     wait_ingress(controller, cloud)
     out = f"s3://{bucket}/out"
 
-    cloud.downstream(
-        "dataset",
-        "insert",
-        dataset_resource(DATASET, f"s3://{bucket}/data/train.txt", credential=credential),
-    )
+    cloud.insert_dataset(DATASET, f"s3://{bucket}/data/train.txt", credential=credential)
     cloud.downstream(
         "lifelonglearningjob",
         "insert",

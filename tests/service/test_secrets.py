@@ -31,11 +31,8 @@ from tests.harness import (
     NODE,
     NS,
     PREFIX,
-    append_lines,
     dataset_resource,
     job_resource,
-    lines,
-    wait_ingress,
     worker_message,
 )
 from tests.stack import Stack
@@ -334,20 +331,15 @@ def cli_outputs(redis_url: str, mqtt_url: str, bad_files: list[Path]) -> list[st
 
 def test_canary_secret_never_leaks(stack: Stack, s3_endpoint: str) -> None:
     cloud = stack.cloud
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     bucket = make_bucket(s3_endpoint)
-    controller = stack.controller()
-    wait_ingress(controller, cloud)
+    controller = stack.serving()
     good = credential(s3_endpoint)
 
     # valid resources carrying the canary: the credential is used, a round runs
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data), credential=good))
-    cloud.downstream(
-        "dataset", "insert", dataset_resource(S3_DATASET, f"s3://{bucket}/d.txt", credential=good)
-    )
+    cloud.insert_dataset(DATASET, data, credential=good)
+    cloud.insert_dataset(S3_DATASET, f"s3://{bucket}/d.txt", credential=good)
     cloud.downstream(
         "lifelonglearningjob",
         "insert",
@@ -369,7 +361,7 @@ def test_canary_secret_never_leaks(stack: Stack, s3_endpoint: str) -> None:
     # and a worker report (for an unknown job) quoting the secret where a secret-named key is
     report = worker_message("no-such-job", "train", "failed")
     report["ownerInfo"] = {"SECRET_ACCESS_KEY": SECRET}
-    cloud.publish(f"{PREFIX}/{NODE}/workers/{report['name']}/info", json.dumps(report).encode())
+    cloud.publish_report(report)
     cloud.wait_for(lambda: len(cloud.errors()) >= len(refused) + 1, 15, "every rejection")
     assert len(cloud.errors()) == len(refused) + 1, [e["reason"] for e in cloud.errors()]
 

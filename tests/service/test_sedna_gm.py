@@ -7,6 +7,7 @@ conditions are in order with one pod per Ready, and the GM refused no status.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -44,23 +45,23 @@ MIN_RUN_S = 0.2
 @pytest.fixture
 def sedna_gm() -> Iterator[GmFactory]:
     """Makes started GMs (options as `SednaGm` takes them); closes them at the end."""
-    made: list[SednaGm] = []
+    with contextlib.ExitStack() as closing:
 
-    def make(**options: Any) -> SednaGm:
-        chosen: Callable[[PodInfo], Behaviour] = options.pop("behaviour", lambda _i: Behaviour())
+        def make(**options: Any) -> SednaGm:
+            chosen: Callable[[PodInfo], Behaviour] = options.pop(
+                "behaviour", lambda _i: Behaviour()
+            )
 
-        def behaviour(info: PodInfo) -> Behaviour:
-            run = chosen(info)
-            return dataclasses.replace(run, run_s=max(run.run_s, MIN_RUN_S))
+            def behaviour(info: PodInfo) -> Behaviour:
+                run = chosen(info)
+                return dataclasses.replace(run, run_s=max(run.run_s, MIN_RUN_S))
 
-        gm = SednaGm(behaviour=behaviour, **options)
-        made.append(gm)
-        gm.start()
-        return gm
+            gm = SednaGm(behaviour=behaviour, **options)
+            closing.callback(gm.close)
+            gm.start()
+            return gm
 
-    yield make
-    for gm in made:
-        gm.close()
+        yield make
 
 
 def url(controller: Controller) -> str:
@@ -111,9 +112,7 @@ def apply(gm: SednaGm, stack: Stack, *, train_node: str = NODE,
           restart_policy: str = "", rounds: int | None = None) -> tuple[Path, Feeder]:  # fmt: skip
     """The dataset (10 samples, on NODE) and the job applied through the GM: the outputDir
     and the feeder that grows the dataset round by round."""
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
     gm.apply(dataset_resource(DATASET, str(data)))
     job = job_resource(JOB, DATASET, str(out))

@@ -32,6 +32,7 @@ from tests.harness import (
     job_resource,
     lines,
     metric_sum,
+    model_file,
     wait_ingress,
     worker_message,
 )
@@ -54,29 +55,20 @@ def read_lines(path: str) -> list[str]:
 
 def local_setup(stack: Stack, rows: int = 10) -> tuple[Path, Path]:
     """A local txt dataset of `rows` samples and an empty output dir."""
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir()
-    append_lines(data, lines(0, rows))
+    data = stack.samples(rows)
     out = stack.workdir / "out"
     out.mkdir()
     return data, out
 
 
 def start(stack: Stack, env: dict[str, str] | None = None) -> Controller:
-    controller = stack.controller(env=env)
-    wait_ingress(controller, stack.cloud)
+    controller = stack.serving(env=env)
     return controller
 
 
 def apply(cloud: Cloud, data: Path, out: Path, job: str = JOB) -> None:
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(job, DATASET, str(out)))
-
-
-def write_model(path: Path, content: bytes) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    return str(path)
+    cloud.insert_dataset(DATASET, data)
+    cloud.insert_job(job, DATASET, out)
 
 
 def forwarded(cloud: Cloud, job: str) -> list[tuple[str, str]]:
@@ -92,11 +84,11 @@ def full_round(cloud: Cloud, out: Path, job: str = JOB) -> None:
     """Round 1 on the 10 samples of `local_setup`: train, eval, deploy, each checked."""
     ready = cloud.wait_status(job, "train", "ready")["content"]["input"]
     assert read_lines(ready["dataURL"]) == lines(0, 8)
-    model = write_model(out / "train" / "1" / "model.pkl", b"trained")
+    model = model_file(out / "train" / "1" / "model.pkl", b"trained")
     cloud.report(job, "train", "completed", model)
     evaluate = cloud.wait_status(job, "eval", "ready")["content"]["input"]
     assert read_lines(evaluate["dataURL"]) == lines(8, 10)
-    scored = write_model(out / "eval" / "1" / "model.pkl", b"evaluated")
+    scored = model_file(out / "eval" / "1" / "model.pkl", b"evaluated")
     cloud.report(job, "eval", "completed", scored)
     cloud.wait_status(job, "deploy", "ready")
     assert (out / "deploy" / "index.pkl").read_bytes() == b"evaluated"
@@ -133,7 +125,7 @@ def test_worker_reports_over_http_drive_a_round(stack: Stack) -> None:
     # the valid reports, all through HTTP
     running = worker_message(JOB, "train", "running")
     assert controller.post_worker(running["name"], running) == (200, OK)
-    model = write_model(out / "train" / "1" / "model.pkl", b"trained")
+    model = model_file(out / "train" / "1" / "model.pkl", b"trained")
     completed = worker_message(JOB, "train", "completed", model)
     assert controller.post_worker(completed["name"], completed) == (200, OK)
     evaluate = cloud.wait_status(JOB, "eval", "ready")["content"]["input"]
@@ -141,7 +133,7 @@ def test_worker_reports_over_http_drive_a_round(stack: Stack) -> None:
     assert evaluate["outputDir"] == f"{out}/eval/1"
     assert read_lines(evaluate["dataURL"]) == lines(8, 10)
 
-    scored = write_model(out / "eval" / "1" / "model.pkl", b"evaluated over http")
+    scored = model_file(out / "eval" / "1" / "model.pkl", b"evaluated over http")
     eval_done = worker_message(JOB, "eval", "completed", scored)
     assert controller.post_worker(eval_done["name"], eval_done) == (200, OK)
     deploy = cloud.wait_status(JOB, "deploy", "ready")["content"]["input"]
@@ -176,6 +168,7 @@ def envelope(kind: str, operation: str, content: Any, name: str = "some-job") ->
 
 
 DEEP = "@deep@"
+JOB_KIND = "lifelonglearningjob"
 
 
 def nest(payload: bytes, depth: int = 1000) -> bytes:
@@ -207,69 +200,37 @@ def downstream_rejects(out: Path) -> list[tuple[str, bytes, list[str]]]:
             "annotations": {"note": "n" * (256 * 1024)},
         },
     }
+    def case(
+        label: str, kind: str, operation: str, content: Any, *reasons: str, name: str = "some-job"
+    ) -> tuple[str, bytes, list[str]]:
+        """A reject class whose payload is one envelope, as JSON."""
+        return label, encoded(envelope(kind, operation, content, name)), list(reasons)
+
+    bad_utf8 = encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"')
+    escape = job(outputDir=f"{out}/../escape")
+    plain_words = base64.b64encode(b"plain words").decode()
+    deep = nest(encoded(envelope(JOB_KIND, "insert", {"nested": DEEP})))
     return [
         ("not json", b"this is { not json", ["not valid JSON"]),
-        (
-            "invalid utf-8",
-            encoded(envelope("dataset", "insert", None)).replace(b"null", b'"\xff\xfe"'),
-            ["UTF-8"],
-        ),
-        (
-            "wrong type",
-            encoded(envelope("lifelonglearningjob", "insert", wrong_type)),
-            ["$.spec.dataset.trainProb"],
-        ),
-        (
-            "unknown kind",
-            encoded(envelope("pod", "insert", good)),
-            ["$.header.resourceKind", "unknown resourceKind 'pod'"],
-        ),
-        (
-            "unknown operation",
-            encoded(envelope("lifelonglearningjob", "upsert", good)),
-            ["$.header.operation", "unknown operation 'upsert'"],
-        ),
-        (
-            "bad dns name",
-            encoded(envelope("lifelonglearningjob", "insert", bad_name, "Bad_Name")),
-            ["resourceName", "DNS-1123"],
-        ),
-        (
-            "dotdot",
-            encoded(envelope("lifelonglearningjob", "insert", job(outputDir=f"{out}/../escape"))),
-            ["$.spec.outputDir", "'..'"],
-        ),
-        (
-            "http url",
-            encoded(envelope("dataset", "insert", bad_dataset, "web-dataset")),
-            ["$.spec.url", "s3://"],
-        ),
-        (
-            "oversize",
-            encoded(envelope("lifelonglearningjob", "insert", {**good, **padding})),
-            ["too large"],
-        ),
-        (
-            "base64 not json",
-            encoded(envelope("dataset", "insert", base64.b64encode(b"plain words").decode())),
-            ["$.content", "not valid JSON"],
-        ),
-        (
-            "deep",
-            nest(encoded(envelope("lifelonglearningjob", "insert", {"nested": DEEP}))),
-            ["nesting deeper than"],
-        ),
-        (
-            "template too deep",
-            encoded(envelope("lifelonglearningjob", "insert", deep_template)),
-            ["$.spec.trainSpec.template", "nesting deeper than 32 levels"],
-        ),
-        (
-            "annotations too large",
-            encoded(envelope("lifelonglearningjob", "insert", annotated)),
-            ["$.metadata.annotations", "larger than 262144 bytes"],
-        ),
-    ]
+        ("invalid utf-8", bad_utf8, ["UTF-8"]),
+        case("wrong type", JOB_KIND, "insert", wrong_type, "$.spec.dataset.trainProb"),
+        case("unknown kind", "pod", "insert", good,
+             "$.header.resourceKind", "unknown resourceKind 'pod'"),
+        case("unknown operation", JOB_KIND, "upsert", good,
+             "$.header.operation", "unknown operation 'upsert'"),
+        case("bad dns name", JOB_KIND, "insert", bad_name, "resourceName", "DNS-1123",
+             name="Bad_Name"),
+        case("dotdot", JOB_KIND, "insert", escape, "$.spec.outputDir", "'..'"),
+        case("http url", "dataset", "insert", bad_dataset, "$.spec.url", "s3://",
+             name="web-dataset"),
+        case("oversize", JOB_KIND, "insert", {**good, **padding}, "too large"),
+        case("base64 not json", "dataset", "insert", plain_words, "$.content", "not valid JSON"),
+        ("deep", deep, ["nesting deeper than"]),
+        case("template too deep", JOB_KIND, "insert", deep_template,
+             "$.spec.trainSpec.template", "nesting deeper than 32 levels"),
+        case("annotations too large", JOB_KIND, "insert", annotated,
+             "$.metadata.annotations", "larger than 262144 bytes"),
+    ]  # fmt: skip
 
 
 def nested_object(depth: int) -> dict[str, Any]:
@@ -356,9 +317,7 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     fragile_out = stack.workdir / "fragile-out"
     controller = start(stack)
     apply(cloud, data, out, "steady-job")
-    cloud.downstream(
-        "lifelonglearningjob", "insert", job_resource("fragile-job", DATASET, str(fragile_out))
-    )
+    cloud.insert_job("fragile-job", DATASET, fragile_out)
     rejected_before = metric_sum(controller, "lifelong_rejections_total")
     started = datetime.now(UTC) - timedelta(seconds=1)
 
@@ -374,12 +333,12 @@ def test_every_reject_class_on_both_topics(stack: Stack) -> None:
     half = len(sent) // 2
     for _, topic, payload, _ in sent[:half]:
         cloud.publish(topic, payload)
-    model = write_model(out / "train" / "1" / "model.pkl", b"steady model")
+    model = model_file(out / "train" / "1" / "model.pkl", b"steady model")
     cloud.report("steady-job", "train", "completed", model, worker="steady-job-train-1")
     cloud.wait_status("steady-job", "eval", "ready")
     for _, topic, payload, _ in sent[half:]:
         cloud.publish(topic, payload)
-    scored = write_model(out / "eval" / "1" / "model.pkl", b"steady scored")
+    scored = model_file(out / "eval" / "1" / "model.pkl", b"steady scored")
     cloud.report("steady-job", "eval", "completed", scored, worker="steady-job-eval-1")
     cloud.wait_status("steady-job", "deploy", "ready")
     assert (out / "deploy" / "index.pkl").read_bytes() == b"steady scored"
@@ -523,7 +482,7 @@ def test_bug11_no_temporary_file_survives_a_round(stack: Stack) -> None:
     before = len(cloud.upstream(JOB))
     append_lines(data, lines(10, 20))
     cloud.wait_status(JOB, "train", "ready", after=before)
-    trained = write_model(out / "train" / "2" / "model.pkl", b"trained 2")
+    trained = model_file(out / "train" / "2" / "model.pkl", b"trained 2")
     cloud.report(JOB, "train", "completed", trained)
     cloud.wait_status(JOB, "eval", "ready", after=before)
     cloud.report(JOB, "eval", "completed", str(out / "eval" / "2" / "missing.pkl"))
@@ -589,7 +548,7 @@ def test_bug12_a_restart_loses_no_progress(stack: Stack) -> None:
     ready = cloud.wait_status(JOB, "train", "ready", after=before)["content"]["input"]
     assert ready["outputDir"] == f"{out}/train/2"
     assert read_lines(ready["dataURL"]) == lines(10, 18)
-    model = write_model(out / "train" / "2" / "model.pkl", b"trained 2")
+    model = model_file(out / "train" / "2" / "model.pkl", b"trained 2")
     cloud.report(JOB, "train", "completed", model)
     evaluate = cloud.wait_status(JOB, "eval", "ready", after=before)["content"]["input"]
     assert evaluate["outputDir"] == f"{out}/eval/2"
@@ -611,7 +570,7 @@ def test_bug13_growing_a_dataset_reads_only_the_new_bytes(stack: Stack) -> None:
     data, _ = local_setup(stack, rows=20_000)
     size = data.stat().st_size
     controller = start(stack)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.insert_dataset(DATASET, data)
     cloud.wait_for(lambda: 20_000 in cloud.samples(DATASET), 15, "numberOfSamples 20000")
     assert polls(controller, DATASET)[0] == (20_000, size)  # the first poll reads it all
 

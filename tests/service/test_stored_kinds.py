@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli.runner import cli_env, run_cli, wait_rows
 from tests.gm_standin import GmStandIn
-from tests.harness import NODE, PREFIX, Controller
+from tests.harness import NODE, Controller
 from tests.sedna_kinds import (
     FEDERATED_LEARNING,
     FEDERATED_LEARNING_YAML,
@@ -50,10 +50,6 @@ def at_gm(gm: GmStandIn, name: str) -> list[tuple[dict[str, Any], dict[str, Any]
     return [(h, json.loads(c or b"null")) for h, c in statuses if h["resourceName"] == name]
 
 
-def publish_report(stack: Stack, body: dict[str, Any]) -> None:
-    stack.cloud.publish(f"{PREFIX}/{NODE}/workers/{body['name']}/info", json.dumps(body).encode())
-
-
 def test_reports_reach_mqtt_and_the_gm_in_sednas_shape(stack: Stack, gm: GmStandIn) -> None:
     controller = stack.controller("r1", env={"LIFELONG_GM_ADDRESS": gm.address})
     for resource in (*MODELS, JOINT_INFERENCE, FEDERATED_LEARNING):
@@ -83,8 +79,8 @@ def test_reports_reach_mqtt_and_the_gm_in_sednas_shape(stack: Stack, gm: GmStand
     bad["name"] = f"{FL}-trainworker-0"
     bad["ownerInfo"] = {**bad["ownerInfo"], "currentRound": "1", "sampleCount": 1}
     good = {**bad, "ownerInfo": FL_REPORT["ownerInfo"]}
-    publish_report(stack, bad)
-    publish_report(stack, good)
+    stack.cloud.publish_report(bad)
+    stack.cloud.publish_report(good)
     stack.cloud.wait_for(lambda: len(forwarded(stack, FL)) == 2, 20, "both FL reports upstream")
     contents = [m["content"] for m in forwarded(stack, FL)]
     assert contents == [
@@ -107,7 +103,7 @@ def test_reports_reach_mqtt_and_the_gm_in_sednas_shape(stack: Stack, gm: GmStand
         assert code == 400 and reason in answer["message"], answer
     code, answer = controller.post_worker(JI_REPORT["name"], {**JI_REPORT, "ownerName": "nope"})
     assert code == 400 and "unknown joint inference service default/nope" in answer["message"]
-    publish_report(stack, {**FL_REPORT, "name": f"{FL}-trainworker-1", "ownerKind": "reidjob"})
+    stack.cloud.publish_report({**FL_REPORT, "name": f"{FL}-trainworker-1", "ownerKind": "reidjob"})
     stack.cloud.wait_for(
         lambda: any("must be one of" in e["reason"] for e in stack.cloud.errors()), 20,
         "the MQTT refusal on the errors topic",

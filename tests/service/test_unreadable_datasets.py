@@ -14,10 +14,8 @@ import base64
 import os
 from pathlib import Path
 
-import redis
-
-from service.core.state import DatasetState, decode_state
-from service.keys import Keys, dataset_key
+from service.core.state import DatasetState
+from service.keys import dataset_key
 from service.runtime.executor import unreadable
 from tests.conftest import DeniedS3
 from tests.harness import (
@@ -26,8 +24,6 @@ from tests.harness import (
     PREFIX,
     Controller,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
     metric_sum,
     wait_ingress,
@@ -40,13 +36,7 @@ POLLS = 3  # polls (1 s apart) watched after the reports, to see they are not re
 
 
 def dataset_state(stack: Stack, name: str) -> DatasetState:
-    client = redis.Redis.from_url(stack.redis_url)
-    try:
-        raw = client.get(Keys("lifelong").state(dataset_key(NS, name)))
-    finally:
-        client.close()
-    assert raw is not None
-    state = decode_state(raw)
+    state = stack.stored_state(dataset_key(NS, name))
     assert isinstance(state, DatasetState)
     return state
 
@@ -94,13 +84,11 @@ def test_unreadable_datasets_are_reported_once_and_clear(
         "ACCESS_KEY_ID": s3_denied.access_key_id,
         "SECRET_ACCESS_KEY": s3_denied.secret_access_key,
     }  # fmt: skip
-    cloud.downstream("dataset", "insert", dataset_resource(MISSING, str(missing), "csv"))
-    cloud.downstream("dataset", "insert", dataset_resource(LOCKED, str(locked)))
-    cloud.downstream(
-        "dataset", "insert", dataset_resource(FORBIDDEN, forbidden_url, credential=credential)
-    )
+    cloud.insert_dataset(MISSING, missing, "csv")
+    cloud.insert_dataset(LOCKED, locked)
+    cloud.insert_dataset(FORBIDDEN, forbidden_url, credential=credential)
     out = stack.workdir / "out"
-    cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, MISSING, str(out)))
+    cloud.insert_job(JOB, MISSING, out)
 
     errors = cloud.wait_for(lambda: len(cloud.errors()) >= 3 and cloud.errors(), 20, "3 reports")
     by_name = {e["reason"].split(":")[0]: e for e in errors}

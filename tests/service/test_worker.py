@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ import pytest
 
 from service.config import Config
 from service.worker import Worker, WorkerSettings, parse_ready
-from tests.harness import NODE, append_lines, dataset_resource, job_resource, lines
+from tests.harness import NODE, lines
 from tests.stack import Stack
 
 JOB = "comfort-job"
@@ -57,30 +59,35 @@ def command(script: str) -> tuple[str, ...]:
 
 
 def start_job(stack: Stack, samples: int = 10) -> Path:
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, samples))
+    data = stack.samples(samples)
     out = stack.workdir / "out"
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+    stack.cloud.insert_dataset(DATASET, data)
+    stack.cloud.insert_job(JOB, DATASET, out)
     return out
 
 
 @pytest.fixture
 def run_worker(stack: Stack) -> Iterator[Any]:
-    workers: list[Worker] = []
+    """Starts workers (settings and env as `Worker` takes them); stops them at the end."""
+    numbers = itertools.count()
+    with contextlib.ExitStack() as stopping:
 
-    def start(settings: WorkerSettings, **env: str) -> Worker:
-        environ = {"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE, **env}
-        cfg = Config.from_env(environ)
-        worker = Worker(cfg, settings, client_id=f"worker-{len(workers)}")
-        workers.append(worker)
-        worker.start()
-        return worker
+        def start(settings: WorkerSettings, **env: str) -> Worker:
+            environ = {"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE, **env}
+            cfg = Config.from_env(environ)
+            worker = Worker(cfg, settings, client_id=f"worker-{next(numbers)}")
+            stopping.callback(worker.stop)
+            worker.start()
+            return worker
 
-    yield start
-    for worker in workers:
-        worker.stop()
+        yield start
+
+
+def wait_deployed(stack: Stack, out: Path, model: str, content: bytes) -> None:
+    """Deploy becomes ready with the train model `model`, whose bytes the deploy file holds."""
+    deploy = stack.cloud.wait_status(JOB, "deploy", "ready", timeout_s=30)
+    assert deploy["content"]["input"]["models"] == [{"format": "bin", "url": model}]
+    assert (out / "deploy" / "index.pkl").read_bytes() == content
 
 
 def forwarded(stack: Stack, kind: str, status: str) -> list[dict[str, Any]]:
@@ -103,12 +110,8 @@ def test_worker_runs_a_full_round_over_mqtt(stack: Stack, run_worker: Any) -> No
         )
     )
     out = start_job(stack)
-    cloud = stack.cloud
-    deploy = cloud.wait_status(JOB, "deploy", "ready", timeout_s=30)
-
     model = f"{out}/train/1/model.bin"
-    assert deploy["content"]["input"]["models"] == [{"format": "bin", "url": model}]
-    assert (out / "deploy" / "index.pkl").read_bytes() == b"model of comfort-job-train-1"
+    wait_deployed(stack, out, model, b"model of comfort-job-train-1")
     [train_running] = forwarded(stack, "train", "running")
     [train_done] = forwarded(stack, "train", "completed")
     assert train_running == {"models": [], "ownerInfo": {}}
@@ -128,7 +131,7 @@ def test_worker_runs_a_full_round_over_mqtt(stack: Stack, run_worker: Any) -> No
     assert eval_env["MODEL_URLS"] == model
     assert eval_env["WORKER_NAME"] == "comfort-job-eval-1"
     assert "TRAIN_DATASET_URL" not in eval_env
-    assert cloud.errors() == []
+    assert stack.cloud.errors() == []
 
 
 def test_failing_command_reports_exit_code_and_stderr(stack: Stack, run_worker: Any) -> None:
@@ -165,11 +168,7 @@ def test_http_reporting_with_a_sedna_library_worker(stack: Stack, run_worker: An
         )
     )
     out = start_job(stack)
-    cloud = stack.cloud
-    deploy = cloud.wait_status(JOB, "deploy", "ready", timeout_s=30)
-    model = f"{out}/train/1/model.pb"
-    assert deploy["content"]["input"]["models"] == [{"format": "bin", "url": model}]
-    assert (out / "deploy" / "index.pkl").read_bytes() == b"tf"
+    wait_deployed(stack, out, f"{out}/train/1/model.pb", b"tf")
     # running came from the runner over HTTP, completed from the library, then the runner's own
     # (result-less) completed, which the controller only forwards: the job went on to eval
     train_done = forwarded(stack, "train", "completed")
@@ -177,7 +176,7 @@ def test_http_reporting_with_a_sedna_library_worker(stack: Stack, run_worker: An
     assert forwarded(stack, "train", "running") == [{"models": [], "ownerInfo": {}}]
     assert forwarded(stack, "eval", "completed")[0]["ownerInfo"]["env"]["LC_SERVER"] == lc_server
     assert not forwarded(stack, "train", "failed")
-    assert cloud.errors() == []
+    assert stack.cloud.errors() == []
 
 
 def test_http_reporting_to_a_controller_that_requires_a_token(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.cli.runner import LIFELONG, ROOT
-from tests.harness import NODE, NS, PREFIX, append_lines, dataset_resource, job_resource, lines
+from tests.harness import NODE, NS, PREFIX
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -69,12 +69,10 @@ def runners() -> Iterator[list[RunnerProcess]]:
 
 
 def start_job(stack: Stack) -> Path:
-    data = stack.workdir / "data" / "train.txt"
-    data.parent.mkdir(parents=True)
-    append_lines(data, lines(0, 10))
+    data = stack.samples()
     out = stack.workdir / "out"
-    stack.cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-    stack.cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+    stack.cloud.insert_dataset(DATASET, data)
+    stack.cloud.insert_job(JOB, DATASET, out)
     return out
 
 
