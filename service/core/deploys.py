@@ -29,10 +29,9 @@ from typing import Any
 import msgspec
 
 from service.core import conditions, reports, samples, training
-from service.core.effects import CopyModel, RecordRound, Refused, Reject
+from service.core.effects import CopyModel, Recorder, RecordRound, Refused, Reject
 from service.core.events import Event, ModelCopied, RollbackRequested, WorkerReported
 from service.core.gate import GateVerdict, judge, kept
-from service.core.outcome import Recorder
 from service.core.paths import add_prefix, deploy_model
 from service.core.rounds import Deployment, RoundRecord, Scores, remember
 from service.core.state import JobState, ModelRef

@@ -34,9 +34,8 @@ from typing import Any
 
 import msgspec
 
-from service.core.effects import Forward, Reject
+from service.core.effects import Forward, Recorder, Reject
 from service.core.events import OwnerReported, ResourceApplied, ResourceDeleted, StoredEvent
-from service.core.outcome import Recorder
 from service.core.state import ResourceState, State
 from service.keys import FEDERATED_LEARNING_KIND, JOINT_INFERENCE_KIND, MODEL_KIND
 from service.wire import ReportOutput, ReportStatus

@@ -11,9 +11,8 @@ from __future__ import annotations
 import msgspec
 
 from service.core import conditions, paths, reports, samples
-from service.core.effects import RecordRound, WriteRound
+from service.core.effects import Recorder, RecordRound, WriteRound
 from service.core.events import Event, ModelCopied, RoundWritten, WorkerReported
-from service.core.outcome import Recorder
 from service.core.rounds import Deployment, RoundOutcome, RoundRecord
 from service.core.state import JobState, ModelRef, RoundPhase
 from service.core.triggers import NUM_OF_SAMPLES, should_fire

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from service.core.effects import CopyModel, Effect, Note, Publish, WriteRound
+from service.core.effects import Context, CopyModel, Effect, Note, Publish, WriteRound
 from service.core.events import (
     DatasetChanged,
     Event,
@@ -21,10 +21,9 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context
+from service.core.lifecycle import transition
 from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, JobSpec, JobState, State
-from service.core.transition import transition
 from service.core.triggers import TriggerSpec
 
 NS = "default"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from service.core import reports
 from service.core.effects import ScheduleCheck, WriteRound
 from service.core.events import JobApplied, WorkerReported
-from service.core.jobs import MAX_RETRY_DELAY_MS, retry_delay_ms
+from service.core.training import MAX_RETRY_DELAY_MS, retry_delay_ms
 from service.core.triggers import TriggerSpec
 from tests.core.driver import JOB, NS, Driver, report, spec
 

@@ -11,7 +11,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.effects import Publish
+from service.core.effects import Context, Publish
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -25,9 +25,8 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context
+from service.core.lifecycle import transition
 from service.core.state import DatasetInfo, JobSpec, State, decode_state, encode_state
-from service.core.transition import transition
 from service.core.triggers import OPERATORS, TriggerSpec
 from tests.core.test_transition_table import SUBSTATES, reach
 

@@ -8,11 +8,10 @@ it did.
 from __future__ import annotations
 
 from service.core import samples
-from service.core.effects import Note, Publish, Reject, ScheduleCheck
+from service.core.effects import Context, Note, Publish, Reject, ScheduleCheck
 from service.core.events import JobApplied, WorkerReported
-from service.core.outcome import Context
+from service.core.lifecycle import transition
 from service.core.state import DatasetInfo
-from service.core.transition import transition
 from service.core.triggers import TriggerSpec, parse_hhmm
 from tests.core.driver import JOB, NS, Driver, content, info, report, spec
 

@@ -17,8 +17,9 @@ import pytest
 
 from service.core.effects import CopyModel, Note, Publish, Reject, ScheduleCheck, WriteRound
 from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
-from service.core.jobs import JOB_TABLE, retry_delay_ms
+from service.core.lifecycle import JOB_TABLE
 from service.core.state import JobState
+from service.core.training import retry_delay_ms
 from service.core.triggers import TriggerSpec
 from tests.core.driver import JOB, NS, Driver, content, report, spec
 

@@ -26,8 +26,8 @@ from paho.mqtt.properties import Properties
 
 from service.adapters.redis_store import RedisStore
 from service.config import Config
+from service.core.lifecycle import transition
 from service.core.state import JobState, decode_state
-from service.core.transition import transition
 from service.embedded import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key

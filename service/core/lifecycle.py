@@ -1,4 +1,10 @@
-"""The lifecycle of one job, as a table of (phase, step, event) -> handler.
+"""The pure lifecycle: `transition(state, event, ctx) -> Outcome(state', effects, verdict)`,
+and the lifecycle of one job, as a table of (phase, step, event) -> handler.
+
+No I/O, no clock, no randomness: time, ids and settings arrive in `ctx`. Everything a job or
+dataset decides lives in this package and nowhere else; the shell carries the effects out.
+Dataset events go to `service.core.datasets`, the events of the resources the controller
+only stores to `service.core.passthrough`, job events to the table below.
 
     train/waiting --trigger fires--> train/preparing --data written--> train/running
     train/running --train completed--> eval/preparing --data written--> eval/running
@@ -22,27 +28,51 @@ from collections.abc import Callable
 
 import msgspec
 
-from service.core import conditions, deploys, paths, reports, samples, training
-from service.core.effects import AttachDataset, DetachDataset, Reject, ReleaseOutputDir
+from service.core import (
+    conditions,
+    datasets,
+    deploys,
+    passthrough,
+    paths,
+    reports,
+    samples,
+    training,
+)
+from service.core.effects import (
+    AttachDataset,
+    Context,
+    DetachDataset,
+    Effect,
+    Outcome,
+    Publish,
+    Recorder,
+    Reject,
+    ReleaseOutputDir,
+    Verdict,
+)
 from service.core.events import (
+    DatasetApplied,
     DatasetChanged,
+    DatasetDeleted,
+    DatasetPolled,
     Event,
     JobApplied,
     JobDeleted,
     ModelCopied,
+    OwnerReported,
+    ResourceApplied,
+    ResourceDeleted,
     RollbackRequested,
     RoundWritten,
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Recorder
-from service.core.state import JobState, State
-from service.core.training import MAX_RETRY_DELAY_MS, retry_delay_ms
+from service.core.state import DatasetState, JobState, State
 from service.wire import JobOutput, JobStatus
 
 replace = msgspec.structs.replace
 
-__all__ = ["JOB_TABLE", "MAX_RETRY_DELAY_MS", "apply", "retry_delay_ms"]
+__all__ = ["JOB_TABLE", "apply", "transition", "verdict"]
 
 
 def apply(state: State | None, event: Event, out: Recorder) -> State | None:
@@ -237,3 +267,48 @@ JOB_TABLE: dict[tuple[str, str, str], JobHandler] = {
     ("eval", "running", "eval/failed"): training.worker_failed,
     ("deploy", "copying", "model-copied"): deploys.model_copied,
 }
+
+
+# ================================================================= the entry point
+def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
+    """Apply one event to one resource's state. Never raises for any well-typed input."""
+    out = Recorder(ctx)
+    if isinstance(event, DatasetApplied | DatasetDeleted | DatasetPolled) or (
+        isinstance(event, Tick) and event.kind == "dataset"
+    ):
+        result = datasets.apply(state, event, out)
+    elif isinstance(event, ResourceApplied | ResourceDeleted | OwnerReported):
+        result = passthrough.apply(state, event, out)
+    else:
+        result = apply(state, event, out)
+    result = _stamp_phase(state, result, ctx.now_ms)
+    effects = tuple(out.effects)
+    return Outcome(result, effects, verdict(state, result, effects))
+
+
+def _stamp_phase(before: State | None, after: State | None, now_ms: int) -> State | None:
+    """Record when a job entered its (phase, step): now, if it is new or they changed."""
+    if not isinstance(after, JobState):
+        return after
+    if isinstance(before, JobState) and (before.phase, before.step) == (after.phase, after.step):
+        return after
+    return msgspec.structs.replace(after, phase_since_ms=now_ms)
+
+
+def verdict(before: State | None, after: State | None, effects: tuple[Effect, ...]) -> Verdict:
+    """Rejected when refused; ignored when only bookkeeping changed and nothing was said
+    upstream; applied otherwise."""
+    if any(isinstance(e, Reject) for e in effects):
+        return "rejected"
+    if _material(before) == _material(after) and not any(isinstance(e, Publish) for e in effects):
+        return "ignored"
+    return "applied"
+
+
+def _material(state: State | None) -> State | None:
+    """The state without its bookkeeping of timers and polls in flight."""
+    if isinstance(state, JobState):
+        return msgspec.structs.replace(state, next_check_ms=None)
+    if isinstance(state, DatasetState):
+        return msgspec.structs.replace(state, polling=False)
+    return state
