@@ -240,6 +240,8 @@ class Context(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     dataset_poll_ms: int = 60_000
     #: how long a ready sent to Sedna's GM may go unseen before it is sent again
     gm_resend_ms: int = 30_000
+    #: a move the lifecycle table does not declare raises (tests) instead of being refused
+    strict: bool = False
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -1,30 +1,123 @@
 """The pure lifecycle: `transition(state, event, ctx) -> Outcome(state', effects, verdict)`,
-and the lifecycle of one job, as a table of (phase, step, event) -> handler.
+and the lifecycle tables that declare every move a job, dataset or stored resource makes.
 
 No I/O, no clock, no randomness: time, ids and settings arrive in `ctx`. Everything a job or
 dataset decides lives in this package and nowhere else; the shell carries the effects out.
 Dataset events go to `service.core.datasets`, the events of the resources the controller
-only stores to `service.core.passthrough`, job events to the table below.
+only stores to `service.core.passthrough`, job events to the handlers here, one per event
+class, which route them on: the rounds to `service.core.training` (trigger, data, reports,
+failures and their backoff), the deploy decision, the deploy gate and rollbacks to
+`service.core.deploys`, what Sedna's GM shows of a job to `service.core.conditions`.
 
-    train/waiting --trigger fires--> train/preparing --data written--> train/running
-    train/running --train completed--> eval/preparing --data written--> eval/running
-    eval/running  --eval completed--> deploy/copying --model copied--> train/waiting
-    failures at any step go back to train/waiting (a failed round's train samples first).
+The tables below are the whole truth of where a resource may go: each row is one move,
+(state, event) -> state, a job's state being its `phase/step` (`none`: it does not exist).
+Handlers compute the effects and the data; `transition` checks every result against the
+table. Staying put is always allowed (an event refused, stale, or with nothing to do); a
+row from `any` is taken in every state; a result event (round data written, model copied)
+or a train or eval report with no row from the job's state does not fit it: it leaves the
+job unchanged and says why. A move no row declares is a bug: with `Context.strict` (the
+tests) `transition` raises `UndeclaredMove`; otherwise (production) it refuses the event
+(`undeclared_move`, with the move in the reason), keeps the state and drops the effects.
 
 A job Sedna's GM manages waits in eval/staged and deploy/staged until the GM's copy of the
-job shows the stage `Waiting`, and follows the GM where it moves the job
-(`service.core.conditions`).
+job shows the stage `Waiting`, and follows the GM where it moves the job ("GM copy" rows;
+"tick" rows from a running or staged state are the GM's too: a doubt about its copy ended).
+A second job kind is a second `Table` and handler set, not a second copy of this machinery.
 
-The rounds live in `service.core.training` (trigger, data, reports, failures and their
-backoff), the deploy decision, the deploy gate and rollbacks in `service.core.deploys`; this
-module routes events to them. A rollback and its copy's result are taken in any (phase,
-step): whether one may start is the rollback's own rule. An event that does not fit the
-job's (phase, step) leaves it unchanged and says why.
+The tables, as `diagram()` draws them (tests/core/test_lifecycle_docs.py keeps this and
+docs/lifecycle.md in step with them; `python -m tests.core.test_lifecycle_docs` rewrites both):
+
+    LifelongLearningJob
+    from            event              to               why
+    none            applied            train/waiting    created; waits for its dataset
+    none            GM copy            train/waiting    created; waits for its dataset
+    any             applied            (stays)          spec updated, or the insert refused
+    any             GM copy            (stays)          spec updated; the GM's copy remembered
+    any             deleted            none             deleted; its files kept
+    any             dataset changed    (stays)          samples counted; paused if gone
+    any             rollback           (stays)          a rollback's copy starts, or refused
+    any             rollback copied    (stays)          deploy file holds the rollback
+    any             rollback failed    (stays)          the rollback refused after all
+    any             tick               (stays)          timer forgotten; GM ready resent
+    train/waiting   tick               train/preparing  the train trigger fires
+    train/waiting   dataset changed    train/preparing  the train trigger fires
+    train/waiting   GM copy            train/preparing  GM: Train/Waiting, the trigger fires
+    train/preparing train written      train/running    train ready sent
+    train/preparing train write failed train/waiting    round failed
+    train/running   train/completed    eval/preparing   its eval data is written
+    train/running   train/completed    eval/staged      GM: eval waits for Eval/Waiting
+    train/running   train/completed    train/waiting    no usable model: round failed
+    train/running   train/failed       train/waiting    round failed
+    eval/preparing  eval written       eval/running     eval ready sent
+    eval/preparing  eval write failed  train/waiting    round failed
+    eval/running    eval/completed     deploy/copying   deployed: the copy starts
+    eval/running    eval/completed     deploy/waiting   the copy waits for a rollback's
+    eval/running    eval/completed     deploy/staged    GM: waits for Deploy/Waiting
+    eval/running    eval/completed     train/waiting    held back, or no usable model
+    eval/running    eval/completed     train/preparing  held back; the trigger fires
+    eval/running    eval/failed        train/waiting    round failed
+    deploy/copying  model copied       train/waiting    deployed
+    deploy/copying  model copied       train/preparing  deployed; the trigger fires
+    deploy/copying  copy failed        train/waiting    round failed
+    deploy/waiting  rollback copied    deploy/copying   the waiting deploy copy starts
+    deploy/waiting  rollback failed    deploy/copying   the waiting deploy copy starts
+    deploy/waiting  rollback failed    train/waiting    held back: the gate compared with it
+    deploy/waiting  rollback failed    train/preparing  held back; the trigger fires
+    eval/staged     GM copy            eval/preparing   GM: Eval/Waiting, eval data
+    eval/staged     tick               eval/preparing   GM: Eval/Waiting, eval data
+    deploy/staged   GM copy            deploy/copying   GM: Deploy/Waiting, decided
+    deploy/staged   GM copy            deploy/waiting   GM: Deploy/Waiting, decided
+    deploy/staged   GM copy            train/waiting    GM: Deploy/Waiting, decided
+    deploy/staged   GM copy            train/preparing  GM: Deploy/Waiting, decided
+    deploy/staged   tick               deploy/copying   GM: Deploy/Waiting, decided
+    deploy/staged   tick               deploy/waiting   GM: Deploy/Waiting, decided
+    deploy/staged   tick               train/waiting    GM: Deploy/Waiting, decided
+    deploy/staged   tick               train/preparing  GM: Deploy/Waiting, decided
+    train/running   GM copy            eval/preparing   GM: trained on another node
+    train/running   GM copy            eval/staged      GM: trained on another node
+    train/running   GM copy            train/waiting    GM: trained on another node
+    train/running   tick               eval/preparing   GM: trained on another node
+    train/running   tick               eval/staged      GM: trained on another node
+    train/running   tick               train/waiting    GM: trained on another node
+    eval/running    GM copy            deploy/copying   GM: evaluated on another node
+    eval/running    GM copy            deploy/waiting   GM: evaluated on another node
+    eval/running    GM copy            deploy/staged    GM: evaluated on another node
+    eval/running    GM copy            train/waiting    GM: evaluated on another node
+    eval/running    GM copy            train/preparing  GM: evaluated on another node
+    eval/running    tick               deploy/copying   GM: evaluated on another node
+    eval/running    tick               deploy/waiting   GM: evaluated on another node
+    eval/running    tick               deploy/staged    GM: evaluated on another node
+    eval/running    tick               train/waiting    GM: evaluated on another node
+    eval/running    tick               train/preparing  GM: evaluated on another node
+    train/running   GM copy            train/waiting    GM failed the stage: round failed
+    eval/staged     GM copy            train/waiting    GM failed the stage: round failed
+    eval/preparing  GM copy            train/waiting    GM failed the stage: round failed
+    eval/running    GM copy            train/waiting    GM failed the stage: round failed
+    deploy/staged   GM copy            train/waiting    GM failed the stage: round failed
+    deploy/waiting  GM copy            train/waiting    GM failed the stage: round failed
+    deploy/copying  GM copy            train/waiting    GM failed the stage: round failed
+
+    Dataset
+    from            event              to               why
+    none            applied            present          created; its first poll starts
+    present         applied            (stays)          updated, counted, polled
+    present         polled             (stays)          updated, counted, polled
+    present         tick               (stays)          updated, counted, polled
+    present         deleted            none             deleted; its jobs pause
+
+    Stored resource
+    from            event              to               why
+    none            applied            stored           stored
+    stored          applied            (stays)          updated; reports forwarded
+    stored          reported           (stays)          updated; reports forwarded
+    stored          deleted            none             forgotten
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -67,84 +160,323 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.state import DatasetState, JobState, State
+from service.core.state import DatasetState, JobState, ResourceState, State
 from service.wire import JobOutput, JobStatus
 
 replace = msgspec.structs.replace
 
-__all__ = ["JOB_TABLE", "apply", "transition", "verdict"]
+__all__ = [
+    "DATASET_TABLE",
+    "JOB_TABLE",
+    "RESOURCE_TABLE",
+    "Move",
+    "Table",
+    "UndeclaredMove",
+    "diagram",
+    "event_key",
+    "transition",
+    "verdict",
+    "where",
+]
+
+#: The state of a resource that does not exist (before its insert, after its delete).
+NONE = "none"
+#: The source of a row taken in every state.
+ANY = "any"
+#: The target of a row that leaves the state where it is.
+SAME = "="
 
 
+class UndeclaredMove(Exception):
+    """A handler moved a resource where its lifecycle table declares no move: a bug."""
+
+
+class Move(NamedTuple):
+    """One row of a lifecycle table: `event` in state `source` may lead to `target`."""
+
+    source: str
+    event: str
+    target: str
+    why: str
+
+
+class Table:
+    """One kind's lifecycle as data: the moves each (state, event) may make."""
+
+    def __init__(self, kind: str, moves: Iterable[Move]) -> None:
+        self.kind = kind
+        self.moves = tuple(moves)
+        targets: dict[tuple[str, str], set[str]] = {}
+        for move in self.moves:
+            targets.setdefault((move.source, move.event), set()).add(move.target)
+        self._targets = MappingProxyType({k: frozenset(v) for k, v in targets.items()})
+
+    def fits(self, state: str, event: str) -> bool:
+        """Whether the table has a row for `event` in `state` (or in any state)."""
+        return (state, event) in self._targets or (ANY, event) in self._targets
+
+    def targets(self, state: str, event: str) -> frozenset[str]:
+        """Where `event` may take a resource in `state` (besides leaving it there)."""
+        return self._targets.get((state, event), frozenset()) | self._targets.get(
+            (ANY, event), frozenset()
+        )
+
+    def allows(self, before: str, event: str, after: str) -> bool:
+        """Whether `event` may move a resource from `before` to `after`."""
+        return after == before or after in self.targets(before, event)
+
+    def diagram(self) -> str:
+        """The table as text: one row per line, in the order declared."""
+        lines = [self.kind, f"{'from':<16}{'event':<19}{'to':<17}why"]
+        for move in self.moves:
+            target = "(stays)" if move.target == SAME else move.target
+            lines.append(f"{move.source:<16}{move.event:<19}{target:<17}{move.why}")
+        return "\n".join(lines)
+
+
+def _rows(
+    sources: str | tuple[str, ...],
+    events: str | tuple[str, ...],
+    targets: str | tuple[str, ...],
+    why: str,
+) -> list[Move]:
+    """The rows of one rule: each source, on each event, to each target."""
+    return [
+        Move(source, event, target, why)
+        for event in _each(events)
+        for source in _each(sources)
+        for target in _each(targets)
+    ]
+
+
+def _each(names: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else names
+
+
+TW, TP, TR = "train/waiting", "train/preparing", "train/running"
+ES, EP, ER = "eval/staged", "eval/preparing", "eval/running"
+DS, DW, DC = "deploy/staged", "deploy/waiting", "deploy/copying"
+#: Where a trained round goes: its eval, or (no usable model) back to train.
+_TRAINED = (EP, ES, TW)
+#: Where an evaluated round goes: the deploy decision, or back to train (held back by the
+#: deploy gate or no usable model), whose trigger may fire at once.
+_EVALUATED = (DC, DW, DS, TW, TP)
+#: Where the deploy decision goes.
+_DECIDED = (DC, DW, TW, TP)
+#: The states past the train trigger, which the GM can fail.
+_IN_ROUND = (TR, ES, EP, ER, DS, DW, DC)
+
+#: The lifecycle of a LifelongLearningJob.
+JOB_TABLE = Table(
+    "LifelongLearningJob",
+    [
+        *_rows(NONE, "applied", TW, "created; waits for its dataset"),
+        *_rows(NONE, "GM copy", TW, "created; waits for its dataset"),
+        *_rows(ANY, "applied", SAME, "spec updated, or the insert refused"),
+        *_rows(ANY, "GM copy", SAME, "spec updated; the GM's copy remembered"),
+        *_rows(ANY, "deleted", NONE, "deleted; its files kept"),
+        *_rows(ANY, "dataset changed", SAME, "samples counted; paused if gone"),
+        *_rows(ANY, "rollback", SAME, "a rollback's copy starts, or refused"),
+        *_rows(ANY, "rollback copied", SAME, "deploy file holds the rollback"),
+        *_rows(ANY, "rollback failed", SAME, "the rollback refused after all"),
+        *_rows(ANY, "tick", SAME, "timer forgotten; GM ready resent"),
+        *_rows(TW, "tick", TP, "the train trigger fires"),
+        *_rows(TW, "dataset changed", TP, "the train trigger fires"),
+        *_rows(TW, "GM copy", TP, "GM: Train/Waiting, the trigger fires"),
+        *_rows(TP, "train written", TR, "train ready sent"),
+        *_rows(TP, "train write failed", TW, "round failed"),
+        *_rows(TR, "train/completed", EP, "its eval data is written"),
+        *_rows(TR, "train/completed", ES, "GM: eval waits for Eval/Waiting"),
+        *_rows(TR, "train/completed", TW, "no usable model: round failed"),
+        *_rows(TR, "train/failed", TW, "round failed"),
+        *_rows(EP, "eval written", ER, "eval ready sent"),
+        *_rows(EP, "eval write failed", TW, "round failed"),
+        *_rows(ER, "eval/completed", DC, "deployed: the copy starts"),
+        *_rows(ER, "eval/completed", DW, "the copy waits for a rollback's"),
+        *_rows(ER, "eval/completed", DS, "GM: waits for Deploy/Waiting"),
+        *_rows(ER, "eval/completed", TW, "held back, or no usable model"),
+        *_rows(ER, "eval/completed", TP, "held back; the trigger fires"),
+        *_rows(ER, "eval/failed", TW, "round failed"),
+        *_rows(DC, "model copied", TW, "deployed"),
+        *_rows(DC, "model copied", TP, "deployed; the trigger fires"),
+        *_rows(DC, "copy failed", TW, "round failed"),
+        *_rows(DW, "rollback copied", DC, "the waiting deploy copy starts"),
+        *_rows(DW, "rollback failed", DC, "the waiting deploy copy starts"),
+        *_rows(DW, "rollback failed", TW, "held back: the gate compared with it"),
+        *_rows(DW, "rollback failed", TP, "held back; the trigger fires"),
+        *_rows(ES, ("GM copy", "tick"), EP, "GM: Eval/Waiting, eval data"),
+        *_rows(DS, ("GM copy", "tick"), _DECIDED, "GM: Deploy/Waiting, decided"),
+        *_rows(TR, ("GM copy", "tick"), _TRAINED, "GM: trained on another node"),
+        *_rows(ER, ("GM copy", "tick"), _EVALUATED, "GM: evaluated on another node"),
+        *_rows(_IN_ROUND, "GM copy", TW, "GM failed the stage: round failed"),
+    ],
+)
+
+#: The lifecycle of a Dataset: it exists or not; its count and its polls change inside.
+DATASET_TABLE = Table(
+    "Dataset",
+    [
+        *_rows(NONE, "applied", "present", "created; its first poll starts"),
+        *_rows("present", ("applied", "polled", "tick"), SAME, "updated, counted, polled"),
+        *_rows("present", "deleted", NONE, "deleted; its jobs pause"),
+    ],
+)
+
+#: The lifecycle of a resource the controller only stores (Model, JointInferenceService,
+#: FederatedLearningJob).
+RESOURCE_TABLE = Table(
+    "Stored resource",
+    [
+        *_rows(NONE, "applied", "stored", "stored"),
+        *_rows("stored", ("applied", "reported"), SAME, "updated; reports forwarded"),
+        *_rows("stored", "deleted", NONE, "forgotten"),
+    ],
+)
+
+
+def diagram() -> str:
+    """Every lifecycle table as text (the end of this module's docstring)."""
+    return "\n\n".join(t.diagram() for t in (JOB_TABLE, DATASET_TABLE, RESOURCE_TABLE))
+
+
+def where(state: State | None) -> str:
+    """A resource's state as its table names it: a job's `phase/step`, `present` (a
+    dataset), `stored` (a stored resource), `none` (it does not exist)."""
+    if isinstance(state, JobState):
+        return f"{state.phase}/{state.step}"
+    if isinstance(state, DatasetState):
+        return "present"
+    if isinstance(state, ResourceState):
+        return "stored"
+    return NONE
+
+
+def event_key(event: Event) -> str:
+    """An event as the tables name it."""
+    match event:
+        case JobApplied(gm=gm):
+            return "applied" if gm is None else "GM copy"
+        case JobDeleted() | DatasetDeleted() | ResourceDeleted():
+            return "deleted"
+        case DatasetApplied() | ResourceApplied():
+            return "applied"
+        case DatasetChanged():
+            return "dataset changed"
+        case DatasetPolled():
+            return "polled"
+        case OwnerReported():
+            return "reported"
+        case RollbackRequested():
+            return "rollback"
+        case WorkerReported(kind=kind, status=status):
+            return f"{kind}/{status}"
+        case RoundWritten(phase=phase, error=error):
+            return f"{phase} written" if error is None else f"{phase} write failed"
+        case ModelCopied(rollback=True, error=error):
+            return "rollback copied" if error is None else "rollback failed"
+        case ModelCopied(error=error):
+            return "model copied" if error is None else "copy failed"
+    return "tick"
+
+
+# ================================================================= the job handlers
 def apply(state: State | None, event: Event, out: Recorder) -> State | None:
     """Apply one event to a job (None: the job does not exist, or no longer does)."""
-    result = _apply(state, event, out)
+    if state is not None and not isinstance(state, JobState):
+        out.note(f"{type(event).__name__} does not apply to a dataset")
+        return state
+    result = _HANDLERS[type(event)](state, event, out)
     if isinstance(result, JobState):
         return conditions.after(result, out)
     return result
 
 
-def _apply(state: State | None, event: Event, out: Recorder) -> State | None:
-    if state is not None and not isinstance(state, JobState):
-        out.note(f"{type(event).__name__} does not apply to a dataset")
-        return state
-    if isinstance(event, JobApplied):
-        return _job_applied(state, event, out)
-    if isinstance(event, RollbackRequested):
-        return deploys.rollback_requested(state, event, out)
-    if isinstance(event, WorkerReported):
-        refusal = reports.refusal(state, event, out.ctx.volume_prefix)
-        if refusal is not None:
-            out.add(refusal)
-            return state
+def _absent(event: Event, out: Recorder) -> JobState | None:
+    out.note(f"{type(event).__name__} for a job that does not exist: ignored")
+    return None
+
+
+def _fits(job: JobState, event: Event) -> bool:
+    return JOB_TABLE.fits(where(job), event_key(event))
+
+
+def _job_deleted(state: JobState | None, event: JobDeleted, out: Recorder) -> JobState | None:
     if state is None:
-        out.note(f"{type(event).__name__} for a job that does not exist: ignored")
-        return None
-    if isinstance(event, JobDeleted):
-        out.add(
-            DetachDataset(
-                id=out.next_id(), namespace=state.namespace, name=state.name,
-                dataset=state.spec.dataset,
-            )
-        )  # fmt: skip
-        out.add(_release(state, out))
-        if conditions.managed(state) and not training.active(state):
-            out.note("binding ended: this node no longer runs the job's workers; files kept")
-        else:
-            out.note("job deleted")
-        return None
-    if isinstance(event, DatasetChanged):
-        return _dataset_changed(state, event, out)
-    if isinstance(event, ModelCopied) and event.rollback:
-        return deploys.rollback_copied(state, event, out)
-    if isinstance(event, WorkerReported):
-        _forward(state, event, out)
-    if isinstance(event, Tick) and conditions.managed(state):
+        return _absent(event, out)
+    out.add(
+        DetachDataset(
+            id=out.next_id(), namespace=state.namespace, name=state.name,
+            dataset=state.spec.dataset,
+        )
+    )  # fmt: skip
+    out.add(_release(state, out))
+    if conditions.managed(state) and not training.active(state):
+        out.note("binding ended: this node no longer runs the job's workers; files kept")
+    else:
+        out.note("job deleted")
+    return None
+
+
+def _dataset_notice(
+    state: JobState | None, event: DatasetChanged, out: Recorder
+) -> JobState | None:
+    if state is None:
+        return _absent(event, out)
+    return _dataset_changed(state, event, out)
+
+
+def _reported(state: JobState | None, event: WorkerReported, out: Recorder) -> JobState | None:
+    refusal = reports.refusal(state, event, out.ctx.volume_prefix)
+    if refusal is not None:
+        out.add(refusal)
+        return state
+    if state is None:
+        return _absent(event, out)
+    _forward(state, event, out)
+    if not _fits(state, event):
+        # forwarded and changing nothing: the progress (ready, running) of the stage the job
+        # runs, and the inference worker's reports; any other was refused (`reports.refusal`)
+        return state
+    if event.status == "failed":
+        return training.worker_failed(state, event, out)
+    if event.kind == "train":
+        return training.train_completed(state, event, out)
+    return deploys.eval_completed(state, event, out)
+
+
+def _ticked(state: JobState | None, event: Tick, out: Recorder) -> JobState | None:
+    """A timer: a GM-managed job looks at the GM's copy again; in train/waiting the trigger
+    is checked; anywhere else the timer is forgotten (no trigger check outside it)."""
+    if state is None:
+        return _absent(event, out)
+    if conditions.managed(state):
         state = conditions.resend(state, event, out)
-    handler = JOB_TABLE.get((state.phase, state.step, _event_key(event)))
-    if handler is None:
+    return training.on_tick(state, event, out)
+
+
+def _written(state: JobState | None, event: RoundWritten, out: Recorder) -> JobState | None:
+    if state is None:
+        return _absent(event, out)
+    if not _fits(state, event):
         return _does_not_fit(state, event, out)
-    return handler(state, event, out)
+    return training.data_written(state, event, out)
 
 
-def _event_key(event: Event) -> str:
-    if isinstance(event, WorkerReported):
-        return f"{event.kind}/{event.status}"
-    if isinstance(event, RoundWritten):
-        return f"{event.phase}-written"
-    if isinstance(event, ModelCopied):
-        return "model-copied"
-    return "tick"
+def _copied(state: JobState | None, event: ModelCopied, out: Recorder) -> JobState | None:
+    if state is None:
+        return _absent(event, out)
+    if event.rollback:
+        return deploys.rollback_copied(state, event, out)
+    if not _fits(state, event):
+        return _does_not_fit(state, event, out)
+    return deploys.model_copied(state, event, out)
 
 
 def _does_not_fit(job: JobState, event: Event, out: Recorder) -> JobState:
-    where = f"{job.phase}/{job.step}"
-    if isinstance(event, WorkerReported):
-        # forwarded and changing nothing: the progress (ready, running) of the stage the job
-        # runs, and the inference worker's reports; any other was refused (`reports.refusal`)
-        return job
-    if isinstance(event, Tick):
-        return replace(job, next_check_ms=None)  # no trigger check outside train/waiting
-    out.note(f"{type(event).__name__} does not fit {where} (version {job.version}): ignored")
+    out.note(
+        f"{type(event).__name__} does not fit {job.phase}/{job.step} (version {job.version}): "
+        "ignored"
+    )
     return job
 
 
@@ -252,35 +584,46 @@ def _forward(job: JobState, event: WorkerReported, out: Recorder) -> None:
     status = JobStatus(phase=event.kind, status=event.status, output=output)
     training.publish(job, out, status, to_gm=event.kind in ("train", "eval"))
 
-
-JobHandler = Callable[[JobState, Event, Recorder], JobState]
-
-#: The lifecycle as a table: (phase, step, event) -> handler. Worker events are keyed
-#: "kind/status"; effect results "train-written", "eval-written", "model-copied".
-JOB_TABLE: dict[tuple[str, str, str], JobHandler] = {
-    ("train", "waiting", "tick"): training.on_tick,
-    ("train", "preparing", "train-written"): training.data_written,
-    ("train", "running", "train/completed"): training.train_completed,
-    ("train", "running", "train/failed"): training.worker_failed,
-    ("eval", "preparing", "eval-written"): training.data_written,
-    ("eval", "running", "eval/completed"): deploys.eval_completed,
-    ("eval", "running", "eval/failed"): training.worker_failed,
-    ("deploy", "copying", "model-copied"): deploys.model_copied,
-}
+#: The job handlers, one per event class.
+_HANDLERS: Mapping[type, Callable[[JobState | None, Any, Recorder], JobState | None]] = (
+    MappingProxyType(
+        {
+            JobApplied: _job_applied,
+            JobDeleted: _job_deleted,
+            DatasetChanged: _dataset_notice,
+            RollbackRequested: deploys.rollback_requested,
+            WorkerReported: _reported,
+            Tick: _ticked,
+            RoundWritten: _written,
+            ModelCopied: _copied,
+        }
+    )
+)
 
 
 # ================================================================= the entry point
 def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
-    """Apply one event to one resource's state. Never raises for any well-typed input."""
+    """Apply one event to one resource's state. Never raises for any well-typed
+    input, unless `ctx.strict` and a handler makes a move its table does not declare."""
     out = Recorder(ctx)
     if isinstance(event, DatasetApplied | DatasetDeleted | DatasetPolled) or (
         isinstance(event, Tick) and event.kind == "dataset"
     ):
-        result = datasets.apply(state, event, out)
+        table, result = DATASET_TABLE, datasets.apply(state, event, out)
     elif isinstance(event, ResourceApplied | ResourceDeleted | OwnerReported):
-        result = passthrough.apply(state, event, out)
+        table, result = RESOURCE_TABLE, passthrough.apply(state, event, out)
     else:
-        result = apply(state, event, out)
+        table, result = JOB_TABLE, apply(state, event, out)
+    key, before, after = event_key(event), where(state), where(result)
+    if not table.allows(before, key, after):
+        problem = (
+            f"{type(event).__name__} ({key}) moved {before} to {after}: a move the "
+            f"{table.kind} lifecycle table does not declare"
+        )
+        if ctx.strict:
+            raise UndeclaredMove(problem)
+        refused = Reject(code="undeclared_move", reason=f"{problem}; refused, state kept")
+        return Outcome(state, (refused,), "rejected")
     result = _stamp_phase(state, result, ctx.now_ms)
     effects = tuple(out.effects)
     return Outcome(result, effects, verdict(state, result, effects))

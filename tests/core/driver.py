@@ -83,6 +83,7 @@ class Driver:
             minute_of_day=self.minute,
             event_id=f"e{self.seq}",
             volume_prefix=self.prefix,
+            strict=True,
         )
 
     def apply(self, event: Event) -> tuple[Effect, ...]:

@@ -175,8 +175,9 @@ def test_no_event_sequence_makes_transition_raise(
     state: State | None = None if start is None else reach(*start).state
     for i, event in enumerate(history):
         ctx = Context(
-            now_ms=1_000 * i, minute_of_day=minute, event_id=f"e{i}", volume_prefix=prefix
-        )
+            now_ms=1_000 * i, minute_of_day=minute, event_id=f"e{i}", volume_prefix=prefix,
+            strict=True,
+        )  # fmt: skip
         outcome = transition(state, event, ctx)
         state = outcome.state
         if state is not None:
