@@ -181,6 +181,8 @@ class OwnerReported(
 
 #: The events of the resources the controller only stores.
 StoredEvent = ResourceApplied | ResourceDeleted | OwnerReported
+#: A dataset's own events (a dataset's timer is a `Tick` of kind "dataset").
+DatasetEvent = DatasetApplied | DatasetDeleted | DatasetPolled
 
 Event = (
     JobApplied

@@ -27,94 +27,63 @@ A second job kind is a second `Table` and handler set, not a second copy of this
 The tables, as `diagram()` draws them (tests/core/test_lifecycle_docs.py keeps this and
 docs/lifecycle.md in step with them; `python -m tests.core.test_lifecycle_docs` rewrites both):
 
-    LifelongLearningJob
-    from            event              to               why
-    none            applied            train/waiting    created; waits for its dataset
-    none            GM copy            train/waiting    created; waits for its dataset
-    any             applied            (stays)          spec updated, or the insert refused
-    any             GM copy            (stays)          spec updated; the GM's copy remembered
-    any             deleted            none             deleted; its files kept
-    any             dataset changed    (stays)          samples counted; paused if gone
-    any             rollback           (stays)          a rollback's copy starts, or refused
-    any             rollback copied    (stays)          deploy file holds the rollback
-    any             rollback failed    (stays)          the rollback refused after all
-    any             tick               (stays)          timer forgotten; GM ready resent
-    train/waiting   tick               train/preparing  the train trigger fires
-    train/waiting   dataset changed    train/preparing  the train trigger fires
-    train/waiting   GM copy            train/preparing  GM: Train/Waiting, the trigger fires
-    train/preparing train written      train/running    train ready sent
-    train/preparing train write failed train/waiting    round failed
-    train/running   train/completed    eval/preparing   its eval data is written
-    train/running   train/completed    eval/staged      GM: eval waits for Eval/Waiting
-    train/running   train/completed    train/waiting    no usable model: round failed
-    train/running   train/failed       train/waiting    round failed
-    eval/preparing  eval written       eval/running     eval ready sent
-    eval/preparing  eval write failed  train/waiting    round failed
-    eval/running    eval/completed     deploy/copying   deployed: the copy starts
-    eval/running    eval/completed     deploy/waiting   the copy waits for a rollback's
-    eval/running    eval/completed     deploy/staged    GM: waits for Deploy/Waiting
-    eval/running    eval/completed     train/waiting    held back, or no usable model
-    eval/running    eval/completed     train/preparing  held back; the trigger fires
-    eval/running    eval/failed        train/waiting    round failed
-    deploy/copying  model copied       train/waiting    deployed
-    deploy/copying  model copied       train/preparing  deployed; the trigger fires
-    deploy/copying  copy failed        train/waiting    round failed
-    deploy/waiting  rollback copied    deploy/copying   the waiting deploy copy starts
-    deploy/waiting  rollback failed    deploy/copying   the waiting deploy copy starts
-    deploy/waiting  rollback failed    train/waiting    held back: the gate compared with it
-    deploy/waiting  rollback failed    train/preparing  held back; the trigger fires
-    eval/staged     GM copy            eval/preparing   GM: Eval/Waiting, eval data
-    eval/staged     tick               eval/preparing   GM: Eval/Waiting, eval data
-    deploy/staged   GM copy            deploy/copying   GM: Deploy/Waiting, decided
-    deploy/staged   GM copy            deploy/waiting   GM: Deploy/Waiting, decided
-    deploy/staged   GM copy            train/waiting    GM: Deploy/Waiting, decided
-    deploy/staged   GM copy            train/preparing  GM: Deploy/Waiting, decided
-    deploy/staged   tick               deploy/copying   GM: Deploy/Waiting, decided
-    deploy/staged   tick               deploy/waiting   GM: Deploy/Waiting, decided
-    deploy/staged   tick               train/waiting    GM: Deploy/Waiting, decided
-    deploy/staged   tick               train/preparing  GM: Deploy/Waiting, decided
-    train/running   GM copy            eval/preparing   GM: trained on another node
-    train/running   GM copy            eval/staged      GM: trained on another node
-    train/running   GM copy            train/waiting    GM: trained on another node
-    train/running   tick               eval/preparing   GM: trained on another node
-    train/running   tick               eval/staged      GM: trained on another node
-    train/running   tick               train/waiting    GM: trained on another node
-    eval/running    GM copy            deploy/copying   GM: evaluated on another node
-    eval/running    GM copy            deploy/waiting   GM: evaluated on another node
-    eval/running    GM copy            deploy/staged    GM: evaluated on another node
-    eval/running    GM copy            train/waiting    GM: evaluated on another node
-    eval/running    GM copy            train/preparing  GM: evaluated on another node
-    eval/running    tick               deploy/copying   GM: evaluated on another node
-    eval/running    tick               deploy/waiting   GM: evaluated on another node
-    eval/running    tick               deploy/staged    GM: evaluated on another node
-    eval/running    tick               train/waiting    GM: evaluated on another node
-    eval/running    tick               train/preparing  GM: evaluated on another node
-    train/running   GM copy            train/waiting    GM failed the stage: round failed
-    eval/staged     GM copy            train/waiting    GM failed the stage: round failed
-    eval/preparing  GM copy            train/waiting    GM failed the stage: round failed
-    eval/running    GM copy            train/waiting    GM failed the stage: round failed
-    deploy/staged   GM copy            train/waiting    GM failed the stage: round failed
-    deploy/waiting  GM copy            train/waiting    GM failed the stage: round failed
-    deploy/copying  GM copy            train/waiting    GM failed the stage: round failed
+    LifelongLearningJob:
+    none --applied, GM copy--> train/waiting (created; waits for its dataset)
+    any --applied--> (stays) (spec updated, or the insert refused)
+    any --GM copy--> (stays) (spec updated; the GM's copy remembered)
+    any --deleted--> none (deleted; its files kept)
+    any --dataset changed--> (stays) (samples counted; paused if gone)
+    any --rollback--> (stays) (a rollback's copy starts, or refused)
+    any --rollback copied--> (stays) (the deploy file holds the rollback)
+    any --rollback failed--> (stays) (the rollback refused after all)
+    any --tick--> (stays) (timer forgotten; a GM ready resent)
+    train/waiting --tick, dataset changed--> train/preparing (the train trigger fires)
+    train/waiting --GM copy--> train/preparing (GM: Train/Waiting, the trigger fires)
+    train/preparing --train written--> train/running (train ready sent)
+    train/preparing --train write failed--> train/waiting (round failed)
+    train/running --train/completed--> eval/preparing (its eval data is written)
+    train/running --train/completed--> eval/staged (GM: the eval waits for Eval/Waiting)
+    train/running --train/completed--> train/waiting (no usable model: round failed)
+    train/running --train/failed--> train/waiting (round failed)
+    eval/preparing --eval written--> eval/running (eval ready sent)
+    eval/preparing --eval write failed--> train/waiting (round failed)
+    eval/running --eval/completed--> deploy/copying (deployed: the copy starts)
+    eval/running --eval/completed--> deploy/waiting (the copy waits for a rollback's)
+    eval/running --eval/completed--> deploy/staged (GM: the decision waits for Deploy/Waiting)
+    eval/running --eval/completed--> train/waiting (held back, or no usable model)
+    eval/running --eval/completed--> train/preparing (held back; the trigger fires at once)
+    eval/running --eval/failed--> train/waiting (round failed)
+    deploy/copying --model copied--> train/waiting (deployed)
+    deploy/copying --model copied--> train/preparing (deployed; the trigger fires at once)
+    deploy/copying --copy failed--> train/waiting (round failed)
+    deploy/waiting --rollback copied, rollback failed--> deploy/copying (the waiting copy
+        starts)
+    deploy/waiting --rollback failed--> train/waiting | train/preparing (held back: compared
+        with it)
+    eval/staged --GM copy, tick--> eval/preparing (GM: Eval/Waiting, its data is written)
+    deploy/staged --GM copy, tick--> deploy/copying | deploy/waiting | train/waiting |
+        train/preparing (GM: Deploy/Waiting, the deploy decision)
+    train/running --GM copy, tick--> eval/preparing | eval/staged | train/waiting (GM: trained
+        on another node, as train/completed)
+    eval/running --GM copy, tick--> deploy/copying | deploy/waiting | deploy/staged |
+        train/waiting | train/preparing (GM: evaluated on another node, as eval/completed)
+    train/running, eval/staged, eval/preparing, eval/running, deploy/staged, deploy/waiting,
+        deploy/copying --GM copy--> train/waiting (GM: it failed the stage; round failed)
 
-    Dataset
-    from            event              to               why
-    none            applied            present          created; its first poll starts
-    present         applied            (stays)          updated, counted, polled
-    present         polled             (stays)          updated, counted, polled
-    present         tick               (stays)          updated, counted, polled
-    present         deleted            none             deleted; its jobs pause
+    Dataset:
+    none --applied--> present (created; its first poll starts)
+    present --applied, polled, tick--> (stays) (updated, counted, polled)
+    present --deleted--> none (deleted; its jobs pause)
 
-    Stored resource
-    from            event              to               why
-    none            applied            stored           stored
-    stored          applied            (stays)          updated; reports forwarded
-    stored          reported           (stays)          updated; reports forwarded
-    stored          deleted            none             forgotten
+    Stored resource:
+    none --applied--> stored (stored)
+    stored --applied, reported--> (stays) (updated; reports forwarded)
+    stored --deleted--> none (forgotten)
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -144,19 +113,15 @@ from service.core.effects import (
     Verdict,
 )
 from service.core.events import (
-    DatasetApplied,
     DatasetChanged,
-    DatasetDeleted,
-    DatasetPolled,
+    DatasetEvent,
     Event,
     JobApplied,
     JobDeleted,
     ModelCopied,
-    OwnerReported,
-    ResourceApplied,
-    ResourceDeleted,
     RollbackRequested,
     RoundWritten,
+    StoredEvent,
     Tick,
     WorkerReported,
 )
@@ -170,6 +135,7 @@ __all__ = [
     "JOB_TABLE",
     "RESOURCE_TABLE",
     "Move",
+    "Rule",
     "Table",
     "UndeclaredMove",
     "diagram",
@@ -192,23 +158,43 @@ class UndeclaredMove(Exception):
 
 
 class Move(NamedTuple):
-    """One row of a lifecycle table: `event` in state `source` may lead to `target`."""
+    """One move of a lifecycle table: `event` in state `source` may lead to `target`."""
 
     source: str
     event: str
     target: str
+
+
+class Rule(NamedTuple):
+    """One row of a lifecycle table: each of `events` in each of `sources` may lead to each
+    of `targets`, for the reason `why`."""
+
+    sources: tuple[str, ...]
+    events: tuple[str, ...]
+    targets: tuple[str, ...]
     why: str
+
+    @property
+    def moves(self) -> list[Move]:
+        return [Move(s, e, t) for e in self.events for s in self.sources for t in self.targets]
+
+    def text(self) -> str:
+        """The row as one line of the drawing (wrapped when long)."""
+        targets = " | ".join("(stays)" if t == SAME else t for t in self.targets)
+        line = f"{', '.join(self.sources)} --{', '.join(self.events)}--> {targets} ({self.why})"
+        return textwrap.fill(line, width=92, subsequent_indent="    ", break_on_hyphens=False)
 
 
 class Table:
     """One kind's lifecycle as data: the moves each (state, event) may make."""
 
-    def __init__(self, kind: str, moves: Iterable[Move]) -> None:
+    def __init__(self, kind: str, rules: Iterable[Rule]) -> None:
         self.kind = kind
-        self.moves = tuple(moves)
+        self.rules = tuple(rules)
         targets: dict[tuple[str, str], set[str]] = {}
-        for move in self.moves:
-            targets.setdefault((move.source, move.event), set()).add(move.target)
+        for rule in self.rules:
+            for move in rule.moves:
+                targets.setdefault((move.source, move.event), set()).add(move.target)
         self._targets = MappingProxyType({k: frozenset(v) for k, v in targets.items()})
 
     def fits(self, state: str, event: str) -> bool:
@@ -226,111 +212,95 @@ class Table:
         return after == before or after in self.targets(before, event)
 
     def diagram(self) -> str:
-        """The table as text: one row per line, in the order declared."""
-        lines = [self.kind, f"{'from':<16}{'event':<19}{'to':<17}why"]
-        for move in self.moves:
-            target = "(stays)" if move.target == SAME else move.target
-            lines.append(f"{move.source:<16}{move.event:<19}{target:<17}{move.why}")
-        return "\n".join(lines)
+        """The table as text: its kind, then a line per row, in the order declared."""
+        return "\n".join([f"{self.kind}:", *(rule.text() for rule in self.rules)])
 
 
-def _rows(
-    sources: str | tuple[str, ...],
-    events: str | tuple[str, ...],
-    targets: str | tuple[str, ...],
-    why: str,
-) -> list[Move]:
-    """The rows of one rule: each source, on each event, to each target."""
-    return [
-        Move(source, event, target, why)
-        for event in _each(events)
-        for source in _each(sources)
-        for target in _each(targets)
-    ]
+def _rules(text: str) -> list[Rule]:
+    """A table's rows as written: `sources | events | targets | why` a line (a long one
+    continued with a backslash), lists split by commas; `=` as the target: it stays."""
+    rules = []
+    for line in text.strip().splitlines():
+        sources, events, targets, why = (cell.strip() for cell in line.split("|"))
+        rules.append(Rule(_names(sources), _names(events), _names(targets), why))
+    return rules
 
 
-def _each(names: str | tuple[str, ...]) -> tuple[str, ...]:
-    return (names,) if isinstance(names, str) else names
+def _names(cell: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in cell.split(","))
 
 
-TW, TP, TR = "train/waiting", "train/preparing", "train/running"
-ES, EP, ER = "eval/staged", "eval/preparing", "eval/running"
-DS, DW, DC = "deploy/staged", "deploy/waiting", "deploy/copying"
-#: Where a trained round goes: its eval, or (no usable model) back to train.
-_TRAINED = (EP, ES, TW)
-#: Where an evaluated round goes: the deploy decision, or back to train (held back by the
-#: deploy gate or no usable model), whose trigger may fire at once.
-_EVALUATED = (DC, DW, DS, TW, TP)
-#: Where the deploy decision goes.
-_DECIDED = (DC, DW, TW, TP)
-#: The states past the train trigger, which the GM can fail.
-_IN_ROUND = (TR, ES, EP, ER, DS, DW, DC)
-
-#: The lifecycle of a LifelongLearningJob.
+#: The lifecycle of a LifelongLearningJob. "GM:" rows are GM-managed jobs' only.
 JOB_TABLE = Table(
     "LifelongLearningJob",
-    [
-        *_rows(NONE, "applied", TW, "created; waits for its dataset"),
-        *_rows(NONE, "GM copy", TW, "created; waits for its dataset"),
-        *_rows(ANY, "applied", SAME, "spec updated, or the insert refused"),
-        *_rows(ANY, "GM copy", SAME, "spec updated; the GM's copy remembered"),
-        *_rows(ANY, "deleted", NONE, "deleted; its files kept"),
-        *_rows(ANY, "dataset changed", SAME, "samples counted; paused if gone"),
-        *_rows(ANY, "rollback", SAME, "a rollback's copy starts, or refused"),
-        *_rows(ANY, "rollback copied", SAME, "deploy file holds the rollback"),
-        *_rows(ANY, "rollback failed", SAME, "the rollback refused after all"),
-        *_rows(ANY, "tick", SAME, "timer forgotten; GM ready resent"),
-        *_rows(TW, "tick", TP, "the train trigger fires"),
-        *_rows(TW, "dataset changed", TP, "the train trigger fires"),
-        *_rows(TW, "GM copy", TP, "GM: Train/Waiting, the trigger fires"),
-        *_rows(TP, "train written", TR, "train ready sent"),
-        *_rows(TP, "train write failed", TW, "round failed"),
-        *_rows(TR, "train/completed", EP, "its eval data is written"),
-        *_rows(TR, "train/completed", ES, "GM: eval waits for Eval/Waiting"),
-        *_rows(TR, "train/completed", TW, "no usable model: round failed"),
-        *_rows(TR, "train/failed", TW, "round failed"),
-        *_rows(EP, "eval written", ER, "eval ready sent"),
-        *_rows(EP, "eval write failed", TW, "round failed"),
-        *_rows(ER, "eval/completed", DC, "deployed: the copy starts"),
-        *_rows(ER, "eval/completed", DW, "the copy waits for a rollback's"),
-        *_rows(ER, "eval/completed", DS, "GM: waits for Deploy/Waiting"),
-        *_rows(ER, "eval/completed", TW, "held back, or no usable model"),
-        *_rows(ER, "eval/completed", TP, "held back; the trigger fires"),
-        *_rows(ER, "eval/failed", TW, "round failed"),
-        *_rows(DC, "model copied", TW, "deployed"),
-        *_rows(DC, "model copied", TP, "deployed; the trigger fires"),
-        *_rows(DC, "copy failed", TW, "round failed"),
-        *_rows(DW, "rollback copied", DC, "the waiting deploy copy starts"),
-        *_rows(DW, "rollback failed", DC, "the waiting deploy copy starts"),
-        *_rows(DW, "rollback failed", TW, "held back: the gate compared with it"),
-        *_rows(DW, "rollback failed", TP, "held back; the trigger fires"),
-        *_rows(ES, ("GM copy", "tick"), EP, "GM: Eval/Waiting, eval data"),
-        *_rows(DS, ("GM copy", "tick"), _DECIDED, "GM: Deploy/Waiting, decided"),
-        *_rows(TR, ("GM copy", "tick"), _TRAINED, "GM: trained on another node"),
-        *_rows(ER, ("GM copy", "tick"), _EVALUATED, "GM: evaluated on another node"),
-        *_rows(_IN_ROUND, "GM copy", TW, "GM failed the stage: round failed"),
-    ],
+    _rules(
+        """
+none            | applied, GM copy   | train/waiting   | created; waits for its dataset
+any             | applied            | =               | spec updated, or the insert refused
+any             | GM copy            | =               | spec updated; the GM's copy remembered
+any             | deleted            | none            | deleted; its files kept
+any             | dataset changed    | =               | samples counted; paused if gone
+any             | rollback           | =               | a rollback's copy starts, or refused
+any             | rollback copied    | =               | the deploy file holds the rollback
+any             | rollback failed    | =               | the rollback refused after all
+any             | tick               | =               | timer forgotten; a GM ready resent
+train/waiting   | tick, dataset changed | train/preparing | the train trigger fires
+train/waiting   | GM copy            | train/preparing | GM: Train/Waiting, the trigger fires
+train/preparing | train written      | train/running   | train ready sent
+train/preparing | train write failed | train/waiting   | round failed
+train/running   | train/completed    | eval/preparing  | its eval data is written
+train/running   | train/completed    | eval/staged     | GM: the eval waits for Eval/Waiting
+train/running   | train/completed    | train/waiting   | no usable model: round failed
+train/running   | train/failed       | train/waiting   | round failed
+eval/preparing  | eval written       | eval/running    | eval ready sent
+eval/preparing  | eval write failed  | train/waiting   | round failed
+eval/running    | eval/completed     | deploy/copying  | deployed: the copy starts
+eval/running    | eval/completed     | deploy/waiting  | the copy waits for a rollback's
+eval/running    | eval/completed     | deploy/staged   | GM: the decision waits for Deploy/Waiting
+eval/running    | eval/completed     | train/waiting   | held back, or no usable model
+eval/running    | eval/completed     | train/preparing | held back; the trigger fires at once
+eval/running    | eval/failed        | train/waiting   | round failed
+deploy/copying  | model copied       | train/waiting   | deployed
+deploy/copying  | model copied       | train/preparing | deployed; the trigger fires at once
+deploy/copying  | copy failed        | train/waiting   | round failed
+deploy/waiting  | rollback copied, rollback failed | deploy/copying | the waiting copy starts
+deploy/waiting  | rollback failed    | train/waiting, train/preparing | held back: compared with it
+eval/staged     | GM copy, tick      | eval/preparing  | GM: Eval/Waiting, its data is written
+deploy/staged   | GM copy, tick      | deploy/copying, deploy/waiting, train/waiting, \
+train/preparing | GM: Deploy/Waiting, the deploy decision
+train/running   | GM copy, tick      | eval/preparing, eval/staged, train/waiting \
+| GM: trained on another node, as train/completed
+eval/running    | GM copy, tick      | deploy/copying, deploy/waiting, deploy/staged, \
+train/waiting, train/preparing | GM: evaluated on another node, as eval/completed
+train/running, eval/staged, eval/preparing, eval/running, deploy/staged, deploy/waiting, \
+deploy/copying | GM copy | train/waiting | GM: it failed the stage; round failed
+"""
+    ),
 )
 
 #: The lifecycle of a Dataset: it exists or not; its count and its polls change inside.
 DATASET_TABLE = Table(
     "Dataset",
-    [
-        *_rows(NONE, "applied", "present", "created; its first poll starts"),
-        *_rows("present", ("applied", "polled", "tick"), SAME, "updated, counted, polled"),
-        *_rows("present", "deleted", NONE, "deleted; its jobs pause"),
-    ],
+    _rules(
+        """
+none    | applied                | present | created; its first poll starts
+present | applied, polled, tick  | =       | updated, counted, polled
+present | deleted                | none    | deleted; its jobs pause
+"""
+    ),
 )
 
 #: The lifecycle of a resource the controller only stores (Model, JointInferenceService,
 #: FederatedLearningJob).
 RESOURCE_TABLE = Table(
     "Stored resource",
-    [
-        *_rows(NONE, "applied", "stored", "stored"),
-        *_rows("stored", ("applied", "reported"), SAME, "updated; reports forwarded"),
-        *_rows("stored", "deleted", NONE, "forgotten"),
-    ],
+    _rules(
+        """
+none   | applied           | stored | stored
+stored | applied, reported | =      | updated; reports forwarded
+stored | deleted           | none   | forgotten
+"""
+    ),
 )
 
 
@@ -356,18 +326,6 @@ def event_key(event: Event) -> str:
     match event:
         case JobApplied(gm=gm):
             return "applied" if gm is None else "GM copy"
-        case JobDeleted() | DatasetDeleted() | ResourceDeleted():
-            return "deleted"
-        case DatasetApplied() | ResourceApplied():
-            return "applied"
-        case DatasetChanged():
-            return "dataset changed"
-        case DatasetPolled():
-            return "polled"
-        case OwnerReported():
-            return "reported"
-        case RollbackRequested():
-            return "rollback"
         case WorkerReported(kind=kind, status=status):
             return f"{kind}/{status}"
         case RoundWritten(phase=phase, error=error):
@@ -376,7 +334,24 @@ def event_key(event: Event) -> str:
             return "rollback copied" if error is None else "rollback failed"
         case ModelCopied(error=error):
             return "model copied" if error is None else "copy failed"
-    return "tick"
+    return _KEYS[type(event).__name__]
+
+
+#: The events each table names by their class alone.
+_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "JobDeleted": "deleted",
+        "DatasetApplied": "applied",
+        "DatasetDeleted": "deleted",
+        "DatasetPolled": "polled",
+        "DatasetChanged": "dataset changed",
+        "ResourceApplied": "applied",
+        "ResourceDeleted": "deleted",
+        "OwnerReported": "reported",
+        "RollbackRequested": "rollback",
+        "Tick": "tick",
+    }
+)
 
 
 # ================================================================= the job handlers
@@ -606,11 +581,9 @@ def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
     """Apply one event to one resource's state. Never raises for any well-typed
     input, unless `ctx.strict` and a handler makes a move its table does not declare."""
     out = Recorder(ctx)
-    if isinstance(event, DatasetApplied | DatasetDeleted | DatasetPolled) or (
-        isinstance(event, Tick) and event.kind == "dataset"
-    ):
+    if isinstance(event, DatasetEvent) or (isinstance(event, Tick) and event.kind == "dataset"):
         table, result = DATASET_TABLE, datasets.apply(state, event, out)
-    elif isinstance(event, ResourceApplied | ResourceDeleted | OwnerReported):
+    elif isinstance(event, StoredEvent):
         table, result = RESOURCE_TABLE, passthrough.apply(state, event, out)
     else:
         table, result = JOB_TABLE, apply(state, event, out)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.core import training
+from service.core import events, training
 from service.core.effects import (
     Context,
     CopyModel,
@@ -27,16 +27,7 @@ from service.core.effects import (
     ScheduleCheck,
     WriteRound,
 )
-from service.core.events import (
-    DatasetChanged,
-    Event,
-    JobApplied,
-    JobDeleted,
-    ModelCopied,
-    RollbackRequested,
-    RoundWritten,
-    Tick,
-)
+from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
 from service.core.lifecycle import JOB_TABLE, UndeclaredMove, event_key, transition, where
 from service.core.state import GmView, JobState
 from service.core.training import retry_delay_ms
@@ -191,14 +182,14 @@ def _any_state_event(draw: st.DrawFn, d: Driver) -> Event:
     if kind == "applied":
         return _update_threshold(d, draw(st.sampled_from([1, 10])))
     if kind == "deleted":
-        return JobDeleted(namespace=NS, name=JOB)
+        return events.JobDeleted(namespace=NS, name=JOB)
     if kind == "dataset":
-        return DatasetChanged(
+        return events.DatasetChanged(
             namespace=NS, name=JOB, dataset=DATASET, info=info(present=draw(st.booleans())),
             num_samples=draw(st.integers(0, 40)),
         )  # fmt: skip
     if kind == "rollback":
-        return RollbackRequested(namespace=NS, name=JOB)
+        return events.RollbackRequested(namespace=NS, name=JOB)
     version = draw(st.integers(0, 2))
     return ModelCopied(
         namespace=NS, name=JOB, version=version, rollback=True,
