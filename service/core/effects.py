@@ -17,7 +17,7 @@ import msgspec
 
 from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
-from service.core.state import DatasetInfo, RoundPhase, State
+from service.core.state import Codec, DatasetInfo, RoundPhase, State
 from service.errors import RejectCode
 from service.wire import DatasetStatus, JobStatus, ReportStatus
 
@@ -34,38 +34,49 @@ def gm_accepts(status: JobStatus | DatasetStatus) -> bool:
     return status.phase in GM_PHASES and status.status.lower() in GM_STATUSES
 
 
-class Publish(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="publish"):
+class _Effect(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What every effect shares: an immutable, keyword-only value, tagged in its union."""
+
+
+class _Addressed(_Effect, frozen=True, kw_only=True):
+    """An effect on one resource (`namespace`/`name`); `id` is stable (derived from the
+    event's), so a receiver or a re-run can tell a duplicate."""
+
+    id: str
+    namespace: str
+    name: str
+
+
+class _DatasetUse(_Addressed, frozen=True, kw_only=True):
+    """The job `namespace`/`name`'s use of its dataset `dataset` begins or ends."""
+
+    dataset: str
+
+
+class Publish(_Addressed, frozen=True, kw_only=True, tag="publish"):
     """An upstream status message of the resource; `id` is stable, so receivers can drop
     duplicates; `to_gm`: Sedna's GM gets it too (when there is a GM link), else only the
     MQTT upstream topic does. Never decoded: `status` is one of two untagged wire types."""
 
-    id: str
-    namespace: str
-    name: str
     status: JobStatus | DatasetStatus
     to_gm: bool = True
 
 
-class Forward(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="forward"):
+class Forward(_Addressed, frozen=True, kw_only=True, tag="forward"):
     """A worker report of a stored resource (a joint-inference service, a federated-learning
     job), forwarded upstream under the resource's kind; `id` is stable like a `Publish`'s."""
 
-    id: str
-    namespace: str
-    name: str
     status: ReportStatus
 
 
-class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="reject"):
+class Reject(_Effect, frozen=True, kw_only=True, tag="reject"):
     """The event is refused: `code` labels the metric, `reason` goes to the errors topic."""
 
     code: RejectCode
     reason: str
 
 
-class DatasetUnreadable(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-unreadable"
-):
+class DatasetUnreadable(_Effect, frozen=True, kw_only=True, tag="dataset-unreadable"):
     """The dataset's source cannot be read, newly or for a new reason: said once on the errors
     topic (not on every poll) and counted. Nothing was refused: the event applied."""
 
@@ -75,7 +86,7 @@ class DatasetUnreadable(
     reason: str
 
 
-class Refused(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="refused"):
+class Refused(_Effect, frozen=True, kw_only=True, tag="refused"):
     """A request the job took in turned out impossible later (a rollback whose model file is
     gone): said on the errors topic like a refusal, `subject` standing for its payload."""
 
@@ -84,30 +95,25 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag
     subject: str
 
 
-class RecordRound(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="record-round"
-):
+class RecordRound(_Effect, frozen=True, kw_only=True, tag="record-round"):
     """A round (or a rollback) ended: its record joins the job's round history."""
 
     record: RoundRecord
 
 
-class Note(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="note"):
+class Note(_Effect, frozen=True, kw_only=True, tag="note"):
     """The event changed nothing, or something worth a log line happened; `reason` says what."""
 
     reason: str
 
 
-class ScheduleCheck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="schedule"):
+class ScheduleCheck(_Effect, frozen=True, kw_only=True, tag="schedule"):
     due_ms: int
 
 
-class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="write-round"):
+class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
     """Stream the round's sample ranges from the dataset into the round's data files."""
 
-    id: str
-    namespace: str
-    name: str
     phase: RoundPhase
     version: int
     dataset: str  # the dataset's name (for its credential)
@@ -122,14 +128,11 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     keep: tuple[int, ...] = ()
 
 
-class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
+class CopyModel(_Addressed, frozen=True, kw_only=True, tag="copy-model"):
     """Replace the deploy target whole with the model's file (round `version`'s model; for a
     rollback, `rollback` is set, and `expect` is what the copy read of that file when it was
     deployed: a file that no longer matches is refused and the target left as it is)."""
 
-    id: str
-    namespace: str
-    name: str
     version: int
     src_url: str
     dst_url: str
@@ -137,18 +140,13 @@ class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     expect: ModelDigest | None = None
 
 
-class PollDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="poll-dataset"
-):
-    id: str
-    namespace: str
-    name: str
+class PollDataset(_Addressed, frozen=True, kw_only=True, tag="poll-dataset"):
     url: str  # disk path or s3 URL
     format: str
     cursor: bytes = b""
 
 
-class NotifyJobs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="notify-jobs"):
+class NotifyJobs(_Effect, frozen=True, kw_only=True, tag="notify-jobs"):
     """Fan a dataset change out to every job using the dataset."""
 
     id: str
@@ -158,35 +156,18 @@ class NotifyJobs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     num_samples: int | None = None
 
 
-class AttachDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="attach-dataset"
-):
+class AttachDataset(_DatasetUse, frozen=True, kw_only=True, tag="attach-dataset"):
     """Register the job as a user of its dataset and send it the dataset's current state."""
 
-    id: str
-    namespace: str
-    name: str
-    dataset: str
+
+class DetachDataset(_DatasetUse, frozen=True, kw_only=True, tag="detach-dataset"):
+    """The job no longer uses its dataset: it is told of its changes no more."""
 
 
-class DetachDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="detach-dataset"
-):
-    id: str
-    namespace: str
-    name: str
-    dataset: str
-
-
-class ReleaseOutputDir(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="release-output-dir"
-):
+class ReleaseOutputDir(_Addressed, frozen=True, kw_only=True, tag="release-output-dir"):
     """The job no longer writes to `output_dir` (as it lies on disk: `paths.claim_dir`):
     give up its claim on it (if still its)."""
 
-    id: str
-    namespace: str
-    name: str
     output_dir: str
 
 
@@ -212,16 +193,9 @@ Effect = (
     | Work
 )
 
-_encoder = msgspec.msgpack.Encoder()
-_work_decoder = msgspec.msgpack.Decoder(Work)
-
-
-def encode_work(work: Work) -> bytes:
-    return _encoder.encode(work)
-
-
-def decode_work(data: bytes) -> Work:
-    return _work_decoder.decode(data)
+_works: Codec[Work] = Codec(Work)
+encode_work = _works.encode
+decode_work = _works.decode
 
 
 # ================================================================= the transition's frame

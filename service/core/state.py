@@ -3,7 +3,8 @@ federated-learning jobs): small frozen typed values, stored in Redis as msgpack.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -12,6 +13,8 @@ from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
 from service.core.triggers import TriggerSpec
 from service.wire import ModelRef, RollbackResult
+
+T = TypeVar("T")
 
 Phase = Literal["train", "eval", "deploy"]
 #: waiting: trigger armed, no worker (in deploy: the deploy copy waits for a rollback's copy
@@ -24,6 +27,7 @@ Step = Literal["waiting", "preparing", "running", "copying", "staged"]
 RoundPhase = Literal["train", "eval"]
 
 __all__ = [
+    "Codec",
     "DatasetInfo",
     "DatasetState",
     "GmSent",
@@ -188,13 +192,16 @@ class ResourceState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 State = JobState | DatasetState | ResourceState
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(State)
+
+class Codec(Generic[T]):
+    """Values of one type as msgpack bytes and back (a union of tagged structs decodes to
+    the member its tag names)."""
+
+    def __init__(self, type_: Any) -> None:
+        self.encode: Callable[[T], bytes] = msgspec.msgpack.encode
+        self.decode: Callable[[bytes], T] = msgspec.msgpack.Decoder(type_).decode
 
 
-def encode_state(state: State) -> bytes:
-    return _encoder.encode(state)
-
-
-def decode_state(data: bytes) -> State:
-    return _decoder.decode(data)
+_states: Codec[State] = Codec(State)
+encode_state = _states.encode
+decode_state = _states.decode
