@@ -118,7 +118,7 @@ def _judge(
             note = "the report has only the new model's result: judged as if nothing deployed"
             verdict = replace(verdict, reason=f"{verdict.reason} ({note})")
     result = GateResult(
-        metric=gate.metric, operator=gate.operator, threshold=gate.threshold,
+        metric=gate.metric, operator=gate.operator, threshold=gate.threshold_value or 0.0,
         value=verdict.value, holds=verdict.holds, version=job.version,
         deployed_version=compared if old_metrics is not None else None,
     )  # fmt: skip

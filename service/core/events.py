@@ -9,8 +9,8 @@ from typing import Any, Literal
 import msgspec
 
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, GmView, JobSpec, ModelInfo, RoundPhase
-from service.wire import ReportedStatus, WorkerKind, WorkerStatus
+from service.core.state import DatasetInfo, GmView, ModelInfo, RoundPhase
+from service.wire import JobSpec, ReportedStatus, WorkerKind, WorkerStatus
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

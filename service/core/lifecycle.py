@@ -500,7 +500,7 @@ def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> J
         # a changed spec (a fixed worker template, say) is worth trying without the wait
         job = replace(job, retry_at_ms=None)
     if job.step == "waiting" and job.phase == "train" and training.active(job):
-        due_ms = out.ctx.now_ms + job.spec.trigger.check_period_s * 1000
+        due_ms = out.ctx.now_ms + job.spec.trigger.check_period_seconds * 1000
         job = replace(job, next_check_ms=due_ms)
         out.schedule(due_ms)
     return job

@@ -8,11 +8,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
-from service.core.triggers import TriggerSpec
-from service.wire import ModelRef, RollbackResult
+from service.wire import JobSpec, ModelRef, RollbackResult
 
 T = TypeVar("T")
 
@@ -32,7 +30,6 @@ __all__ = [
     "DatasetState",
     "GmSent",
     "GmView",
-    "JobSpec",
     "JobState",
     "ModelInfo",
     "ModelRef",
@@ -44,17 +41,6 @@ __all__ = [
     "decode_state",
     "encode_state",
 ]
-
-
-class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What the lifecycle reads of a LifelongLearningJob (templates are stored, not read)."""
-
-    dataset: str
-    train_prob: float
-    trigger: TriggerSpec = TriggerSpec()
-    output_dir: str
-    #: `deploySpec.trigger.condition`; None: every evaluated model is deployed
-    gate: GateSpec | None = None
 
 
 class DatasetInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

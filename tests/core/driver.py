@@ -23,8 +23,8 @@ from service.core.events import (
 )
 from service.core.lifecycle import transition
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, JobSpec, JobState, State
-from service.core.triggers import TriggerSpec
+from service.core.state import DatasetInfo, JobState, State
+from service.wire import JobSpec, Trigger
 
 NS = "default"
 JOB = "job-a"
@@ -34,14 +34,14 @@ DATASET = "ds"
 def spec(
     *,
     train_prob: float = 0.8,
-    trigger: TriggerSpec | None = None,
+    trigger: Trigger | None = None,
     output_dir: str = "/output",
     dataset: str = DATASET,
 ) -> JobSpec:
     return JobSpec(
         dataset=dataset,
         train_prob=train_prob,
-        trigger=trigger or TriggerSpec(),
+        trigger=trigger or Trigger(),
         output_dir=output_dir,
     )
 

@@ -26,8 +26,9 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.lifecycle import transition
-from service.core.state import DatasetInfo, JobSpec, State, decode_state, encode_state
-from service.core.triggers import OPERATORS, TriggerSpec
+from service.core.state import DatasetInfo, State, decode_state, encode_state
+from service.core.triggers import OPERATORS
+from service.wire import Condition, JobSpec, Timer, Trigger
 from tests.core.test_transition_table import SUBSTATES, reach
 
 NAMES = st.sampled_from(["job-a", "ds"])
@@ -46,13 +47,18 @@ WORKERS = st.sampled_from(
 CHANNELS = st.sampled_from(["mqtt", "http"])
 FORMATS = st.sampled_from(["txt", "csv", "CSV", "weird"])
 
+CLOCKS = st.integers(0, 1440).map(lambda m: f"{m // 60:02d}:{m % 60:02d}")
 triggers = st.builds(
-    TriggerSpec,
-    check_period_s=st.integers(1, 10**6),
-    window=st.none() | st.tuples(st.integers(0, 1440), st.integers(0, 1440)),
-    operator=st.sampled_from(["", *OPERATORS]),
-    threshold=st.floats(allow_nan=False, allow_infinity=False, width=32),
-    metric=st.sampled_from(["", "num_of_samples", "num_of_samples[0]", "other"]),
+    Trigger,
+    check_period_seconds=st.integers(1, 10**6),
+    timer=st.none() | st.builds(Timer, start=CLOCKS, end=CLOCKS),
+    condition=st.none()
+    | st.builds(
+        Condition,
+        operator=st.sampled_from(["", *OPERATORS]),
+        threshold=st.floats(allow_nan=False, allow_infinity=False, width=32),
+        metric=st.sampled_from(["", "num_of_samples", "num_of_samples[0]", "other"]),
+    ),
 )
 specs = st.builds(
     JobSpec,

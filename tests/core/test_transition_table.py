@@ -31,7 +31,7 @@ from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Ti
 from service.core.lifecycle import JOB_TABLE, UndeclaredMove, event_key, transition, where
 from service.core.state import GmView, JobState
 from service.core.training import retry_delay_ms
-from service.core.triggers import TriggerSpec
+from service.wire import Condition, Trigger
 from tests.core.driver import DATASET, JOB, NS, Driver, content, info, report, spec
 
 replace = msgspec.structs.replace
@@ -49,7 +49,13 @@ SUBSTATES = [
 def reach(phase: str, step: str) -> Driver:
     """A job in the given sub-state at round 1, with 8 pending samples not yet enough to fire."""
     d = Driver()
-    d.create(spec(trigger=TriggerSpec(operator="ge", threshold=10, metric="num_of_samples")))
+    d.create(
+        spec(
+            trigger=Trigger(
+                condition=Condition(operator="ge", threshold=10, metric="num_of_samples")
+            )
+        )
+    )
     d.dataset(10)  # 8 train samples pending, condition (>= 10) not met
     if (phase, step) == ("train", "waiting"):
         return d
@@ -73,7 +79,9 @@ def reach(phase: str, step: str) -> Driver:
 
 
 def _update_threshold(d: Driver, threshold: float) -> Event:
-    trigger = TriggerSpec(operator="ge", threshold=threshold, metric="num_of_samples")
+    trigger = Trigger(
+        condition=Condition(operator="ge", threshold=threshold, metric="num_of_samples")
+    )
     return JobApplied(namespace=NS, name=JOB, spec=spec(trigger=trigger), digest=f"t{threshold}")
 
 
@@ -292,7 +300,7 @@ def _assert_backoff(
 ) -> None:
     if pair in FAILING:
         failures = EARLIER_FAILURES + 1
-        due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_s, failures)
+        due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_seconds, failures)
         assert after.consecutive_failures == failures
         assert after.retry_at_ms == due_ms == after.next_check_ms
         assert ScheduleCheck(due_ms=due_ms) in effects
