@@ -7,6 +7,8 @@ names, versions, counts and phases drawn wide enough to hit every table entry an
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,63 +80,46 @@ model_results = st.lists(
 ).map(tuple)
 infos = st.builds(DatasetInfo, url=URLS, format=FORMATS, present=st.booleans())
 
+
+def _event(cls: type[Event], /, **fields: Any) -> st.SearchStrategy[Event]:
+    """Events of one class for one of the resources the fuzz drives."""
+    return st.builds(cls, namespace=NS, name=NAMES, **fields)
+
+
 _any_event: st.SearchStrategy[Event] = st.one_of(
-    st.builds(JobApplied, namespace=NS, name=NAMES, spec=specs, digest=st.sampled_from("abc")),
-    st.builds(JobDeleted, namespace=NS, name=NAMES),
-    st.builds(
-        DatasetApplied,
-        namespace=NS,
-        name=NAMES,
-        url=URLS,
-        format=FORMATS,
-        digest=st.sampled_from("abc"),
-    ),
-    st.builds(DatasetDeleted, namespace=NS, name=NAMES),
-    st.builds(
+    _event(JobApplied, spec=specs, digest=st.sampled_from("abc")),
+    _event(JobDeleted),
+    _event(DatasetApplied, url=URLS, format=FORMATS, digest=st.sampled_from("abc")),
+    _event(DatasetDeleted),
+    _event(
         DatasetPolled,
-        namespace=NS,
-        name=NAMES,
         url=URLS,
         num_samples=COUNTS,
         cursor=st.binary(max_size=8),
         error=st.none() | st.just("boom"),
     ),
-    st.builds(
+    _event(
         DatasetChanged,
-        namespace=NS,
-        name=NAMES,
         dataset=st.sampled_from(["ds", "x"]),
         info=infos,
         num_samples=st.none() | COUNTS,
     ),
-    st.builds(
+    _event(
         WorkerReported,
-        namespace=NS,
-        name=NAMES,
         worker=WORKERS,
         kind=st.sampled_from(["train", "eval", "deploy", "inference"]),
         status=st.sampled_from(["ready", "running", "completed", "failed"]),
         results=model_results,
         channel=CHANNELS,
     ),
-    st.builds(
-        Tick, kind=st.sampled_from(["job", "dataset"]), namespace=NS, name=NAMES, due_ms=COUNTS
-    ),
-    st.builds(
+    _event(Tick, kind=st.sampled_from(["job", "dataset"]), due_ms=COUNTS),
+    _event(
         RoundWritten,
-        namespace=NS,
-        name=NAMES,
         phase=st.sampled_from(["train", "eval"]),
         version=st.integers(0, 5),
         error=st.none() | st.just("disk full"),
     ),
-    st.builds(
-        ModelCopied,
-        namespace=NS,
-        name=NAMES,
-        version=st.integers(0, 5),
-        error=st.none() | st.just("gone"),
-    ),
+    _event(ModelCopied, version=st.integers(0, 5), error=st.none() | st.just("gone")),
 )
 
 
