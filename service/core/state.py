@@ -10,7 +10,7 @@ import msgspec
 
 from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
-from service.wire import JobSpec, ModelRef, RollbackResult
+from service.wire import Condition, JobSpec, ModelRef, RollbackResult, Timer, Trigger
 
 T = TypeVar("T")
 
@@ -190,4 +190,71 @@ class Codec(Generic[T]):
 
 _states: Codec[State] = Codec(State)
 encode_state = _states.encode
-decode_state = _states.decode
+
+
+def decode_state(data: bytes) -> State:
+    """A stored state. A job's stored before its spec was the wire's own (`_SpecBefore`) is
+    read in that form and given the spec it stands for."""
+    try:
+        return _states.decode(data)
+    except msgspec.ValidationError as error:
+        try:
+            before = _job_before(data)
+        except msgspec.ValidationError:
+            raise error from None
+    fields = {name: getattr(before, name) for name in JobState.__struct_fields__}
+    return JobState(**{**fields, "spec": before.spec.now()})
+
+
+class _TriggerBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A trigger as job states stored it before: its timer in minutes of the day."""
+
+    check_period_s: int = 60
+    window: tuple[int, int] | None = None
+    operator: str = ""
+    threshold: float = 0.0
+    metric: str = ""
+
+    def now(self) -> Trigger:
+        timer = None
+        if self.window is not None:
+            start, end = (f"{m // 60:02d}:{m % 60:02d}" for m in self.window)
+            timer = Timer(start=start, end=end)
+        return Trigger(
+            check_period_seconds=self.check_period_s, timer=timer, condition=_condition(self)
+        )
+
+
+class _GateBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    operator: str
+    threshold: float
+    metric: str
+
+
+class _SpecBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A job's spec as job states stored it before it was the wire's `JobSpec`."""
+
+    dataset: str
+    train_prob: float
+    trigger: _TriggerBefore = _TriggerBefore()
+    output_dir: str
+    gate: _GateBefore | None = None
+
+    def now(self) -> JobSpec:
+        return JobSpec(
+            dataset=self.dataset, train_prob=self.train_prob, trigger=self.trigger.now(),
+            output_dir=self.output_dir, gate=_condition(self.gate),
+        )  # fmt: skip
+
+
+def _condition(rule: _TriggerBefore | _GateBefore | None) -> Condition | None:
+    if rule is None or not rule.operator:
+        return None
+    return Condition(operator=rule.operator, threshold=rule.threshold, metric=rule.metric)  # type: ignore[arg-type]
+
+
+class _JobBefore(JobState, frozen=True, kw_only=True, tag="job"):
+    spec: _SpecBefore  # type: ignore[assignment]
+
+
+_job_before = msgspec.msgpack.Decoder(_JobBefore).decode
