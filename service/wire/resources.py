@@ -83,6 +83,14 @@ class ObjectMeta(Wire, frozen=True, kw_only=True):
         return msgspec.Struct.__repr__(msgspec.structs.replace(self, annotations=masked))
 
 
+class SednaObject(Wire, frozen=True, kw_only=True):
+    """What every Sedna resource carries besides its `kind` and its `spec`: its apiVersion
+    (defaulted: informer objects often omit it) and its metadata."""
+
+    api_version: str = SEDNA_API_VERSION
+    metadata: ObjectMeta
+
+
 class DatasetSpec(Wire, frozen=True, kw_only=True):
     """Where a dataset's samples live and how they are laid out."""
 
@@ -97,12 +105,10 @@ class DatasetSpec(Wire, frozen=True, kw_only=True):
         return "csv" if self.format.lower() == "csv" else "txt"
 
 
-class Dataset(Wire, frozen=True, kw_only=True):
+class Dataset(SednaObject, frozen=True, kw_only=True):
     """Sedna's Dataset resource (apiVersion/kind default: informer objects often omit them)."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "Dataset"
-    metadata: ObjectMeta
     spec: DatasetSpec
 
 
@@ -230,13 +236,11 @@ class JobResourceStatus(Wire, frozen=True, kw_only=True):
     conditions: list[JobCondition] = []
 
 
-class LifelongLearningJob(Wire, frozen=True, kw_only=True):
+class LifelongLearningJob(SednaObject, frozen=True, kw_only=True):
     """Sedna's LifelongLearningJob resource; `status` as Sedna's GM sends it (absent from
     the cloud's MQTT envelopes)."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "LifelongLearningJob"
-    metadata: ObjectMeta
     spec: LifelongLearningJobSpec
     status: JobResourceStatus | None = None
 
@@ -263,13 +267,11 @@ class ModelSpec(Wire, frozen=True, kw_only=True):
     credential_name: DnsSubdomain | None = None
 
 
-class ModelResource(Wire, frozen=True, kw_only=True):
+class ModelResource(SednaObject, frozen=True, kw_only=True):
     """Sedna's Model resource: a model jobs name (an incremental-learning job's initial and
     deploy model, a service's worker models); its S3 credential comes in the annotation."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "Model"
-    metadata: ObjectMeta
     spec: ModelSpec
 
 
@@ -324,13 +326,11 @@ class JointInferenceServiceSpec(Wire, frozen=True, kw_only=True):
     cloud_worker: CloudWorker
 
 
-class JointInferenceService(Wire, frozen=True, kw_only=True):
+class JointInferenceService(SednaObject, frozen=True, kw_only=True):
     """Sedna's JointInferenceService: stored so its workers' reports are bound to it and
     forwarded upstream; the controller runs nothing of it."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "JointInferenceService"
-    metadata: ObjectMeta
     spec: JointInferenceServiceSpec
 
 
@@ -372,13 +372,11 @@ class FederatedLearningJobSpec(Wire, frozen=True, kw_only=True):
     transmitter: Transmitter | None = None
 
 
-class FederatedLearningJob(Wire, frozen=True, kw_only=True):
+class FederatedLearningJob(SednaObject, frozen=True, kw_only=True):
     """Sedna's FederatedLearningJob: stored so its workers' reports are bound to it and
     forwarded upstream; the controller runs nothing of it."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "FederatedLearningJob"
-    metadata: ObjectMeta
     spec: FederatedLearningJobSpec
 
 
