@@ -22,63 +22,64 @@ tests) `transition` raises `UndeclaredMove`; otherwise (production) it refuses t
 A job Sedna's GM manages waits in eval/staged and deploy/staged until the GM's copy of the
 job shows the stage `Waiting`, and follows the GM where it moves the job ("GM copy" rows;
 "tick" rows from a running or staged state are the GM's too: a doubt about its copy ended).
-A second job kind is a second `Table` and handler set, not a second copy of this machinery.
+A second job kind brings its own table (text rows like `JOB_TABLE`'s) and its handlers; the
+machinery (`Table`, the checks in `transition`, the drawing) is shared, not copied.
 
 The tables, as `diagram()` draws them (tests/core/test_lifecycle_docs.py keeps this and
 docs/lifecycle.md in step with them; `python -m tests.core.test_lifecycle_docs` rewrites both):
 
     LifelongLearningJob:
-    none --applied, GM copy--> train/waiting (created; waits for its dataset)
-    any --applied--> (stays) (spec updated, or the insert refused)
-    any --GM copy--> (stays) (spec updated; the GM's copy remembered)
-    any --deleted--> none (deleted; its files kept)
-    any --dataset changed--> (stays) (samples counted; paused if gone)
-    any --rollback--> (stays) (a rollback's copy starts, or refused)
-    any --rollback copied--> (stays) (the deploy file holds the rollback)
-    any --rollback failed--> (stays) (the rollback refused after all)
-    any --tick--> (stays) (timer forgotten; a GM ready resent)
-    train/waiting --tick, dataset changed--> train/preparing (the train trigger fires)
-    train/waiting --GM copy--> train/preparing (GM: Train/Waiting, the trigger fires)
-    train/preparing --train written--> train/running (train ready sent)
-    train/preparing --train write failed--> train/waiting (round failed)
-    train/running --train/completed--> eval/preparing (its eval data is written)
-    train/running --train/completed--> eval/staged (GM: the eval waits for Eval/Waiting)
-    train/running --train/completed--> train/waiting (no usable model: round failed)
-    train/running --train/failed--> train/waiting (round failed)
-    eval/preparing --eval written--> eval/running (eval ready sent)
-    eval/preparing --eval write failed--> train/waiting (round failed)
-    eval/running --eval/completed--> deploy/copying (deployed: the copy starts)
-    eval/running --eval/completed--> deploy/waiting (the copy waits for a rollback's)
-    eval/running --eval/completed--> deploy/staged (GM: the decision waits for Deploy/Waiting)
-    eval/running --eval/completed--> train/waiting (held back, or no usable model)
-    eval/running --eval/completed--> train/preparing (held back; the trigger fires at once)
-    eval/running --eval/failed--> train/waiting (round failed)
-    deploy/copying --model copied--> train/waiting (deployed)
-    deploy/copying --model copied--> train/preparing (deployed; the trigger fires at once)
-    deploy/copying --copy failed--> train/waiting (round failed)
-    deploy/waiting --rollback copied, rollback failed--> deploy/copying (the waiting copy
-        starts)
-    deploy/waiting --rollback failed--> train/waiting | train/preparing (held back: compared
-        with it)
-    eval/staged --GM copy, tick--> eval/preparing (GM: Eval/Waiting, its data is written)
+    none --applied, GM copy--> train/waiting  # created; waits for its dataset
+    any --applied--> (stays)  # spec updated, or the insert refused
+    any --GM copy--> (stays)  # spec updated; the GM's copy remembered
+    any --deleted--> none  # deleted; its files kept
+    any --dataset changed--> (stays)  # samples counted; paused if gone
+    any --rollback--> (stays)  # a rollback's copy starts, or refused
+    any --rollback copied--> (stays)  # the deploy file holds the rollback
+    any --rollback failed--> (stays)  # the rollback refused after all
+    any --tick--> (stays)  # timer forgotten; a GM ready resent
+    train/waiting --tick, dataset changed--> train/preparing  # the train trigger fires
+    train/waiting --GM copy--> train/preparing  # GM: Train/Waiting, the trigger fires
+    train/preparing --train written--> train/running  # train ready sent
+    train/preparing --train write failed--> train/waiting  # round failed
+    train/running --train/completed--> eval/preparing  # its eval data is written
+    train/running --train/completed--> eval/staged  # GM: the eval waits for Eval/Waiting
+    train/running --train/completed--> train/waiting  # no usable model: round failed
+    train/running --train/failed--> train/waiting  # round failed
+    eval/preparing --eval written--> eval/running  # eval ready sent
+    eval/preparing --eval write failed--> train/waiting  # round failed
+    eval/running --eval/completed--> deploy/copying  # deployed: the copy starts
+    eval/running --eval/completed--> deploy/waiting  # the copy waits for a rollback's
+    eval/running --eval/completed--> deploy/staged  # GM: the decision waits for Deploy/Waiting
+    eval/running --eval/completed--> train/waiting  # held back, or no usable model
+    eval/running --eval/completed--> train/preparing  # held back; the trigger fires at once
+    eval/running --eval/failed--> train/waiting  # round failed
+    deploy/copying --model copied--> train/waiting  # deployed
+    deploy/copying --model copied--> train/preparing  # deployed; the trigger fires at once
+    deploy/copying --copy failed--> train/waiting  # round failed
+    deploy/waiting --rollback copied, rollback failed--> deploy/copying  # the waiting copy
+        starts
+    deploy/waiting --rollback failed--> train/waiting | train/preparing  # held back: compared
+        with it
+    eval/staged --GM copy, tick--> eval/preparing  # GM: Eval/Waiting, its data is written
     deploy/staged --GM copy, tick--> deploy/copying | deploy/waiting | train/waiting |
-        train/preparing (GM: Deploy/Waiting, the deploy decision)
-    train/running --GM copy, tick--> eval/preparing | eval/staged | train/waiting (GM: trained
-        on another node, as train/completed)
+        train/preparing  # GM: Deploy/Waiting, the deploy decision
+    train/running --GM copy, tick--> eval/preparing | eval/staged | train/waiting  # GM: trained
+        on another node, as train/completed
     eval/running --GM copy, tick--> deploy/copying | deploy/waiting | deploy/staged |
-        train/waiting | train/preparing (GM: evaluated on another node, as eval/completed)
+        train/waiting | train/preparing  # GM: evaluated on another node, as eval/completed
     train/running, eval/staged, eval/preparing, eval/running, deploy/staged, deploy/waiting,
-        deploy/copying --GM copy--> train/waiting (GM: it failed the stage; round failed)
+        deploy/copying --GM copy--> train/waiting  # GM: it failed the stage; round failed
 
     Dataset:
-    none --applied--> present (created; its first poll starts)
-    present --applied, polled, tick--> (stays) (updated, counted, polled)
-    present --deleted--> none (deleted; its jobs pause)
+    none --applied--> present  # created; its first poll starts
+    present --applied, polled, tick--> (stays)  # updated, counted, polled
+    present --deleted--> none  # deleted; its jobs pause
 
     Stored resource:
-    none --applied--> stored (stored)
-    stored --applied, reported--> (stays) (updated; reports forwarded)
-    stored --deleted--> none (forgotten)
+    none --applied--> stored  # stored
+    stored --applied, reported--> (stays)  # updated; reports forwarded
+    stored --deleted--> none  # forgotten
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class Rule(NamedTuple):
     def text(self) -> str:
         """The row as one line of the drawing (wrapped when long)."""
         targets = " | ".join("(stays)" if t == SAME else t for t in self.targets)
-        line = f"{', '.join(self.sources)} --{', '.join(self.events)}--> {targets} ({self.why})"
+        line = f"{', '.join(self.sources)} --{', '.join(self.events)}--> {targets}  # {self.why}"
         return textwrap.fill(line, width=92, subsequent_indent="    ", break_on_hyphens=False)
 
 
