@@ -19,7 +19,8 @@ from typing import Literal
 #: namespace's topic), `outside_round` (a report of another round, or whose model lies outside
 #: the current round's output dir), `not_running` (a train or eval report while the job does
 #: not run that stage) and `output_dir_taken` (another job already writes to that outputDir)
-#: from the lifecycle;
+#: from the lifecycle; `undeclared_move` when a lifecycle handler makes a move its table
+#: does not declare (a bug: the event is refused, the state kept);
 #: `quarantined` when the job's stored state cannot be decoded.
 RejectCode = Literal[
     "invalid",
@@ -41,6 +42,7 @@ RejectCode = Literal[
     "output_dir_taken",
     "quarantined",
     "wrong_node",
+    "undeclared_move",
 ]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from service.core.outcome import Outcome, Verdict
+from service.core.effects import Outcome, Verdict
 from service.core.state import DatasetState, JobState, State
 
 

@@ -156,11 +156,14 @@ def _clock(minutes: int) -> str:
 def trigger_summary(state: JobState) -> str:
     """The trigger as the controller interprets it (not as written)."""
     trigger = state.spec.trigger
-    parts = [f"check every {trigger.check_period_s}s"]
-    if trigger.window is not None:
-        parts.append(f"timer {_clock(trigger.window[0])}-{_clock(trigger.window[1])}")
-    if trigger.has_condition:
-        parts.append(f"when {trigger.metric} {trigger.operator} {trigger.threshold:g}")
+    parts = [f"check every {trigger.check_period_seconds}s"]
+    window = trigger.window
+    if window is not None:
+        parts.append(f"timer {_clock(window[0])}-{_clock(window[1])}")
+    condition = trigger.condition
+    if condition is not None and trigger.has_condition:
+        threshold = condition.threshold_value or 0.0
+        parts.append(f"when {condition.metric} {condition.operator} {threshold:g}")
     else:
         parts.append("when any train sample is pending")
     return "; ".join(parts)

@@ -45,9 +45,8 @@ from typing import Any
 import msgspec
 
 from service.core import deploys, reports, training
-from service.core.effects import GM_PHASES, Publish
+from service.core.effects import GM_PHASES, Publish, Recorder
 from service.core.events import Tick, WorkerReported
-from service.core.outcome import Recorder
 from service.core.state import GmSent, GmView, JobState, Phase
 from service.wire import DatasetStatus, JobCondition, JobStatus
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from service.core import paths
-from service.core.effects import DatasetUnreadable, NotifyJobs, PollDataset
+from service.core.effects import DatasetUnreadable, NotifyJobs, PollDataset, Recorder
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -19,7 +19,6 @@ from service.core.events import (
     Event,
     Tick,
 )
-from service.core.outcome import Recorder
 from service.core.state import DatasetInfo, DatasetState, State
 from service.wire import DatasetStatus
 

@@ -29,10 +29,9 @@ from typing import Any
 import msgspec
 
 from service.core import conditions, reports, samples, training
-from service.core.effects import CopyModel, RecordRound, Refused, Reject
+from service.core.effects import CopyModel, Recorder, RecordRound, Refused, Reject
 from service.core.events import Event, ModelCopied, RollbackRequested, WorkerReported
 from service.core.gate import GateVerdict, judge, kept
-from service.core.outcome import Recorder
 from service.core.paths import add_prefix, deploy_model
 from service.core.rounds import Deployment, RoundRecord, Scores, remember
 from service.core.state import JobState, ModelRef
@@ -119,7 +118,7 @@ def _judge(
             note = "the report has only the new model's result: judged as if nothing deployed"
             verdict = replace(verdict, reason=f"{verdict.reason} ({note})")
     result = GateResult(
-        metric=gate.metric, operator=gate.operator, threshold=gate.threshold,
+        metric=gate.metric, operator=gate.operator, threshold=gate.threshold_value or 0.0,
         value=verdict.value, holds=verdict.holds, version=job.version,
         deployed_version=compared if old_metrics is not None else None,
     )  # fmt: skip

@@ -1,18 +1,23 @@
-"""Effects a transition asks for, as data: messages to publish, refusals, notes, timers, and
-work that does I/O in the background and reports back as an event.
+"""Effects a transition asks for, as data, and the frame of every transition: what it takes
+from outside (`Context`), the `Recorder` its handlers write effects to, and what it gives
+back (`Outcome`).
 
-Work items are stored as msgpack intents in Redis until done; `Publish`, `Forward`, `Reject`,
-`Refused`, `DatasetUnreadable`, `RecordRound`, `Note` and `ScheduleCheck` are folded into the
-transition's commit and never stored on their own.
+Effects are messages to publish, refusals, notes, timers, and work that does I/O in the
+background and reports back as an event. Work items are stored as msgpack intents in Redis
+until done; `Publish`, `Forward`, `Reject`, `Refused`, `DatasetUnreadable`, `RecordRound`,
+`Note` and `ScheduleCheck` are folded into the transition's commit and never stored on their
+own.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 
 from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
-from service.core.state import DatasetInfo, RoundPhase
+from service.core.state import Codec, DatasetInfo, RoundPhase, State
 from service.errors import RejectCode
 from service.wire import DatasetStatus, JobStatus, ReportStatus
 
@@ -29,38 +34,49 @@ def gm_accepts(status: JobStatus | DatasetStatus) -> bool:
     return status.phase in GM_PHASES and status.status.lower() in GM_STATUSES
 
 
-class Publish(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="publish"):
+class _Effect(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What every effect shares: an immutable, keyword-only value, tagged in its union."""
+
+
+class _Addressed(_Effect, frozen=True, kw_only=True):
+    """An effect on one resource (`namespace`/`name`); `id` is stable (derived from the
+    event's), so a receiver or a re-run can tell a duplicate."""
+
+    id: str
+    namespace: str
+    name: str
+
+
+class _DatasetUse(_Addressed, frozen=True, kw_only=True):
+    """The job `namespace`/`name`'s use of its dataset `dataset` begins or ends."""
+
+    dataset: str
+
+
+class Publish(_Addressed, frozen=True, kw_only=True, tag="publish"):
     """An upstream status message of the resource; `id` is stable, so receivers can drop
     duplicates; `to_gm`: Sedna's GM gets it too (when there is a GM link), else only the
     MQTT upstream topic does. Never decoded: `status` is one of two untagged wire types."""
 
-    id: str
-    namespace: str
-    name: str
     status: JobStatus | DatasetStatus
     to_gm: bool = True
 
 
-class Forward(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="forward"):
+class Forward(_Addressed, frozen=True, kw_only=True, tag="forward"):
     """A worker report of a stored resource (a joint-inference service, a federated-learning
     job), forwarded upstream under the resource's kind; `id` is stable like a `Publish`'s."""
 
-    id: str
-    namespace: str
-    name: str
     status: ReportStatus
 
 
-class Reject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="reject"):
+class Reject(_Effect, frozen=True, kw_only=True, tag="reject"):
     """The event is refused: `code` labels the metric, `reason` goes to the errors topic."""
 
     code: RejectCode
     reason: str
 
 
-class DatasetUnreadable(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset-unreadable"
-):
+class DatasetUnreadable(_Effect, frozen=True, kw_only=True, tag="dataset-unreadable"):
     """The dataset's source cannot be read, newly or for a new reason: said once on the errors
     topic (not on every poll) and counted. Nothing was refused: the event applied."""
 
@@ -70,7 +86,7 @@ class DatasetUnreadable(
     reason: str
 
 
-class Refused(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="refused"):
+class Refused(_Effect, frozen=True, kw_only=True, tag="refused"):
     """A request the job took in turned out impossible later (a rollback whose model file is
     gone): said on the errors topic like a refusal, `subject` standing for its payload."""
 
@@ -79,30 +95,25 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag
     subject: str
 
 
-class RecordRound(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="record-round"
-):
+class RecordRound(_Effect, frozen=True, kw_only=True, tag="record-round"):
     """A round (or a rollback) ended: its record joins the job's round history."""
 
     record: RoundRecord
 
 
-class Note(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="note"):
+class Note(_Effect, frozen=True, kw_only=True, tag="note"):
     """The event changed nothing, or something worth a log line happened; `reason` says what."""
 
     reason: str
 
 
-class ScheduleCheck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="schedule"):
+class ScheduleCheck(_Effect, frozen=True, kw_only=True, tag="schedule"):
     due_ms: int
 
 
-class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="write-round"):
+class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
     """Stream the round's sample ranges from the dataset into the round's data files."""
 
-    id: str
-    namespace: str
-    name: str
     phase: RoundPhase
     version: int
     dataset: str  # the dataset's name (for its credential)
@@ -117,14 +128,11 @@ class WriteRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     keep: tuple[int, ...] = ()
 
 
-class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="copy-model"):
+class CopyModel(_Addressed, frozen=True, kw_only=True, tag="copy-model"):
     """Replace the deploy target whole with the model's file (round `version`'s model; for a
     rollback, `rollback` is set, and `expect` is what the copy read of that file when it was
     deployed: a file that no longer matches is refused and the target left as it is)."""
 
-    id: str
-    namespace: str
-    name: str
     version: int
     src_url: str
     dst_url: str
@@ -132,18 +140,13 @@ class CopyModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     expect: ModelDigest | None = None
 
 
-class PollDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="poll-dataset"
-):
-    id: str
-    namespace: str
-    name: str
+class PollDataset(_Addressed, frozen=True, kw_only=True, tag="poll-dataset"):
     url: str  # disk path or s3 URL
     format: str
     cursor: bytes = b""
 
 
-class NotifyJobs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="notify-jobs"):
+class NotifyJobs(_Effect, frozen=True, kw_only=True, tag="notify-jobs"):
     """Fan a dataset change out to every job using the dataset."""
 
     id: str
@@ -153,35 +156,18 @@ class NotifyJobs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     num_samples: int | None = None
 
 
-class AttachDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="attach-dataset"
-):
+class AttachDataset(_DatasetUse, frozen=True, kw_only=True, tag="attach-dataset"):
     """Register the job as a user of its dataset and send it the dataset's current state."""
 
-    id: str
-    namespace: str
-    name: str
-    dataset: str
+
+class DetachDataset(_DatasetUse, frozen=True, kw_only=True, tag="detach-dataset"):
+    """The job no longer uses its dataset: it is told of its changes no more."""
 
 
-class DetachDataset(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="detach-dataset"
-):
-    id: str
-    namespace: str
-    name: str
-    dataset: str
-
-
-class ReleaseOutputDir(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="release-output-dir"
-):
+class ReleaseOutputDir(_Addressed, frozen=True, kw_only=True, tag="release-output-dir"):
     """The job no longer writes to `output_dir` (as it lies on disk: `paths.claim_dir`):
     give up its claim on it (if still its)."""
 
-    id: str
-    namespace: str
-    name: str
     output_dir: str
 
 
@@ -207,13 +193,78 @@ Effect = (
     | Work
 )
 
-_encoder = msgspec.msgpack.Encoder()
-_work_decoder = msgspec.msgpack.Decoder(Work)
+_works: Codec[Work] = Codec(Work)
+encode_work = _works.encode
+decode_work = _works.decode
 
 
-def encode_work(work: Work) -> bytes:
-    return _encoder.encode(work)
+# ================================================================= the transition's frame
+#: applied: the event changed the resource or made it say something; ignored: it changed
+#: nothing but bookkeeping; rejected: it was refused (a `Reject` effect says why).
+Verdict = Literal["applied", "ignored", "rejected"]
 
 
-def decode_work(data: bytes) -> Work:
-    return _work_decoder.decode(data)
+class Context(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Everything from outside a transition may depend on: time, ids and settings."""
+
+    now_ms: int
+    minute_of_day: int  # local time, for timer windows
+    event_id: str  # unique per event; effect ids derive from it
+    volume_prefix: str = ""
+    dataset_poll_ms: int = 60_000
+    #: how long a ready sent to Sedna's GM may go unseen before it is sent again
+    gm_resend_ms: int = 30_000
+    #: a move the lifecycle table does not declare raises (tests) instead of being refused
+    strict: bool = False
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """The next state (None: the resource is gone), the effects, and the verdict."""
+
+    state: State | None
+    effects: tuple[Effect, ...] = ()
+    verdict: Verdict = "applied"
+
+    @property
+    def rejection(self) -> Reject | None:
+        return next((e for e in self.effects if isinstance(e, Reject)), None)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the transition said: its notes and refusals, in order."""
+        return tuple(e.reason for e in self.effects if isinstance(e, Note | Reject))
+
+
+class Recorder:
+    """Collects the effects of one transition and numbers their ids from the event's id."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.effects: list[Effect] = []
+
+    def next_id(self) -> str:
+        return f"{self.ctx.event_id}/{len(self.effects)}"
+
+    def add(self, effect: Effect) -> None:
+        self.effects.append(effect)
+
+    def note(self, reason: str) -> None:
+        self.add(Note(reason=reason))
+
+    def publish(
+        self,
+        namespace: str,
+        name: str,
+        status: JobStatus | DatasetStatus,
+        *,
+        to_gm: bool = True,
+    ) -> None:
+        """An upstream status; Sedna's GM gets it too when it accepts it and `to_gm`."""
+        publish = Publish(
+            id=self.next_id(), namespace=namespace, name=name, status=status,
+            to_gm=to_gm and gm_accepts(status),
+        )  # fmt: skip
+        self.add(publish)
+
+    def schedule(self, due_ms: int) -> None:
+        self.add(ScheduleCheck(due_ms=due_ms))

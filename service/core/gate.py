@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import msgspec
 
 from service.core.triggers import OPERATORS
+from service.wire import Condition
 
 DELTA_SUFFIX = "_delta"
 #: What a job keeps of a model's metrics (state, history, /metrics): names and values each.
@@ -36,14 +37,6 @@ Metrics = dict[str, Values]
 _NAME_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<index>\d+)\])?$")
 
 
-class GateSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """`deploySpec.trigger.condition`, interpreted (an empty operator is no condition)."""
-
-    operator: str
-    threshold: float
-    metric: str
-
-
 class GateVerdict(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the gate decided: whether the condition holds, the value it read (None when
     there was none to read, or nothing to beat), and why, with the values compared."""
@@ -53,7 +46,7 @@ class GateVerdict(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     value: float | None = None
 
 
-def judge(spec: GateSpec, candidate: object, deployed: object | None) -> GateVerdict:
+def judge(spec: Condition, candidate: object, deployed: object | None) -> GateVerdict:
     """The verdict on a candidate's reported `metrics` against the deployed model's.
 
     `deployed` is None when nothing is deployed yet or the report has only one result.
@@ -72,7 +65,7 @@ def judge(spec: GateSpec, candidate: object, deployed: object | None) -> GateVer
 
 
 def _judge_delta(
-    spec: GateSpec, base: str, index: str | None, new: Mapping[str, object], deployed: object
+    spec: Condition, base: str, index: str | None, new: Mapping[str, object], deployed: object
 ) -> GateVerdict:
     mine, problem = _read(new, base, index, "the new model")
     if problem is not None:
@@ -89,10 +82,10 @@ def _judge_delta(
     return _compare(spec, value, problem)
 
 
-def _compare(spec: GateSpec, value: float | None, problem: str | None) -> GateVerdict:
+def _compare(spec: Condition, value: float | None, problem: str | None) -> GateVerdict:
     if problem is not None or value is None:
         return GateVerdict(holds=False, reason=problem or f"{spec.metric} cannot be read")
-    holds = OPERATORS[spec.operator](value, spec.threshold)
+    holds = OPERATORS[spec.operator](value, spec.threshold_value or 0.0)
     verb = "holds" if holds else "does not hold"
     reason = f"{spec.metric} = {_num(value)}: {_text(spec)} {verb}"
     return GateVerdict(holds=holds, reason=reason, value=value)
@@ -179,8 +172,8 @@ def kept(metrics: object) -> Metrics:
     return kept_metrics
 
 
-def _text(spec: GateSpec) -> str:
-    return f"{spec.metric} {spec.operator} {_num(spec.threshold)}"
+def _text(spec: Condition) -> str:
+    return f"{spec.metric} {spec.operator} {_num(spec.threshold_value)}"
 
 
 def _suffix(index: str | None) -> str:

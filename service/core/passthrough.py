@@ -34,9 +34,9 @@ from typing import Any
 
 import msgspec
 
-from service.core.effects import Forward, Reject
+from service.core import reports
+from service.core.effects import Forward, Recorder, Reject
 from service.core.events import OwnerReported, ResourceApplied, ResourceDeleted, StoredEvent
-from service.core.outcome import Recorder
 from service.core.state import ResourceState, State
 from service.keys import FEDERATED_LEARNING_KIND, JOINT_INFERENCE_KIND, MODEL_KIND
 from service.wire import ReportOutput, ReportStatus
@@ -130,18 +130,12 @@ def refusal(state: State | None, report: OwnerReported) -> Reject | None:
     applying."""
     noun = NOUNS[report.kind]
     if not isinstance(state, ResourceState) or state.kind != report.kind:
-        return Reject(code="unknown_job", reason=f"unknown {noun} {report.namespace}/{report.name}")
+        return reports.unknown_owner(report, noun)
     if worker_named_for(report):
         return None
     roles = " or ".join(f"'{report.name}-{role}-<suffix>'" for role in _ROLES[report.kind])
     whole = "".join(f" or '{report.name}-{name}'" for name in _WHOLE[report.kind])
-    return Reject(
-        code="foreign_worker",
-        reason=(
-            f"worker {report.worker!r} may not report for {noun} {report.namespace}/"
-            f"{report.name}: its workers are named {roles}{whole}"
-        ),
-    )
+    return reports.foreign_worker(report, noun, f"its workers are named {roles}{whole}")
 
 
 def worker_named_for(report: OwnerReported) -> bool:

@@ -41,7 +41,7 @@ import msgspec
 
 from service.core import paths
 from service.core.effects import Reject
-from service.core.events import WorkerReported
+from service.core.events import OwnerReported, WorkerReported
 from service.core.state import JobState, ModelRef, State
 from service.logs import redact
 from service.wire import MAX_URL_CHARS, STORAGE_URL_PATTERN, Model
@@ -82,16 +82,11 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
     module's docstring.
     """
     if not isinstance(state, JobState):
-        return Reject(code="unknown_job", reason=f"unknown job {report.namespace}/{report.name}")
+        return unknown_owner(report, "job")
     if not worker_named_for(report):
         levels = " or ".join(f"'{report.name}-{k}-<suffix>'" for k in _NAME_KINDS[report.kind])
-        return Reject(
-            code="foreign_worker",
-            reason=(
-                f"worker {report.worker!r} may not report for job "
-                f"{report.namespace}/{report.name}: a {report.kind} worker of that job is "
-                f"named {levels}"
-            ),
+        return foreign_worker(
+            report, "job", f"a {report.kind} worker of that job is named {levels}"
         )
     if report.kind not in ("train", "eval"):
         return None  # the inference worker's reports: forwarded, whatever the stage
@@ -99,6 +94,23 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
         _other_round(state, report)
         or _stage_not_running(state, report)
         or _outside_round(state, report, volume_prefix)
+    )
+
+
+def unknown_owner(report: WorkerReported | OwnerReported, noun: str) -> Reject:
+    """The refusal of a report for an owner (a `noun`) that does not exist."""
+    return Reject(code="unknown_job", reason=f"unknown {noun} {report.namespace}/{report.name}")
+
+
+def foreign_worker(report: WorkerReported | OwnerReported, noun: str, named: str) -> Reject:
+    """The refusal of a report from a worker not named for its owner (a `noun`); `named`
+    says how the owner's workers are named."""
+    return Reject(
+        code="foreign_worker",
+        reason=(
+            f"worker {report.worker!r} may not report for {noun} {report.namespace}/"
+            f"{report.name}: {named}"
+        ),
     )
 
 

@@ -3,15 +3,16 @@ federated-learning jobs): small frozen typed values, stored in Redis as msgpack.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord, Scores
 from service.core.samples import Ranges
-from service.core.triggers import TriggerSpec
-from service.wire import ModelRef, RollbackResult
+from service.wire import Condition, JobSpec, ModelRef, RollbackResult, Timer, Trigger
+
+T = TypeVar("T")
 
 Phase = Literal["train", "eval", "deploy"]
 #: waiting: trigger armed, no worker (in deploy: the deploy copy waits for a rollback's copy
@@ -24,11 +25,11 @@ Step = Literal["waiting", "preparing", "running", "copying", "staged"]
 RoundPhase = Literal["train", "eval"]
 
 __all__ = [
+    "Codec",
     "DatasetInfo",
     "DatasetState",
     "GmSent",
     "GmView",
-    "JobSpec",
     "JobState",
     "ModelInfo",
     "ModelRef",
@@ -40,17 +41,6 @@ __all__ = [
     "decode_state",
     "encode_state",
 ]
-
-
-class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What the lifecycle reads of a LifelongLearningJob (templates are stored, not read)."""
-
-    dataset: str
-    train_prob: float
-    trigger: TriggerSpec = TriggerSpec()
-    output_dir: str
-    #: `deploySpec.trigger.condition`; None: every evaluated model is deployed
-    gate: GateSpec | None = None
 
 
 class DatasetInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -188,13 +178,83 @@ class ResourceState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 State = JobState | DatasetState | ResourceState
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(State)
+
+class Codec(Generic[T]):
+    """Values of one type as msgpack bytes and back (a union of tagged structs decodes to
+    the member its tag names)."""
+
+    def __init__(self, type_: Any) -> None:
+        self.encode: Callable[[T], bytes] = msgspec.msgpack.encode
+        self.decode: Callable[[bytes], T] = msgspec.msgpack.Decoder(type_).decode
 
 
-def encode_state(state: State) -> bytes:
-    return _encoder.encode(state)
+_states: Codec[State] = Codec(State)
+encode_state = _states.encode
 
 
 def decode_state(data: bytes) -> State:
-    return _decoder.decode(data)
+    """A stored state. A job's stored before its spec was the wire's own (`_SpecBefore`) is
+    read in that form and given the spec it stands for."""
+    try:
+        return _states.decode(data)
+    except msgspec.ValidationError as error:
+        try:
+            before = _job_before(data)
+        except msgspec.ValidationError:
+            raise error from None
+    fields = {name: getattr(before, name) for name in JobState.__struct_fields__}
+    return JobState(**{**fields, "spec": before.spec.now()})
+
+
+class _TriggerBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A trigger as job states stored it before: its timer in minutes of the day."""
+
+    check_period_s: int = 60
+    window: tuple[int, int] | None = None
+    operator: str = ""
+    threshold: float = 0.0
+    metric: str = ""
+
+    def now(self) -> Trigger:
+        timer = None
+        if self.window is not None:
+            start, end = (f"{m // 60:02d}:{m % 60:02d}" for m in self.window)
+            timer = Timer(start=start, end=end)
+        return Trigger(
+            check_period_seconds=self.check_period_s, timer=timer, condition=_condition(self)
+        )
+
+
+class _GateBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    operator: str
+    threshold: float
+    metric: str
+
+
+class _SpecBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A job's spec as job states stored it before it was the wire's `JobSpec`."""
+
+    dataset: str
+    train_prob: float
+    trigger: _TriggerBefore = _TriggerBefore()
+    output_dir: str
+    gate: _GateBefore | None = None
+
+    def now(self) -> JobSpec:
+        return JobSpec(
+            dataset=self.dataset, train_prob=self.train_prob, trigger=self.trigger.now(),
+            output_dir=self.output_dir, gate=_condition(self.gate),
+        )  # fmt: skip
+
+
+def _condition(rule: _TriggerBefore | _GateBefore | None) -> Condition | None:
+    if rule is None or not rule.operator:
+        return None
+    return Condition(operator=rule.operator, threshold=rule.threshold, metric=rule.metric)  # type: ignore[arg-type]
+
+
+class _JobBefore(JobState, frozen=True, kw_only=True, tag="job"):
+    spec: _SpecBefore  # type: ignore[assignment]
+
+
+_job_before = msgspec.msgpack.Decoder(_JobBefore).decode

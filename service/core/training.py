@@ -11,9 +11,8 @@ from __future__ import annotations
 import msgspec
 
 from service.core import conditions, paths, reports, samples
-from service.core.effects import RecordRound, WriteRound
+from service.core.effects import Recorder, RecordRound, WriteRound
 from service.core.events import Event, ModelCopied, RoundWritten, WorkerReported
-from service.core.outcome import Recorder
 from service.core.rounds import Deployment, RoundOutcome, RoundRecord
 from service.core.state import JobState, ModelRef, RoundPhase
 from service.core.triggers import NUM_OF_SAMPLES, should_fire
@@ -59,7 +58,7 @@ def check_trigger(job: JobState, out: Recorder, *, reschedule: bool) -> JobState
     ):
         return _fire(job, out)
     if reschedule or job.next_check_ms is None or job.next_check_ms <= ctx.now_ms:
-        due_ms = ctx.now_ms + job.spec.trigger.check_period_s * 1000
+        due_ms = ctx.now_ms + job.spec.trigger.check_period_seconds * 1000
         out.schedule(due_ms)
         return replace(job, next_check_ms=due_ms)
     return job
@@ -244,7 +243,7 @@ def back_to_train(job: JobState, out: Recorder, reason: str) -> JobState:
 def round_failed(job: JobState, out: Recorder, what: str, reason: str) -> JobState:
     """Count the failure and wait out its backoff before the trigger is checked again."""
     failures = job.consecutive_failures + 1
-    delay_ms = retry_delay_ms(job.spec.trigger.check_period_s, failures)
+    delay_ms = retry_delay_ms(job.spec.trigger.check_period_seconds, failures)
     retry_at_ms = out.ctx.now_ms + delay_ms
     out.note(
         f"{what}: {reason}; back to train, failure {failures} in a row, "

@@ -2,7 +2,8 @@
 
 Sedna's trigger (pkg/localcontroller/trigger) compares a metric against a threshold and
 checks a "HH:MM" window. Here both are plain functions of their inputs; the caller passes
-the local minute of the day, so no clock is read.
+the local minute of the day, so no clock is read. The trigger is the job spec's own
+(`service.wire.Trigger`): this module is what its condition and window mean.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
-import msgspec
+from service.wire import MINUTES_PER_DAY, Condition, Trigger
 
 EPSILON = 1e-6
 NUM_OF_SAMPLES = "num_of_samples"
-MINUTES_PER_DAY = 24 * 60
 
 _METRIC_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<index>\d+)\])?$")
-_HHMM_RE = re.compile(r"^(?P<h>\d{2}):(?P<m>\d{2})$")
 
 
 def _gt(a: float, b: float) -> bool:
@@ -53,37 +52,6 @@ OPERATORS: Mapping[str, Callable[[float, float], bool]] = {
     "eq": _eq, "=": _eq, "==": _eq,
     "ne": _ne, "!=": _ne,
 }  # fmt: skip
-
-
-class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The interpreted part of `trainSpec.trigger`.
-
-    `window` is (start, end) in minutes of the day, both inclusive; `None` means no timer.
-    An empty `operator` means no condition (Sedna sends the condition even when unset).
-    """
-
-    check_period_s: int = 60
-    window: tuple[int, int] | None = None
-    operator: str = ""
-    threshold: float = 0.0
-    metric: str = ""
-
-    @property
-    def has_condition(self) -> bool:
-        return self.operator != ""
-
-
-def parse_hhmm(text: str) -> int:
-    """Minutes of the day for "HH:MM" (00:00..23:59, and 24:00 = 1440). ValueError otherwise."""
-    match = _HHMM_RE.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not HH:MM")
-    hours, minutes = int(match["h"]), int(match["m"])
-    if (hours, minutes) == (24, 0):
-        return MINUTES_PER_DAY
-    if hours > 23 or minutes > 59:
-        raise ValueError(f"{text!r} is not a time of day (00:00..23:59 or 24:00)")
-    return hours * 60 + minutes
 
 
 def parse_threshold(value: str | int | float | None) -> float:
@@ -127,15 +95,15 @@ def metric_value(metrics: Mapping[str, object], metric: str) -> float | None:
     return float(value)
 
 
-def condition_holds(spec: TriggerSpec, metrics: Mapping[str, object]) -> bool:
-    compare = OPERATORS.get(spec.operator)
-    value = metric_value(metrics, spec.metric)
+def condition_holds(condition: Condition, metrics: Mapping[str, object]) -> bool:
+    compare = OPERATORS.get(condition.operator)
+    value = metric_value(metrics, condition.metric)
     if compare is None or value is None:
         return False
-    return compare(value, spec.threshold)
+    return compare(value, condition.threshold_value or 0.0)
 
 
-def should_fire(spec: TriggerSpec, metrics: Mapping[str, object], minute_of_day: int) -> bool:
+def should_fire(trigger: Trigger, metrics: Mapping[str, object], minute_of_day: int) -> bool:
     """Whether the trigger fires now.
 
     Both condition and timer present: both must hold; an absent one holds trivially. With
@@ -143,10 +111,11 @@ def should_fire(spec: TriggerSpec, metrics: Mapping[str, object], minute_of_day:
     a round without a pending sample whatever the condition says (an empty round trains on
     nothing).
     """
-    if spec.window is not None and not in_window(spec.window, minute_of_day):
+    window = trigger.window
+    if window is not None and not in_window(window, minute_of_day):
         return False
-    if spec.has_condition:
-        return condition_holds(spec, metrics)
+    if trigger.condition is not None and trigger.has_condition:
+        return condition_holds(trigger.condition, metrics)
     return (metric_value(metrics, NUM_OF_SAMPLES) or 0.0) >= 1
 
 
@@ -154,11 +123,9 @@ __all__ = [
     "EPSILON",
     "NUM_OF_SAMPLES",
     "OPERATORS",
-    "TriggerSpec",
     "condition_holds",
     "in_window",
     "metric_value",
-    "parse_hhmm",
     "parse_threshold",
     "should_fire",
     "valid_metric",

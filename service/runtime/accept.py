@@ -13,12 +13,10 @@ an unknown job, say) can still show what was refused.
 from __future__ import annotations
 
 import hashlib
-import json
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
-import yaml
 
 from service import wire
 from service.core.conditions import view_of
@@ -36,14 +34,11 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.gate import GateSpec
 from service.core.paths import DataRoots
-from service.core.state import GmView, JobSpec, ModelInfo
-from service.core.triggers import TriggerSpec, parse_hhmm
+from service.core.state import GmView, ModelInfo
 from service.errors import InvalidMessage
 from service.keys import STORED_KINDS, dataset_key, job_key, rkey
 from service.runtime.gm import GM_TOPIC
-from service.wire.fields import invalid
 from service.wire.workers import STATUS_REQUIRED
 
 
@@ -187,7 +182,7 @@ def downstream_event(
             applied = JobApplied(
                 namespace=job.metadata.namespace,
                 name=job.metadata.name,
-                spec=job_spec(job),
+                spec=wire.job_spec(job),
                 digest=digest(job),
                 gm=gm_view(job) if from_gm else None,
             )
@@ -224,107 +219,9 @@ def model_info(model: wire.ModelResource) -> ModelInfo:
     )
 
 
-def job_spec(job: wire.LifelongLearningJob) -> JobSpec:
-    """The part of a LifelongLearningJob the lifecycle reads."""
-    spec = job.spec
-    trigger = spec.train_spec.trigger
-    window = None
-    if trigger.timer is not None:
-        window = (parse_hhmm(trigger.timer.start), parse_hhmm(trigger.timer.end))
-    condition = trigger.condition
-    operator, threshold, metric = "", 0.0, ""
-    if condition is not None and condition.operator:
-        operator, metric = condition.operator, condition.metric
-        threshold = condition.threshold_value or 0.0
-    return JobSpec(
-        dataset=spec.dataset.name,
-        train_prob=spec.dataset.train_prob,
-        trigger=TriggerSpec(
-            check_period_s=trigger.check_period_seconds,
-            window=window,
-            operator=operator,
-            threshold=threshold,
-            metric=metric,
-        ),
-        output_dir=spec.output_dir,
-        gate=job_gate(job),
-    )
-
-
 def gm_view(job: wire.LifelongLearningJob) -> GmView:
     """What the GM's copy of a job shows (its status conditions)."""
     return view_of(job.status.conditions if job.status is not None else [])
-
-
-#: The longest deploy-trigger annotation read (a condition is a few dozen bytes).
-MAX_TRIGGER_ANNOTATION_BYTES = 4096
-_ANNOTATION_FIELD = f"$.metadata.annotations[{wire.DEPLOY_TRIGGER_ANNOTATION!r}]"
-
-
-def job_gate(job: wire.LifelongLearningJob) -> GateSpec | None:
-    """The deploy gate of a job: `deploySpec.trigger`, or the annotation
-    `lifelong.sedna.io/deploy-trigger` (Sedna's CRD and GM drop the former, annotations reach
-    the node). Both set and different: refused, saying which."""
-    from_spec = gate_spec(job.spec.deploy_spec.trigger)
-    text = job.metadata.annotations.get(wire.DEPLOY_TRIGGER_ANNOTATION)
-    if text is None:
-        return from_spec
-    from_annotation = gate_spec(_trigger_annotation(text))
-    if job.spec.deploy_spec.trigger is not None and from_spec != from_annotation:
-        raise InvalidMessage(
-            f"deploySpec.trigger and the annotation {wire.DEPLOY_TRIGGER_ANNOTATION} "
-            "set different deploy conditions: keep one of them",
-            _ANNOTATION_FIELD,
-            code="invalid",
-        )
-    return from_annotation
-
-
-def _trigger_annotation(text: str) -> wire.DeployTrigger:
-    """The annotation's `{"condition": {...}}`, as JSON or YAML (no anchors or aliases)."""
-    if len(text.encode("utf-8", "replace")) > MAX_TRIGGER_ANNOTATION_BYTES:
-        raise InvalidMessage(
-            f"over {MAX_TRIGGER_ANNOTATION_BYTES} bytes", _ANNOTATION_FIELD, code="invalid"
-        )
-    obj: Any
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = _plain_yaml(text)
-    if not isinstance(obj, dict):
-        raise InvalidMessage(
-            'expected an object such as {"condition": {"operator": ">", "threshold": 0.01, '
-            '"metric": "accuracy_delta[0]"}}',
-            _ANNOTATION_FIELD,
-            code="invalid",
-        )
-    try:
-        return msgspec.convert(obj, wire.DeployTrigger)
-    except msgspec.ValidationError as e:
-        raise invalid(e, _ANNOTATION_FIELD) from None
-
-
-def _plain_yaml(text: str) -> Any:
-    try:
-        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader)):
-            raise InvalidMessage("YAML anchors and aliases are not allowed", _ANNOTATION_FIELD)
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        reason = f"neither JSON nor YAML: {str(e).splitlines()[0]}"
-        raise InvalidMessage(reason, _ANNOTATION_FIELD, code="invalid") from None
-
-
-def gate_spec(trigger: wire.DeployTrigger | None) -> GateSpec | None:
-    """The deploy gate a deploy trigger's condition sets (None: no condition, or an empty
-    operator, as Sedna sends an unset one)."""
-    condition = trigger.condition if trigger is not None else None
-    if condition is None or not condition.operator:
-        return None
-    return GateSpec(
-        operator=condition.operator,
-        threshold=condition.threshold_value or 0.0,
-        metric=condition.metric,
-    )
 
 
 #: Why a report of an owner kind this controller does not manage yet is refused.

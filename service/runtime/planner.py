@@ -23,6 +23,7 @@ from service.core.effects import (
     DatasetUnreadable,
     Forward,
     Note,
+    Outcome,
     Publish,
     RecordRound,
     Refused,
@@ -31,7 +32,6 @@ from service.core.effects import (
     Work,
     encode_work,
 )
-from service.core.outcome import Outcome
 from service.core.passthrough import gm_accepts
 from service.core.rounds import encode_round
 from service.core.state import State, encode_state

@@ -32,7 +32,7 @@ from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
-from service.core.transition import transition
+from service.core.lifecycle import transition
 from service.errors import ServiceError, StoreUnavailable
 from service.heartbeat import Heartbeats
 from service.keys import Keys

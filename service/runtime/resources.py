@@ -13,8 +13,8 @@ import msgspec
 
 from service.adapters.redis_store import Commit, IngressEntry
 from service.config import Config
+from service.core.effects import Context, Outcome
 from service.core.events import Event, JobApplied, Tick
-from service.core.outcome import Context, Outcome
 from service.core.state import JobState, State, decode_state
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics

@@ -2,14 +2,22 @@
 JointInferenceService and FederatedLearningJob, their metadata and specs, and the envelope
 that carries them.
 
+`JobSpec` is what the lifecycle reads of a LifelongLearningJob, in these same types (the
+core keeps it in the job's state): its dataset, its trigger, its outputDir and its deploy
+gate, which `job_gate` takes from `deploySpec.trigger` or the deploy-trigger annotation.
+
 Unknown fields are ignored (a newer Sedna may add some); `service.wire.downstream` names them
 for the CLI.
 """
 
+import json
+import re
 from typing import Any, Literal
 
 import msgspec
+import yaml
 
+from service.errors import InvalidMessage
 from service.wire.base import Wire
 from service.wire.fields import (
     ClockTime,
@@ -27,6 +35,7 @@ from service.wire.fields import (
     Probability,
     ShortText,
     StorageUrl,
+    invalid,
 )
 
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
@@ -34,6 +43,8 @@ CREDENTIAL_ANNOTATION = "sedna.io/credential"
 #: JSON or YAML): Sedna's CRD and its GM drop `deploySpec.trigger`, annotations reach the node.
 DEPLOY_TRIGGER_ANNOTATION = "lifelong.sedna.io/deploy-trigger"
 SEDNA_API_VERSION = "sedna.io/v1alpha1"
+MINUTES_PER_DAY = 24 * 60
+_HHMM_RE = re.compile(r"^(?P<h>\d{2}):(?P<m>\d{2})$")
 
 
 class Header(Wire, frozen=True, kw_only=True):
@@ -72,6 +83,14 @@ class ObjectMeta(Wire, frozen=True, kw_only=True):
         return msgspec.Struct.__repr__(msgspec.structs.replace(self, annotations=masked))
 
 
+class SednaObject(Wire, frozen=True, kw_only=True):
+    """What every Sedna resource carries besides its `kind` and its `spec`: its apiVersion
+    (defaulted: informer objects often omit it) and its metadata."""
+
+    api_version: str = SEDNA_API_VERSION
+    metadata: ObjectMeta
+
+
 class DatasetSpec(Wire, frozen=True, kw_only=True):
     """Where a dataset's samples live and how they are laid out."""
 
@@ -86,12 +105,10 @@ class DatasetSpec(Wire, frozen=True, kw_only=True):
         return "csv" if self.format.lower() == "csv" else "txt"
 
 
-class Dataset(Wire, frozen=True, kw_only=True):
+class Dataset(SednaObject, frozen=True, kw_only=True):
     """Sedna's Dataset resource (apiVersion/kind default: informer objects often omit them)."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "Dataset"
-    metadata: ObjectMeta
     spec: DatasetSpec
 
 
@@ -115,13 +132,42 @@ class Timer(Wire, frozen=True, kw_only=True):
     start: ClockTime
     end: ClockTime
 
+    @property
+    def window(self) -> tuple[int, int]:
+        """(start, end) in minutes of the day."""
+        return parse_hhmm(self.start), parse_hhmm(self.end)
+
 
 class Trigger(Wire, frozen=True, kw_only=True):
-    """When a train round may start."""
+    """When a train round may start: checked every checkPeriodSeconds, it fires inside the
+    timer's window (no timer: any time) when the condition holds (no condition, or an empty
+    operator, as Sedna sends an unset one: as soon as a train sample is pending)."""
 
     check_period_seconds: PeriodSeconds = 60
     timer: Timer | None = None
     condition: Condition | None = None
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The timer's (start, end) in minutes of the day; None: no timer."""
+        return self.timer.window if self.timer is not None else None
+
+    @property
+    def has_condition(self) -> bool:
+        return self.condition is not None and self.condition.operator != ""
+
+
+def parse_hhmm(text: str) -> int:
+    """Minutes of the day for "HH:MM" (00:00..23:59, and 24:00 = 1440). ValueError otherwise."""
+    match = _HHMM_RE.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not HH:MM")
+    hours, minutes = int(match["h"]), int(match["m"])
+    if (hours, minutes) == (24, 0):
+        return MINUTES_PER_DAY
+    if hours > 23 or minutes > 59:
+        raise ValueError(f"{text!r} is not a time of day (00:00..23:59 or 24:00)")
+    return hours * 60 + minutes
 
 
 class JobDatasetRef(Wire, frozen=True, kw_only=True):
@@ -190,15 +236,26 @@ class JobResourceStatus(Wire, frozen=True, kw_only=True):
     conditions: list[JobCondition] = []
 
 
-class LifelongLearningJob(Wire, frozen=True, kw_only=True):
+class LifelongLearningJob(SednaObject, frozen=True, kw_only=True):
     """Sedna's LifelongLearningJob resource; `status` as Sedna's GM sends it (absent from
     the cloud's MQTT envelopes)."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "LifelongLearningJob"
-    metadata: ObjectMeta
     spec: LifelongLearningJobSpec
     status: JobResourceStatus | None = None
+
+
+class JobSpec(Wire, frozen=True, kw_only=True):
+    """What the lifecycle reads of a LifelongLearningJob, kept in the job's state: the
+    wire's own values, without the worker templates (the resource is stored beside the
+    state). `gate` is the deploy condition (`deploySpec.trigger.condition` or the
+    annotation's, its threshold a number; None: every evaluated model is deployed)."""
+
+    dataset: DnsSubdomain
+    train_prob: Probability
+    trigger: Trigger = msgspec.field(default_factory=Trigger)
+    output_dir: StorageUrl
+    gate: Condition | None = None
 
 
 class ModelSpec(Wire, frozen=True, kw_only=True):
@@ -210,13 +267,11 @@ class ModelSpec(Wire, frozen=True, kw_only=True):
     credential_name: DnsSubdomain | None = None
 
 
-class ModelResource(Wire, frozen=True, kw_only=True):
+class ModelResource(SednaObject, frozen=True, kw_only=True):
     """Sedna's Model resource: a model jobs name (an incremental-learning job's initial and
     deploy model, a service's worker models); its S3 credential comes in the annotation."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "Model"
-    metadata: ObjectMeta
     spec: ModelSpec
 
 
@@ -271,13 +326,11 @@ class JointInferenceServiceSpec(Wire, frozen=True, kw_only=True):
     cloud_worker: CloudWorker
 
 
-class JointInferenceService(Wire, frozen=True, kw_only=True):
+class JointInferenceService(SednaObject, frozen=True, kw_only=True):
     """Sedna's JointInferenceService: stored so its workers' reports are bound to it and
     forwarded upstream; the controller runs nothing of it."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "JointInferenceService"
-    metadata: ObjectMeta
     spec: JointInferenceServiceSpec
 
 
@@ -319,11 +372,89 @@ class FederatedLearningJobSpec(Wire, frozen=True, kw_only=True):
     transmitter: Transmitter | None = None
 
 
-class FederatedLearningJob(Wire, frozen=True, kw_only=True):
+class FederatedLearningJob(SednaObject, frozen=True, kw_only=True):
     """Sedna's FederatedLearningJob: stored so its workers' reports are bound to it and
     forwarded upstream; the controller runs nothing of it."""
 
-    api_version: str = SEDNA_API_VERSION
     kind: str = "FederatedLearningJob"
-    metadata: ObjectMeta
     spec: FederatedLearningJobSpec
+
+
+# ================================================================= what the lifecycle reads
+def job_spec(job: LifelongLearningJob) -> JobSpec:
+    """The part of a LifelongLearningJob the lifecycle reads (its deploy gate: `job_gate`)."""
+    spec = job.spec
+    return JobSpec(
+        dataset=spec.dataset.name,
+        train_prob=spec.dataset.train_prob,
+        trigger=spec.train_spec.trigger,
+        output_dir=spec.output_dir,
+        gate=job_gate(job),
+    )
+
+
+#: The longest deploy-trigger annotation read (a condition is a few dozen bytes).
+MAX_TRIGGER_ANNOTATION_BYTES = 4096
+_ANNOTATION_FIELD = f"$.metadata.annotations[{DEPLOY_TRIGGER_ANNOTATION!r}]"
+
+
+def job_gate(job: LifelongLearningJob) -> Condition | None:
+    """The deploy gate of a job: `deploySpec.trigger`, or the annotation
+    `lifelong.sedna.io/deploy-trigger` (Sedna's CRD and GM drop the former, annotations reach
+    the node). Both set and different: refused, saying which."""
+    from_spec = gate_spec(job.spec.deploy_spec.trigger)
+    text = job.metadata.annotations.get(DEPLOY_TRIGGER_ANNOTATION)
+    if text is None:
+        return from_spec
+    from_annotation = gate_spec(_trigger_annotation(text))
+    if job.spec.deploy_spec.trigger is not None and from_spec != from_annotation:
+        raise InvalidMessage(
+            f"deploySpec.trigger and the annotation {DEPLOY_TRIGGER_ANNOTATION} "
+            "set different deploy conditions: keep one of them",
+            _ANNOTATION_FIELD,
+            code="invalid",
+        )
+    return from_annotation
+
+
+def _trigger_annotation(text: str) -> DeployTrigger:
+    """The annotation's `{"condition": {...}}`, as JSON or YAML (no anchors or aliases)."""
+    if len(text.encode("utf-8", "replace")) > MAX_TRIGGER_ANNOTATION_BYTES:
+        raise InvalidMessage(
+            f"over {MAX_TRIGGER_ANNOTATION_BYTES} bytes", _ANNOTATION_FIELD, code="invalid"
+        )
+    obj: Any
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = _plain_yaml(text)
+    if not isinstance(obj, dict):
+        raise InvalidMessage(
+            'expected an object such as {"condition": {"operator": ">", "threshold": 0.01, '
+            '"metric": "accuracy_delta[0]"}}',
+            _ANNOTATION_FIELD,
+            code="invalid",
+        )
+    try:
+        return msgspec.convert(obj, DeployTrigger)
+    except msgspec.ValidationError as e:
+        raise invalid(e, _ANNOTATION_FIELD) from None
+
+
+def _plain_yaml(text: str) -> Any:
+    try:
+        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise InvalidMessage("YAML anchors and aliases are not allowed", _ANNOTATION_FIELD)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        reason = f"neither JSON nor YAML: {str(e).splitlines()[0]}"
+        raise InvalidMessage(reason, _ANNOTATION_FIELD, code="invalid") from None
+
+
+def gate_spec(trigger: DeployTrigger | None) -> Condition | None:
+    """The deploy gate a deploy trigger's condition sets, its threshold a number (None: no
+    condition, or an empty operator, as Sedna sends an unset one)."""
+    condition = trigger.condition if trigger is not None else None
+    if condition is None or not condition.operator:
+        return None
+    return msgspec.structs.replace(condition, threshold=condition.threshold_value or 0.0)

@@ -10,8 +10,8 @@ import pytest
 
 from service import wire
 from service.cli import rendering
-from service.core.state import DatasetInfo, DatasetState, GmView, JobSpec, JobState, ModelRef
-from service.core.triggers import TriggerSpec
+from service.core.state import DatasetInfo, DatasetState, GmView, JobState, ModelRef
+from service.wire import Condition, JobSpec, Timer, Trigger
 from tests.cli.documents import JOB, RECORDS
 
 
@@ -41,8 +41,10 @@ def test_format_time_is_rfc3339_utc() -> None:
 SPEC = JobSpec(
     dataset="ds",
     train_prob=0.8,
-    trigger=TriggerSpec(check_period_s=30, window=(120, 1440), operator=">", threshold=500,
-                        metric="num_of_samples"),
+    trigger=Trigger(
+        check_period_seconds=30, timer=Timer(start="02:00", end="24:00"),
+        condition=Condition(operator=">", threshold=500, metric="num_of_samples"),
+    ),
     output_dir="/out",
 )  # fmt: skip
 

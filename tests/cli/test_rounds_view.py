@@ -18,15 +18,15 @@ from service.cli.rendering import (
     sparkline,
 )
 from service.cli.sending import answer_of, rollback_envelope
-from service.core.gate import GateSpec
 from service.core.rounds import Deployment, RoundRecord
-from service.core.state import JobSpec, JobState, ModelRef
+from service.core.state import JobState, ModelRef
+from service.wire import Condition, JobSpec
 from tests.cli.documents import JOB as REFERENCE_JOB
 
 T0 = 1_700_000_000_000
 
 
-def job(gate: GateSpec | None = None, **fields: object) -> JobState:
+def job(gate: Condition | None = None, **fields: object) -> JobState:
     state = JobState(
         namespace="default",
         name="j",
@@ -59,8 +59,8 @@ ROUNDS = [
 
 
 def test_the_main_metric_is_the_conditions_quantity_else_the_first_reported() -> None:
-    assert main_metric(job(GateSpec(operator=">", threshold=0, metric="f1_delta[2]"))) == "f1[2]"
-    assert main_metric(job(GateSpec(operator=">", threshold=0, metric="acc"))) == "acc"
+    assert main_metric(job(Condition(operator=">", threshold=0, metric="f1_delta[2]"))) == "f1[2]"
+    assert main_metric(job(Condition(operator=">", threshold=0, metric="acc"))) == "acc"
     assert main_metric(job(), ROUNDS) == "accuracy"
     assert main_metric(job()) is None
     assert metric_value({"f1": (0.1, 0.2, 0.3)}, "f1[2]") == 0.3
@@ -76,7 +76,7 @@ def test_sparkline_scales_between_the_extremes_and_marks_gaps() -> None:
 
 
 def test_describe_shows_the_gate_the_deployed_model_and_a_table_of_rounds() -> None:
-    gate = GateSpec(operator=">", threshold=0.05, metric="accuracy_delta")
+    gate = Condition(operator=">", threshold=0.05, metric="accuracy_delta")
     state = job(gate, deployed=deployment(1, 0.9), deployments=(deployment(2, 0.85),))
     lines = describe_lines(state, ROUNDS)
     assert lines[0] == (

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from service.core.effects import CopyModel, Effect, Note, Publish, WriteRound
+from service.core.effects import Context, CopyModel, Effect, Note, Publish, WriteRound
 from service.core.events import (
     DatasetChanged,
     Event,
@@ -21,11 +21,10 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context
+from service.core.lifecycle import transition
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, JobSpec, JobState, State
-from service.core.transition import transition
-from service.core.triggers import TriggerSpec
+from service.core.state import DatasetInfo, JobState, State
+from service.wire import JobSpec, Trigger
 
 NS = "default"
 JOB = "job-a"
@@ -35,14 +34,14 @@ DATASET = "ds"
 def spec(
     *,
     train_prob: float = 0.8,
-    trigger: TriggerSpec | None = None,
+    trigger: Trigger | None = None,
     output_dir: str = "/output",
     dataset: str = DATASET,
 ) -> JobSpec:
     return JobSpec(
         dataset=dataset,
         train_prob=train_prob,
-        trigger=trigger or TriggerSpec(),
+        trigger=trigger or Trigger(),
         output_dir=output_dir,
     )
 
@@ -84,6 +83,7 @@ class Driver:
             minute_of_day=self.minute,
             event_id=f"e{self.seq}",
             volume_prefix=self.prefix,
+            strict=True,
         )
 
     def apply(self, event: Event) -> tuple[Effect, ...]:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from service.core import reports
 from service.core.effects import ScheduleCheck, WriteRound
 from service.core.events import JobApplied, WorkerReported
-from service.core.jobs import MAX_RETRY_DELAY_MS, retry_delay_ms
-from service.core.triggers import TriggerSpec
+from service.core.training import MAX_RETRY_DELAY_MS, retry_delay_ms
+from service.wire import Trigger
 from tests.core.driver import JOB, NS, Driver, report, spec
 
 PERIOD_S = 10
@@ -24,7 +24,7 @@ PERIOD_S = 10
 def failing_job(period_s: int = PERIOD_S) -> Driver:
     """A job whose first round is running: it fires on any pending sample."""
     d = Driver()
-    d.create(spec(trigger=TriggerSpec(check_period_s=period_s)))
+    d.create(spec(trigger=Trigger(check_period_seconds=period_s)))
     d.dataset(10)
     d.written("train")
     assert d.job.step == "running"
@@ -124,7 +124,7 @@ def test_a_changed_spec_ends_the_wait_but_keeps_the_count() -> None:
     resent = JobApplied(namespace=NS, name=JOB, spec=d.job.spec, digest="d1")
     d.apply(resent)  # the GM's identical resync changes nothing
     assert d.job.retry_at_ms is not None
-    changed = spec(trigger=TriggerSpec(check_period_s=PERIOD_S), train_prob=0.5)
+    changed = spec(trigger=Trigger(check_period_seconds=PERIOD_S), train_prob=0.5)
     d.apply(JobApplied(namespace=NS, name=JOB, spec=changed, digest="d2"))
     assert d.job.retry_at_ms is None and d.job.consecutive_failures == 1
     d.now_ms += PERIOD_S * 1000

@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 from service.core import samples
 from service.core.effects import CopyModel, Publish, RecordRound, ScheduleCheck
 from service.core.events import WorkerReported
-from service.core.gate import GateSpec
 from service.core.rounds import RoundRecord
-from service.core.triggers import TriggerSpec
+from service.wire import Condition, Trigger
 from tests.core.driver import JOB, NS, Driver, content, report, spec
 
-GATE = GateSpec(operator=">", threshold=0.01, metric="accuracy_delta[0]")
+GATE = Condition(operator=">", threshold=0.01, metric="accuracy_delta[0]")
 OUT = "/output"
 
 
@@ -25,11 +24,11 @@ def model(version: int) -> str:
     return f"{OUT}/train/{version}/model.json"
 
 
-def gated(gate: GateSpec | None = GATE, check_period_s: int = 60) -> Driver:
+def gated(gate: Condition | None = GATE, check_period_s: int = 60) -> Driver:
     d = Driver()
     d.create(
         msgspec.structs.replace(
-            spec(trigger=TriggerSpec(check_period_s=check_period_s)), gate=gate
+            spec(trigger=Trigger(check_period_seconds=check_period_s)), gate=gate
         )
     )
     return d
@@ -196,7 +195,7 @@ def test_a_report_with_one_result_is_judged_as_if_nothing_were_deployed() -> Non
     assert d.job.current is not None and d.job.current.reason is not None
     assert "only the new model's result" in d.job.current.reason
     # a condition on the metric itself is judged as usual
-    d = gated(GateSpec(operator=">=", threshold=0.5, metric="accuracy[0]"))
+    d = gated(Condition(operator=">=", threshold=0.5, metric="accuracy[0]"))
     deploy_round(d, 10, 0.8)
     to_eval(d, 20)
     d.apply(eval_report(d, results(0.1)))

@@ -7,11 +7,13 @@ names, versions, counts and phases drawn wide enough to hit every table entry an
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.effects import Publish
+from service.core.effects import Context, Publish
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -25,10 +27,10 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context
-from service.core.state import DatasetInfo, JobSpec, State, decode_state, encode_state
-from service.core.transition import transition
-from service.core.triggers import OPERATORS, TriggerSpec
+from service.core.lifecycle import transition
+from service.core.state import DatasetInfo, State, decode_state, encode_state
+from service.core.triggers import OPERATORS
+from service.wire import Condition, JobSpec, Timer, Trigger
 from tests.core.test_transition_table import SUBSTATES, reach
 
 NAMES = st.sampled_from(["job-a", "ds"])
@@ -47,13 +49,18 @@ WORKERS = st.sampled_from(
 CHANNELS = st.sampled_from(["mqtt", "http"])
 FORMATS = st.sampled_from(["txt", "csv", "CSV", "weird"])
 
+CLOCKS = st.integers(0, 1440).map(lambda m: f"{m // 60:02d}:{m % 60:02d}")
 triggers = st.builds(
-    TriggerSpec,
-    check_period_s=st.integers(1, 10**6),
-    window=st.none() | st.tuples(st.integers(0, 1440), st.integers(0, 1440)),
-    operator=st.sampled_from(["", *OPERATORS]),
-    threshold=st.floats(allow_nan=False, allow_infinity=False, width=32),
-    metric=st.sampled_from(["", "num_of_samples", "num_of_samples[0]", "other"]),
+    Trigger,
+    check_period_seconds=st.integers(1, 10**6),
+    timer=st.none() | st.builds(Timer, start=CLOCKS, end=CLOCKS),
+    condition=st.none()
+    | st.builds(
+        Condition,
+        operator=st.sampled_from(["", *OPERATORS]),
+        threshold=st.floats(allow_nan=False, allow_infinity=False, width=32),
+        metric=st.sampled_from(["", "num_of_samples", "num_of_samples[0]", "other"]),
+    ),
 )
 specs = st.builds(
     JobSpec,
@@ -73,63 +80,46 @@ model_results = st.lists(
 ).map(tuple)
 infos = st.builds(DatasetInfo, url=URLS, format=FORMATS, present=st.booleans())
 
+
+def _event(cls: type[Event], /, **fields: Any) -> st.SearchStrategy[Event]:
+    """Events of one class for one of the resources the fuzz drives."""
+    return st.builds(cls, namespace=NS, name=NAMES, **fields)
+
+
 _any_event: st.SearchStrategy[Event] = st.one_of(
-    st.builds(JobApplied, namespace=NS, name=NAMES, spec=specs, digest=st.sampled_from("abc")),
-    st.builds(JobDeleted, namespace=NS, name=NAMES),
-    st.builds(
-        DatasetApplied,
-        namespace=NS,
-        name=NAMES,
-        url=URLS,
-        format=FORMATS,
-        digest=st.sampled_from("abc"),
-    ),
-    st.builds(DatasetDeleted, namespace=NS, name=NAMES),
-    st.builds(
+    _event(JobApplied, spec=specs, digest=st.sampled_from("abc")),
+    _event(JobDeleted),
+    _event(DatasetApplied, url=URLS, format=FORMATS, digest=st.sampled_from("abc")),
+    _event(DatasetDeleted),
+    _event(
         DatasetPolled,
-        namespace=NS,
-        name=NAMES,
         url=URLS,
         num_samples=COUNTS,
         cursor=st.binary(max_size=8),
         error=st.none() | st.just("boom"),
     ),
-    st.builds(
+    _event(
         DatasetChanged,
-        namespace=NS,
-        name=NAMES,
         dataset=st.sampled_from(["ds", "x"]),
         info=infos,
         num_samples=st.none() | COUNTS,
     ),
-    st.builds(
+    _event(
         WorkerReported,
-        namespace=NS,
-        name=NAMES,
         worker=WORKERS,
         kind=st.sampled_from(["train", "eval", "deploy", "inference"]),
         status=st.sampled_from(["ready", "running", "completed", "failed"]),
         results=model_results,
         channel=CHANNELS,
     ),
-    st.builds(
-        Tick, kind=st.sampled_from(["job", "dataset"]), namespace=NS, name=NAMES, due_ms=COUNTS
-    ),
-    st.builds(
+    _event(Tick, kind=st.sampled_from(["job", "dataset"]), due_ms=COUNTS),
+    _event(
         RoundWritten,
-        namespace=NS,
-        name=NAMES,
         phase=st.sampled_from(["train", "eval"]),
         version=st.integers(0, 5),
         error=st.none() | st.just("disk full"),
     ),
-    st.builds(
-        ModelCopied,
-        namespace=NS,
-        name=NAMES,
-        version=st.integers(0, 5),
-        error=st.none() | st.just("gone"),
-    ),
+    _event(ModelCopied, version=st.integers(0, 5), error=st.none() | st.just("gone")),
 )
 
 
@@ -176,8 +166,9 @@ def test_no_event_sequence_makes_transition_raise(
     state: State | None = None if start is None else reach(*start).state
     for i, event in enumerate(history):
         ctx = Context(
-            now_ms=1_000 * i, minute_of_day=minute, event_id=f"e{i}", volume_prefix=prefix
-        )
+            now_ms=1_000 * i, minute_of_day=minute, event_id=f"e{i}", volume_prefix=prefix,
+            strict=True,
+        )  # fmt: skip
         outcome = transition(state, event, ctx)
         state = outcome.state
         if state is not None:

@@ -10,16 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.gate import GateSpec, judge, kept
+from service.core.gate import judge, kept
 from service.core.triggers import EPSILON, OPERATORS
+from service.wire import Condition
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
 operators = st.sampled_from(sorted(OPERATORS))
 
 
-def gate(metric: str, operator: str = ">", threshold: float = 0.0) -> GateSpec:
-    return GateSpec(operator=operator, threshold=threshold, metric=metric)
+def gate(metric: str, operator: str = ">", threshold: float = 0.0) -> Condition:
+    return Condition(operator=operator, threshold=threshold, metric=metric)
 
 
 @settings(max_examples=400, deadline=None)

@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from service.core.conditions import REPORTED_BY_LC, STAGED_DOUBT_MS, view_of
 from service.core.effects import CopyModel, Publish, WriteRound, gm_accepts
 from service.core.events import JobApplied, ModelCopied, RollbackRequested
-from service.core.gate import GateSpec
 from service.core.state import GmView
-from service.wire import JobCondition, JobStatus
+from service.wire import Condition, JobCondition, JobStatus
 from tests.core.driver import JOB, NS, Driver, content, info, report, spec
 
 OUT = "/output"
@@ -217,7 +216,7 @@ def test_the_deploy_decision_waits_for_deploy_waiting() -> None:
 
 
 def test_a_held_back_model_sends_deploy_completed_at_deploy_waiting() -> None:
-    gate = GateSpec(operator=">", threshold=0.01, metric="accuracy_delta[0]")
+    gate = Condition(operator=">", threshold=0.01, metric="accuracy_delta[0]")
     driver, gm = started(msgspec.structs.replace(spec(), gate=gate))
     deployed_round(driver, gm)  # round 1: nothing deployed to beat
     assert driver.job.deployed is not None

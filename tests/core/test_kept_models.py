@@ -7,13 +7,13 @@ from __future__ import annotations
 from service.core import reports
 from service.core.effects import Note
 from service.core.state import encode_state
-from service.core.triggers import TriggerSpec
+from service.wire import Trigger
 from tests.core.driver import Driver, report, spec
 
 
 def running() -> Driver:
     d = Driver()
-    d.create(spec(trigger=TriggerSpec()))
+    d.create(spec(trigger=Trigger()))
     d.dataset(10)
     d.written("train")
     return d

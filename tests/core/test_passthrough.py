@@ -13,11 +13,10 @@ import pytest
 
 from service import wire
 from service.core import passthrough
-from service.core.effects import Forward, Reject
+from service.core.effects import Context, Forward, Outcome, Reject
 from service.core.events import Event, OwnerReported, ResourceApplied, ResourceDeleted
-from service.core.outcome import Context, Outcome
+from service.core.lifecycle import transition
 from service.core.state import ModelInfo, ResourceState, State
-from service.core.transition import transition
 
 JI = "helmet"
 FL = "yolo"

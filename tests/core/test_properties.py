@@ -13,7 +13,7 @@ from service.core import samples
 from service.core.effects import WriteRound
 from service.core.events import JobApplied
 from service.core.state import encode_state
-from service.core.triggers import TriggerSpec
+from service.wire import Condition, Trigger
 from tests.core.driver import JOB, NS, Driver, info, report, spec
 
 ACTIONS = st.sampled_from(
@@ -31,8 +31,8 @@ class Model:
     paused: bool = False
 
 
-def _trigger(threshold: int) -> TriggerSpec:
-    return TriggerSpec(operator="ge", threshold=threshold, metric="num_of_samples")
+def _trigger(threshold: int) -> Trigger:
+    return Trigger(condition=Condition(operator="ge", threshold=threshold, metric="num_of_samples"))
 
 
 def _advance(d: Driver, ok: bool) -> None:
@@ -126,7 +126,7 @@ def test_random_histories_keep_every_invariant(actions: list[tuple[str, int, flo
 
 def test_state_stays_small_after_10000_rounds_over_10_million_samples() -> None:
     d = Driver()
-    d.create(spec(train_prob=0.8, trigger=TriggerSpec()))
+    d.create(spec(train_prob=0.8, trigger=Trigger()))
     for round_number in range(1, 10_001):
         d.dataset(round_number * 1_000)
         assert d.job.version == round_number

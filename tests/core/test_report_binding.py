@@ -12,14 +12,14 @@ from service.core import reports
 from service.core.effects import Publish, Reject, WriteRound
 from service.core.events import WorkerReported
 from service.core.state import JobState
-from service.core.triggers import TriggerSpec
+from service.wire import Trigger
 from tests.core.driver import JOB, NS, Driver, report, spec
 
 
 def at_round(version: int, *, output_dir: str = "/output", prefix: str = "") -> Driver:
     """A job whose round `version` is running its train worker."""
     d = Driver(prefix=prefix)
-    d.create(spec(trigger=TriggerSpec(), output_dir=output_dir))
+    d.create(spec(trigger=Trigger(), output_dir=output_dir))
     for v in range(1, version + 1):
         d.dataset(10 * v)
         if v < version:

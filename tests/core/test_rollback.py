@@ -8,8 +8,8 @@ import pytest
 
 from service.core.effects import CopyModel, Publish, RecordRound, Refused, Reject
 from service.core.events import ModelCopied, RollbackRequested
-from service.core.gate import GateSpec
 from service.core.rounds import ModelDigest
+from service.wire import Condition
 from tests.core.driver import JOB, NS, Driver, content, report
 from tests.core.test_deploy_gate import (
     deploy_round,
@@ -19,7 +19,7 @@ from tests.core.test_deploy_gate import (
     to_eval,
 )
 
-GATE = GateSpec(operator=">", threshold=0.0, metric="accuracy_delta[0]")
+GATE = Condition(operator=">", threshold=0.0, metric="accuracy_delta[0]")
 
 
 def rollback(d: Driver, version: int | None = None) -> tuple[object, ...]:
@@ -32,7 +32,7 @@ def rollback_copied(d: Driver, version: int, error: str | None = None) -> tuple[
     )
 
 
-def three_deployed(gate: GateSpec | None = None) -> Driver:
+def three_deployed(gate: Condition | None = None) -> Driver:
     """Rounds 1, 2 and 3 deployed, each with its own model file."""
     d = gated(gate, check_period_s=1)
     for version in (1, 2, 3):

@@ -8,21 +8,21 @@ it did.
 from __future__ import annotations
 
 from service.core import samples
-from service.core.effects import Note, Publish, Reject, ScheduleCheck
+from service.core.effects import Context, Note, Publish, Reject, ScheduleCheck
 from service.core.events import JobApplied, WorkerReported
-from service.core.outcome import Context
+from service.core.lifecycle import transition
 from service.core.state import DatasetInfo
-from service.core.transition import transition
-from service.core.triggers import TriggerSpec, parse_hhmm
+from service.wire import Condition, Timer, Trigger
 from tests.core.driver import JOB, NS, Driver, content, info, report, spec
 
 
-def started(train_prob: float = 0.8, trigger: TriggerSpec | None = None, **kw: object) -> Driver:
+def started(train_prob: float = 0.8, trigger: Trigger | None = None, **kw: object) -> Driver:
     d = Driver(**kw)  # type: ignore[arg-type]
     d.create(
         spec(
             train_prob=train_prob,
-            trigger=trigger or TriggerSpec(operator="ge", threshold=1000, metric="num_of_samples"),
+            trigger=trigger
+            or Trigger(condition=Condition(operator="ge", threshold=1000, metric="num_of_samples")),
         )
     )
     return d
@@ -51,7 +51,7 @@ def test_bug02_eval_samples_not_appended_again_on_every_poll() -> None:
 
 def test_bug03_samples_arriving_during_training_are_kept() -> None:
     # seed: TrainSamples = TrainSamples[:0] on completion wiped samples that arrived meanwhile
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     assert d.job.step == "preparing" and d.job.round == ((0, 8),)
     d.written("train")
@@ -63,7 +63,7 @@ def test_bug03_samples_arriving_during_training_are_kept() -> None:
 
 def test_bug04_failed_eval_returns_to_train() -> None:
     # seed: evalTask returned an error on a failed eval worker and the job stayed in eval forever
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.written("train")
     d.apply(report("train", "completed", "/output/train/1/m.pkl"))
@@ -72,7 +72,7 @@ def test_bug04_failed_eval_returns_to_train() -> None:
     assert (d.job.phase, d.job.step) == ("train", "waiting")
     d.dataset(20)
     assert d.job.step == "waiting", "a failed round waits one check period before the next"
-    d.now_ms += d.job.spec.trigger.check_period_s * 1000
+    d.now_ms += d.job.spec.trigger.check_period_seconds * 1000
     d.tick()
     assert d.job.step == "preparing" and d.job.version == 2
 
@@ -80,21 +80,21 @@ def test_bug04_failed_eval_returns_to_train() -> None:
 def test_bug05_failed_worker_without_results_moves_the_job() -> None:
     # seed: len(models) != 1 returned before recording the status: a failure with no
     # results never moved the job
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.written("train")
     d.apply(report("train", "failed"))
     assert (d.job.phase, d.job.step, d.job.pending) == ("train", "waiting", ((0, 8),))
     # the failed round's samples go back in front and the retry (v2), one check period
     # later, trains on them again
-    d.now_ms += d.job.spec.trigger.check_period_s * 1000
+    d.now_ms += d.job.spec.trigger.check_period_seconds * 1000
     d.tick()
     assert d.job.version == 2 and d.job.round == ((0, 8),)
 
 
 def test_bug05_two_models_tensorflow_do_not_stall() -> None:
     # seed: a worker reporting two models (pb and ckpt) hit len(models) != 1 and stalled
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.written("train")
     d.apply(report("train", "completed", "/output/train/1/model.pb", "/output/train/1/ckpt"))
@@ -108,7 +108,7 @@ def test_bug05_two_models_tensorflow_do_not_stall() -> None:
 
 def test_bug06_malformed_results_do_not_crash() -> None:
     # seed: result["format"].(string) panicked on a non-string
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.written("train")
     bad = [{"format": 3, "url": None}, "not an object", {"url": ["x"]}]
@@ -127,7 +127,7 @@ def test_bug06_malformed_results_do_not_crash() -> None:
 
 def test_bug07_deploy_does_not_prefix_the_model_url_again() -> None:
     # seed: model.URL = AddPrefixPath(prefix, model.URL) mutated the stored model every deploy
-    d = started(trigger=TriggerSpec(), prefix="/rootfs")
+    d = started(trigger=Trigger(), prefix="/rootfs")
     for n, v in ((10, 1), (20, 2)):
         d.dataset(n)
         d.written("train")
@@ -150,7 +150,7 @@ def test_bug07_deploy_does_not_prefix_the_model_url_again() -> None:
 
 def test_bug08_timer_window_is_checked_against_the_clock() -> None:
     # seed: the daily timer compared the window against an empty string and never matched
-    trigger = TriggerSpec(window=(parse_hhmm("02:00"), parse_hhmm("04:00")))
+    trigger = Trigger(timer=Timer(start="02:00", end="04:00"))
     d = started(trigger=trigger, minute=12 * 60)
     d.dataset(10)
     assert d.job.step == "waiting"
@@ -162,8 +162,9 @@ def test_bug08_timer_window_is_checked_against_the_clock() -> None:
 def test_bug09_check_period_is_honoured() -> None:
     # seed: checkPeriodSeconds was ignored (a fixed 10 s tick)
     d = started(
-        trigger=TriggerSpec(
-            check_period_s=37, operator="ge", threshold=100, metric="num_of_samples"
+        trigger=Trigger(
+            check_period_seconds=37,
+            condition=Condition(operator="ge", threshold=100, metric="num_of_samples"),
         )
     )
     d.dataset(10)
@@ -174,7 +175,7 @@ def test_bug09_check_period_is_honoured() -> None:
 def test_bug10_deploy_copy_targets_the_whole_file() -> None:
     # seed: CopyFile wrote over the old model without truncating. The core names one whole
     # target per deploy (the blob adapter replaces it atomically: tests/integration/test_blobs)
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.complete_round()
     d.dataset(20)
@@ -185,7 +186,7 @@ def test_bug10_deploy_copy_targets_the_whole_file() -> None:
 
 def test_bug14_csv_format_is_case_insensitive() -> None:
     # seed: format == "csv" was compared case-sensitively, so "CSV" datasets lost their header
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10, DatasetInfo(url="/data/d.csv", format="CSV"))
     assert d.last_write().format == "csv"
     assert d.last_write().data_url == "/output/data/train/1/data.csv"
@@ -193,14 +194,14 @@ def test_bug14_csv_format_is_case_insensitive() -> None:
 
 def test_bug15_unset_condition_trains_on_the_first_sample() -> None:
     # seed: an empty operator made the condition false forever
-    d = started(trigger=TriggerSpec(operator="", threshold=0, metric=""))
+    d = started(trigger=Trigger(condition=Condition(operator="", threshold=0, metric="")))
     d.dataset(2)  # floor(0.8 * 2) = 1 train sample
     assert d.job.step == "preparing" and d.job.round == ((0, 1),)
 
 
 def test_bug17_train_prob_one_does_not_crash() -> None:
     # seed: samples[P+trainNum+1:] ran past the end with trainProb 1.0
-    d = started(train_prob=1.0, trigger=TriggerSpec())
+    d = started(train_prob=1.0, trigger=Trigger())
     d.dataset(10)
     assert d.job.round == ((0, 10),)
     d.written("train")
@@ -249,7 +250,9 @@ def test_shrink_changes_nothing_until_growth_past_p_and_is_logged_once() -> None
 
 
 def test_deleted_dataset_pauses_and_resumes() -> None:
-    d = started(trigger=TriggerSpec(operator="ge", threshold=10, metric="num_of_samples"))
+    d = started(
+        trigger=Trigger(condition=Condition(operator="ge", threshold=10, metric="num_of_samples"))
+    )
     d.dataset(8)  # 6 pending, below the threshold
     d.dataset(None, info(present=False))
     paused = d.job
@@ -263,7 +266,7 @@ def test_deleted_dataset_pauses_and_resumes() -> None:
 
 
 def test_round_paths_and_ready_messages() -> None:
-    d = started(trigger=TriggerSpec(), prefix="/rootfs")
+    d = started(trigger=Trigger(), prefix="/rootfs")
     d.dataset(10, DatasetInfo(url="s3://bucket/data/train.txt", format="txt"))
     write = d.last_write()
     assert write.source_url == "s3://bucket/data/train.txt"
@@ -291,7 +294,7 @@ def test_round_paths_and_ready_messages() -> None:
 
 
 def test_worker_messages_are_forwarded_with_owner_info() -> None:
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.written("train")
     msg = WorkerReported(
@@ -310,12 +313,12 @@ def test_worker_messages_are_forwarded_with_owner_info() -> None:
 
 
 def test_publish_ids_are_unique_and_stable() -> None:
-    d = started(trigger=TriggerSpec())
+    d = started(trigger=Trigger())
     d.dataset(10)
     d.complete_round()
     ids = [e.id for e in d.of(Publish)]
     assert len(ids) == len(set(ids))
-    replay = started(trigger=TriggerSpec())
+    replay = started(trigger=Trigger())
     replay.dataset(10)
     replay.complete_round()
     assert [e.id for e in replay.of(Publish)] == ids

@@ -14,13 +14,27 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from service.core.effects import CopyModel, Note, Publish, Reject, ScheduleCheck, WriteRound
+from service.core import events, training
+from service.core.effects import (
+    Context,
+    CopyModel,
+    Note,
+    Publish,
+    Reject,
+    ScheduleCheck,
+    WriteRound,
+)
 from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
-from service.core.jobs import JOB_TABLE, retry_delay_ms
-from service.core.state import JobState
-from service.core.triggers import TriggerSpec
-from tests.core.driver import JOB, NS, Driver, content, report, spec
+from service.core.lifecycle import JOB_TABLE, UndeclaredMove, event_key, transition, where
+from service.core.state import GmView, JobState
+from service.core.training import retry_delay_ms
+from service.wire import Condition, Trigger
+from tests.core.driver import DATASET, JOB, NS, Driver, content, info, report, spec
+
+replace = msgspec.structs.replace
 
 SUBSTATES = [
     ("train", "waiting"),
@@ -35,7 +49,13 @@ SUBSTATES = [
 def reach(phase: str, step: str) -> Driver:
     """A job in the given sub-state at round 1, with 8 pending samples not yet enough to fire."""
     d = Driver()
-    d.create(spec(trigger=TriggerSpec(operator="ge", threshold=10, metric="num_of_samples")))
+    d.create(
+        spec(
+            trigger=Trigger(
+                condition=Condition(operator="ge", threshold=10, metric="num_of_samples")
+            )
+        )
+    )
     d.dataset(10)  # 8 train samples pending, condition (>= 10) not met
     if (phase, step) == ("train", "waiting"):
         return d
@@ -59,7 +79,9 @@ def reach(phase: str, step: str) -> Driver:
 
 
 def _update_threshold(d: Driver, threshold: float) -> Event:
-    trigger = TriggerSpec(operator="ge", threshold=threshold, metric="num_of_samples")
+    trigger = Trigger(
+        condition=Condition(operator="ge", threshold=threshold, metric="num_of_samples")
+    )
     return JobApplied(namespace=NS, name=JOB, spec=spec(trigger=trigger), digest=f"t{threshold}")
 
 
@@ -147,9 +169,84 @@ FAILING = {
 EARLIER_FAILURES = 2
 
 
-def test_table_matches_the_lifecycle_handlers() -> None:
-    moving = {(phase, step) for (phase, step, _event) in JOB_TABLE}
-    assert moving == set(SUBSTATES)
+def test_the_examples_are_moves_the_table_declares() -> None:
+    for (substate, event_name), after in EXPECTED.items():
+        event = EVENTS[event_name](reach(*substate))
+        assert JOB_TABLE.allows("/".join(substate), event_key(event), "/".join(after))
+
+
+#: Events any job may be sent besides `EVENTS`: inserts (from the cloud, or copies from
+#: Sedna's GM showing any condition), deletes, dataset changes and rollbacks.
+GM_STAGES = st.sampled_from(["train", "eval", "deploy"])
+GM_TYPES = st.sampled_from(["", "waiting", "ready", "running", "completed", "failed"])
+
+
+def _any_state_event(draw: st.DrawFn, d: Driver) -> Event:
+    kind = draw(st.sampled_from(["gm", "applied", "deleted", "dataset", "rollback", "rb-copied"]))
+    if kind == "gm":
+        reported = draw(st.integers(0, 8))
+        gm = GmView(stage=draw(GM_STAGES), type=draw(GM_TYPES), count=reported, reported=reported)
+        return JobApplied(namespace=NS, name=JOB, spec=d.job.spec, digest=d.job.digest, gm=gm)
+    if kind == "applied":
+        return _update_threshold(d, draw(st.sampled_from([1, 10])))
+    if kind == "deleted":
+        return events.JobDeleted(namespace=NS, name=JOB)
+    if kind == "dataset":
+        return events.DatasetChanged(
+            namespace=NS, name=JOB, dataset=DATASET, info=info(present=draw(st.booleans())),
+            num_samples=draw(st.integers(0, 40)),
+        )  # fmt: skip
+    if kind == "rollback":
+        return events.RollbackRequested(namespace=NS, name=JOB)
+    version = draw(st.integers(0, 2))
+    return ModelCopied(
+        namespace=NS, name=JOB, version=version, rollback=True,
+        error=draw(st.sampled_from([None, "gone"])),
+    )  # fmt: skip
+
+
+@st.composite
+def _situations(draw: st.DrawFn) -> tuple[Driver, list[Event]]:
+    """A job in any sub-state the examples reach, and a few events of any kind for it."""
+    d = reach(*draw(st.sampled_from(SUBSTATES)))
+    events: list[Event] = []
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.booleans()):
+            events.append(_any_state_event(draw, d))
+        else:
+            events.append(EVENTS[draw(st.sampled_from(list(EVENTS)))](d))
+    return d, events
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_situations(), st.integers(0, 120_000))
+def test_every_move_is_one_the_table_declares(
+    situation: tuple[Driver, list[Event]], step_ms: int
+) -> None:
+    """Whatever the state and the event, the handlers move a job only where the table says
+    (the driver's strict context raises `UndeclaredMove` on any other move)."""
+    d, events = situation
+    for event in events:
+        before = where(d.state)
+        d.now_ms += step_ms
+        d.apply(event)
+        assert JOB_TABLE.allows(before, event_key(event), where(d.state))
+
+
+def test_an_undeclared_move_raises_in_tests_and_is_refused_in_production(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = reach("train", "running")
+    before = d.job
+    monkeypatch.setattr(training, "worker_failed", lambda job, *_: replace(job, step="copying"))
+    failed = report("train", "failed")
+    with pytest.raises(UndeclaredMove, match="train/running to train/copying"):
+        d.apply(failed)
+    outcome = transition(before, failed, Context(now_ms=0, minute_of_day=0, event_id="e"))
+    assert outcome.state == before
+    assert outcome.verdict == "rejected"
+    assert [e.code for e in outcome.effects if isinstance(e, Reject)] == ["undeclared_move"]
+    assert len(outcome.effects) == 1, "the refused move's effects are dropped"
 
 
 @pytest.mark.parametrize("substate", SUBSTATES, ids="/".join)
@@ -203,7 +300,7 @@ def _assert_backoff(
 ) -> None:
     if pair in FAILING:
         failures = EARLIER_FAILURES + 1
-        due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_s, failures)
+        due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_seconds, failures)
         assert after.consecutive_failures == failures
         assert after.retry_at_ms == due_ms == after.next_check_ms
         assert ScheduleCheck(due_ms=due_ms) in effects

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from service.core.triggers import (
-    EPSILON,
-    TriggerSpec,
-    in_window,
-    metric_value,
-    parse_hhmm,
-    parse_threshold,
-    should_fire,
-)
+from service.core.triggers import EPSILON, in_window, metric_value, parse_threshold, should_fire
+from service.wire import Condition, Timer, Trigger, parse_hhmm
 
 NOON = 12 * 60
 
 
-def cond(operator: str, threshold: float, metric: str = "num_of_samples") -> TriggerSpec:
-    return TriggerSpec(operator=operator, threshold=threshold, metric=metric)
+def cond(operator: str, threshold: float, metric: str = "num_of_samples") -> Trigger:
+    return Trigger(condition=Condition(operator=operator, threshold=threshold, metric=metric))
 
 
 # (operator aliases, fires below / at / above the threshold 10)
@@ -74,8 +67,8 @@ def test_missing_or_unusable_metric_never_fires(metrics: dict[str, object]) -> N
 
 
 def test_no_condition_fires_on_one_pending_sample() -> None:
-    assert should_fire(TriggerSpec(), {"num_of_samples": 1}, NOON)
-    assert not should_fire(TriggerSpec(), {"num_of_samples": 0}, NOON)
+    assert should_fire(Trigger(), {"num_of_samples": 1}, NOON)
+    assert not should_fire(Trigger(), {"num_of_samples": 0}, NOON)
 
 
 @pytest.mark.parametrize(
@@ -99,11 +92,9 @@ def test_timer_windows_inclusive_and_wrapping(
 
 
 def test_timer_and_condition_must_both_hold() -> None:
-    spec = TriggerSpec(
-        window=(parse_hhmm("02:00"), parse_hhmm("04:00")),
-        operator="ge",
-        threshold=5,
-        metric="num_of_samples",
+    spec = Trigger(
+        timer=Timer(start="02:00", end="04:00"),
+        condition=Condition(operator="ge", threshold=5, metric="num_of_samples"),
     )
     three_am, noon = 3 * 60, NOON
     assert should_fire(spec, {"num_of_samples": 5}, three_am)
@@ -112,7 +103,7 @@ def test_timer_and_condition_must_both_hold() -> None:
 
 
 def test_timer_alone_fires_inside_window_with_a_pending_sample() -> None:
-    spec = TriggerSpec(window=(parse_hhmm("02:00"), parse_hhmm("04:00")))
+    spec = Trigger(timer=Timer(start="02:00", end="04:00"))
     assert should_fire(spec, {"num_of_samples": 1}, 3 * 60)
     assert not should_fire(spec, {"num_of_samples": 1}, NOON)
     assert not should_fire(spec, {"num_of_samples": 0}, 3 * 60)

@@ -4,11 +4,18 @@ effect, never as a refusal; the first poll that reads it clears it."""
 
 from __future__ import annotations
 
-from service.core.effects import DatasetUnreadable, Note, NotifyJobs, PollDataset, Publish
+from service.core.effects import (
+    Context,
+    DatasetUnreadable,
+    Note,
+    NotifyJobs,
+    Outcome,
+    PollDataset,
+    Publish,
+)
 from service.core.events import DatasetApplied, DatasetDeleted, DatasetPolled, Event, Tick
-from service.core.outcome import Context, Outcome
+from service.core.lifecycle import transition
 from service.core.state import DatasetState, State
-from service.core.transition import transition
 
 NS = "default"
 NAME = "ds"

@@ -20,8 +20,8 @@ import pytest
 
 from service.adapters.redis_store import RedisStore
 from service.config import Config
+from service.core.lifecycle import transition
 from service.core.state import JobState, decode_state
-from service.core.transition import transition
 from service.embedded.processes import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key

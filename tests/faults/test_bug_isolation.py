@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.core.effects import Context, Outcome
 from service.core.events import Event, WorkerReported
-from service.core.outcome import Context, Outcome
+from service.core.lifecycle import transition
 from service.core.state import State
-from service.core.transition import transition
 from service.keys import job_key, shard_of
 from tests.faults.conftest import probe_of, replica_on
 from tests.harness import job_resource

@@ -62,8 +62,14 @@ def test_job_spec_is_interpreted() -> None:
         0.8,
         "/output",
     )
-    assert (trigger.check_period_s, trigger.window) == (30, (22 * 60, 2 * 60))
-    assert (trigger.operator, trigger.threshold, trigger.metric) == (">=", 500.0, "num_of_samples")
+    assert (trigger.check_period_seconds, trigger.window) == (30, (22 * 60, 2 * 60))
+    condition = trigger.condition
+    assert condition is not None
+    assert (condition.operator, condition.threshold_value, condition.metric) == (
+        ">=",
+        500.0,
+        "num_of_samples",
+    )
     assert target_of(event) == "job:default/job-a"
 
 

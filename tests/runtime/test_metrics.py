@@ -6,8 +6,9 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.core.rounds import Deployment, Scores
-from service.core.state import JobSpec, JobState, ModelRef
+from service.core.state import JobState, ModelRef
 from service.metrics import Metrics
+from service.wire import JobSpec
 
 PHASE = "lifelong_job_phase_entered_timestamp_seconds"
 

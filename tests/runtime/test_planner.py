@@ -12,7 +12,14 @@ import pytest
 
 from service import wire
 from service.config import Config
-from service.core.effects import AttachDataset, DetachDataset, ReleaseOutputDir, decode_work
+from service.core.effects import (
+    AttachDataset,
+    Context,
+    DetachDataset,
+    Outcome,
+    ReleaseOutputDir,
+    decode_work,
+)
 from service.core.events import (
     DatasetApplied,
     DatasetChanged,
@@ -25,10 +32,9 @@ from service.core.events import (
     Tick,
     WorkerReported,
 )
-from service.core.outcome import Context, Outcome
+from service.core.lifecycle import transition
 from service.core.rounds import decode_rounds
 from service.core.state import DatasetState, State, decode_state
-from service.core.transition import transition
 from service.history import decode_records
 from service.keys import dataset_key, job_key
 from service.metrics import Metrics

@@ -12,9 +12,9 @@ import pytest
 
 from service import schemas, wire
 from service.core.events import RollbackRequested
-from service.core.gate import GateSpec
 from service.errors import InvalidMessage
-from service.runtime.accept import accept_downstream, job_spec
+from service.runtime.accept import accept_downstream
+from service.wire import Condition, job_spec
 from tests.wire.test_messages import JOB
 
 
@@ -38,7 +38,7 @@ def envelope(operation: str, content: object = None, kind: str = "lifelonglearni
 def test_a_deploy_condition_becomes_the_jobs_gate() -> None:
     condition = {"operator": ">", "threshold": "0.1", "metric": "precision_delta[1]"}
     job = wire.decode_job(json.dumps(with_condition(condition)).encode())
-    assert job_spec(job).gate == GateSpec(
+    assert job_spec(job).gate == Condition(
         operator=">", threshold=0.1, metric="precision_delta[1]"
     )
 
