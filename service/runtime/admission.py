@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from typing import Protocol
 
 import msgspec
 
+from service.adapters.redis_store import States
 from service.config import Config
 from service.core.events import DatasetApplied, DatasetDeleted, JobDeleted
 from service.errors import InvalidMessage, StoreUnavailable
@@ -36,10 +35,6 @@ log = logging.getLogger(__name__)
 
 REFRESH_S = 1.0
 PENDING_S = 60.0
-
-
-class ResourceIndex(Protocol):
-    def list_rkeys(self, kind: str | None, shards: Sequence[int]) -> list[str]: ...
 
 
 class _Spec(msgspec.Struct, frozen=True, rename="camel"):
@@ -57,7 +52,7 @@ class Admission:
     """Checks each accepted message before it is made durable (`check`); used by the intake
     only, on its one thread."""
 
-    def __init__(self, *, config: Config, index: ResourceIndex, clock: Clock) -> None:
+    def __init__(self, *, config: Config, index: States, clock: Clock) -> None:
         self._node = config.node_name
         self._max = config.max_resources
         self._max_per_namespace = config.max_namespace_resources

@@ -2,7 +2,7 @@
 one, or one inside the other's, would overwrite each other's round files and deployed model
 (a job whose outputDir is another's `deploy/index.pkl` makes that file a directory).
 
-Each job claims its outputDir when an insert leaves it with one (`RedisStore.claim_output_dir`);
+Each job claims its outputDir when an insert leaves it with one (`Records.claim_output_dir`);
 the second job to claim a directory that is taken, inside one that is taken or above one,
 has its insert refused, naming the holder. Claims are keyed by the directory as it lies on
 disk (the volume prefix added, canonical: `paths.claim_dir`), so two spellings of one
@@ -15,10 +15,9 @@ that commit may wait for a shard's next owner.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import msgspec
 
+from service.adapters.redis_store import Records, States
 from service.core import paths
 from service.core.state import JobState, decode_state
 from service.keys import parse_rkey
@@ -27,17 +26,12 @@ from service.keys import parse_rkey
 _MAX_TAKEOVERS = 8
 
 
-class ClaimStore(Protocol):
-    def claim_output_dir(
-        self, output_dir: str, job_rkey: str, now_ms: int, *, stale: str = "", grace_ms: int
-    ) -> tuple[str, str] | None: ...
-
-    def load(self, rkeys: list[str]) -> dict[str, bytes | None]: ...
-
-
 class OutputDirs:
-    def __init__(self, store: ClaimStore, grace_ms: int, volume_prefix: str = "") -> None:
-        self._store = store
+    def __init__(
+        self, records: Records, states: States, grace_ms: int, volume_prefix: str = ""
+    ) -> None:
+        self._records = records
+        self._states = states
         self._grace_ms = grace_ms
         self._prefix = volume_prefix
 
@@ -45,11 +39,11 @@ class OutputDirs:
         """Claim the (worker-visible) outputDir for the job: None when it is the job's, else
         the job in the way, as `namespace/name` and what it holds."""
         directory = paths.claim_dir(self._prefix, output_dir)
-        found = self._store.claim_output_dir(directory, job_rkey, now_ms, grace_ms=self._grace_ms)
+        found = self._records.claim_output_dir(directory, job_rkey, now_ms, grace_ms=self._grace_ms)
         for _ in range(_MAX_TAKEOVERS):
             if found is None or not self._stale(*found):
                 break
-            found = self._store.claim_output_dir(
+            found = self._records.claim_output_dir(
                 directory, job_rkey, now_ms, stale=found[0], grace_ms=self._grace_ms
             )
         return None if found is None else self._described(directory, *found)
@@ -57,7 +51,7 @@ class OutputDirs:
     def _stale(self, holder: str, held: str) -> bool:
         """Whether the holder no longer writes to ``held``: gone, or moved to another
         outputDir. A holder whose state cannot be read (quarantined) keeps its claim."""
-        raw = self._store.load([holder]).get(holder)
+        raw = self._states.load([holder]).get(holder)
         if raw is None:
             return True
         try:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
+from service.adapters.redis_store import Outboxes
 from service.core.effects import Work, decode_work
 from service.errors import LeaseLost, StoreUnavailable
 from service.heartbeat import Heartbeats, progress
@@ -19,7 +20,6 @@ from service.runtime.accept import Accepted, encode_accepted
 from service.runtime.clock import Clock
 from service.runtime.executor import Executor
 from service.runtime.leases import LeaseKeeper
-from service.runtime.ports import EffectStore
 from service.runtime.rejections import Rejections
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class EffectRunner:
         self,
         *,
         executor: Executor,
-        store: EffectStore,
+        outboxes: Outboxes,
         leases: LeaseKeeper,
         clock: Clock,
         metrics: Metrics,
@@ -50,7 +50,7 @@ class EffectRunner:
     ) -> None:
         self._executor = executor
         self._heartbeats = heartbeats
-        self._store = store
+        self._outboxes = outboxes
         self._leases = leases
         self._clock = clock
         self._metrics = metrics
@@ -82,7 +82,7 @@ class EffectRunner:
                 "effects", f"shard {shard} intent {effect_id}", f"not an effect intent: {e}",
                 intent, self._clock.now_ms(),
             )  # fmt: skip
-            self._store.complete_effect(shard, token, effect_id, None)
+            self._outboxes.complete_effect(shard, token, effect_id, None)
             return
         self.submit(shard, effect_id, work)
 
@@ -131,4 +131,4 @@ class EffectRunner:
         token = self._leases.token(shard)
         if token is None:
             raise LeaseLost(f"shard {shard} is no longer held")
-        self._store.complete_effect(shard, token, effect_id, data)
+        self._outboxes.complete_effect(shard, token, effect_id, data)

@@ -16,6 +16,7 @@ import msgspec
 from service import wire
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
+from service.adapters.redis_store import RedisStore
 from service.core import datasets, paths
 from service.core.effects import (
     AttachDataset,
@@ -33,7 +34,6 @@ from service.errors import InvalidMessage, PermanentError, TransientError
 from service.keys import dataset_key, job_key, parse_rkey, shard_of
 from service.logs import redact
 from service.runtime.accept import Accepted, encode_accepted
-from service.runtime.ports import ExecutorStore
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,15 @@ class Executor:
     """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
 
     def __init__(
-        self, store: ExecutorStore, blobs: BlobStore, reader: DatasetReader, rounds_kept: int = 3
+        self,
+        store: RedisStore,
+        blobs: BlobStore,
+        reader: DatasetReader,
+        rounds_kept: int = 3,
     ) -> None:
-        self._store = store
+        self._states = store.states
+        self._records = store.records
+        self._ingress = store.ingress
         self._blobs = blobs
         self._reader = reader
         self._rounds_kept = rounds_kept
@@ -72,9 +78,10 @@ class Executor:
                 self._attach(work, now_ms)
             case DetachDataset():
                 dataset = dataset_key(work.namespace, work.dataset)
-                self._store.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
+                self._records.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
             case ReleaseOutputDir():
-                self._store.release_output_dir(work.output_dir, job_key(work.namespace, work.name))
+                job = job_key(work.namespace, work.name)
+                self._records.release_output_dir(work.output_dir, job)
         return None
 
     # ------------------------------------------------------------ credentials
@@ -83,7 +90,7 @@ class Executor:
         only looked up when one of `urls` is on S3 (local files need none)."""
         if not any(paths.is_remote(url) for url in urls):
             return None
-        raw = self._store.load_resource(rkey)
+        raw = self._states.load_resource(rkey)
         if raw is None:
             return None
         try:
@@ -217,15 +224,15 @@ class Executor:
             )
 
     def _notify(self, work: NotifyJobs, now_ms: int) -> None:
-        for job in self._store.dataset_jobs(dataset_key(work.namespace, work.dataset)):
+        for job in self._records.dataset_jobs(dataset_key(work.namespace, work.dataset)):
             key = parse_rkey(job)
             self._send(job, datasets.change_for_job(key.namespace, key.name, work), now_ms)
 
     def _attach(self, work: AttachDataset, now_ms: int) -> None:
         dataset = dataset_key(work.namespace, work.dataset)
         job = job_key(work.namespace, work.name)
-        self._store.dataset_jobs_add(dataset, job)
-        raw = self._store.load([dataset])[dataset]
+        self._records.dataset_jobs_add(dataset, job)
+        raw = self._states.load([dataset])[dataset]
         if raw is None:
             return  # the job waits; the dataset's first poll will notify it
         try:
@@ -239,7 +246,7 @@ class Executor:
 
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
-        self._store.append_ingress(shard_of(rkey), encode_accepted(accepted))
+        self._ingress.append_ingress(shard_of(rkey), encode_accepted(accepted))
 
 
 def unreadable(url: str) -> str:

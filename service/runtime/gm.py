@@ -36,13 +36,12 @@ from service.adapters.gm import (
     parse_gm_address,
 )
 from service.adapters.mqtt import Inbound
-from service.adapters.redis_store import Unreadable
+from service.adapters.redis_store import Leases, Outboxes, Unreadable
 from service.errors import StoreUnavailable
 from service.heartbeat import Heartbeats, progress
 from service.keys import NUM_SHARDS
 from service.metrics import Metrics
 from service.runtime.clock import Clock
-from service.runtime.ports import GmOutboxStore
 from service.runtime.rejections import Rejections
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,8 @@ class GmBridge:
         address: str,
         node: str,
         replica: str,
-        store: GmOutboxStore,
+        outboxes: Outboxes,
+        leases: Leases,
         inbound: queue.SimpleQueue[Inbound],
         rejections: Rejections,
         metrics: Metrics,
@@ -123,7 +123,8 @@ class GmBridge:
     ) -> None:
         self._address = address
         self._replica = replica
-        self._store = store
+        self._outboxes = outboxes
+        self._leases = leases
         self._inbound = inbound
         self._rejections = rejections
         self._clock = clock
@@ -185,7 +186,7 @@ class GmBridge:
                     self._stop.wait(POLL_S)
                 elif (sent := self._send_pending()) is None:
                     self._stop.wait(POLL_S)  # the link refused: it is going down
-                elif not sent and not self._store.gm_outbox_wait(range(NUM_SHARDS), POLL_MS):
+                elif not sent and not self._outboxes.gm_outbox_wait(range(NUM_SHARDS), POLL_MS):
                     self._stop.wait(POLL_S)  # no blocking read here (Redis Cluster)
             except StoreUnavailable as e:
                 log.warning("GM outbox waits for redis: %s", e)
@@ -199,7 +200,7 @@ class GmBridge:
         link refused a message (the rest then waits, in order). An entry that is not an
         upstream envelope is set aside and the next one goes on."""
         sent_any = False
-        for shard, entries in self._store.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
+        for shard, entries in self._outboxes.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
             done: list[str] = []
             refused = False
             for stream_id, payload in entries:
@@ -214,7 +215,7 @@ class GmBridge:
                     refused = True
                     break
                 done.append(stream_id)
-            self._store.gm_outbox_done(shard, done)
+            self._outboxes.gm_outbox_done(shard, done)
             sent_any = sent_any or bool(done)
             if refused:
                 return None
@@ -224,4 +225,4 @@ class GmBridge:
         record = GmLinkRecord(
             replica=self._replica, address=self._link.endpoint.shown, link=self._link.state
         )
-        self._store.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)
+        self._leases.put_gm_link(msgspec.json.encode(record), self._report_ttl_ms)

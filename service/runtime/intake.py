@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from service import failpoints
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
+from service.adapters.redis_store import Ingress
 from service.config import Config
 from service.errors import InvalidMessage, StoreUnavailable
 from service.heartbeat import progress
@@ -29,7 +30,6 @@ from service.runtime.admission import Admission
 from service.runtime.clock import Clock
 from service.runtime.gm import GM_TOPIC, GmBridge, frames_taken
 from service.runtime.leases import LeaseKeeper
-from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
 from service.runtime.unknown_fields import UnknownFields
 
@@ -73,7 +73,7 @@ class Intake:
         self,
         *,
         config: Config,
-        store: IngressLog,
+        ingress: Ingress,
         leases: LeaseKeeper,
         rejections: Rejections,
         clock: Clock,
@@ -84,7 +84,7 @@ class Intake:
     ) -> None:
         self._downstream_topic = config.downstream_topic()
         self._data_roots = config.path_policy()
-        self._store = store
+        self._ingress = ingress
         self._leases = leases
         self._rejections = rejections
         self._clock = clock
@@ -197,7 +197,7 @@ class Intake:
                 # already took in are dropped by their marker, not taken in twice. A retry
                 # may follow appends that happened but were not confirmed (no reply, too few
                 # replicas): it sends them as redeliveries, so only the missing ones go in.
-                self._store.append_many(
+                self._ingress.append_many(
                     [(s, data, d, m.dup or retry) for m, s, data, d in accepted],
                     token=self._leases.ingress_token,
                 )

@@ -18,10 +18,10 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 
+from service.adapters.redis_store import Leases
 from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
 from service.runtime.clock import Clock
-from service.runtime.ports import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: LeaseStore,
+        leases: Leases,
         replica: str,
         ttl_ms: int,
         *,
@@ -59,7 +59,7 @@ class LeaseKeeper:
         ingress_subscribed: Callable[[], bool] = lambda: False,
         live: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._store = store
+        self._leases = leases
         self._replica = replica
         self._ttl_ms = ttl_ms
         self._clock = clock
@@ -118,7 +118,7 @@ class LeaseKeeper:
             self._stepped_down = False
             log.warning("live again: taking a fair share of the shards")
         try:
-            live = self._store.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
+            live = self._leases.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
             self._renew_all()
             self._renewed_at_s = self._clock.monotonic_s()
             self._rebalance(len(live))
@@ -164,13 +164,13 @@ class LeaseKeeper:
             self._on_ingress(False)
 
     def _renew_all(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         for shard, token in self.held().items():
-            if not self._store.renew(keys.lease(shard), token, self._ttl_ms):
+            if not self._leases.renew(keys.lease(shard), token, self._ttl_ms):
                 self.lost(shard, token)
 
     def _rebalance(self, live: int) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         wanted, release = plan(list(self.held()), live)
         released = []
         for shard in release:
@@ -178,7 +178,7 @@ class LeaseKeeper:
             if token is not None:
                 with self._lock:
                     self._tokens.pop(shard, None)
-                self._store.release(keys.lease(shard), token)
+                self._leases.release(keys.lease(shard), token)
                 released.append(shard)
         if released:
             log.info("released shards %s (fair share with %d replicas)", _listed(released), live)
@@ -186,7 +186,7 @@ class LeaseKeeper:
         for shard in self._free_shards():
             if len(acquired) >= wanted:
                 break
-            token = self._store.acquire(
+            token = self._leases.acquire(
                 keys.lease(shard), keys.fence(shard), self._replica, self._ttl_ms
             )
             if token is None:
@@ -207,20 +207,20 @@ class LeaseKeeper:
         return [s for s in order if s not in held]
 
     def _keep_ingress(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         if self._ingress_token is not None:
-            if self._store.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
+            if self._leases.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
                 if self._ingress_subscribed():
-                    self._store.mark_ingress_subscribed(self._ingress_token, self._ttl_ms)
+                    self._leases.mark_ingress_subscribed(self._ingress_token, self._ttl_ms)
                 return
             self._ingress_token = None
             log.warning("MQTT ingress lease lost")
             self._on_ingress(False)
-        token = self._store.acquire(
+        token = self._leases.acquire(
             keys.ingress_lease(), keys.ingress_fence(), self._replica, self._ttl_ms
         )
         if token is None:
-            self._ready_elsewhere = self._store.ingress_subscribed()
+            self._ready_elsewhere = self._leases.ingress_subscribed()
             return
         self._ingress_token = token
         self._ready_elsewhere = False
@@ -228,15 +228,15 @@ class LeaseKeeper:
         self._on_ingress(True)
 
     def release_all(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         for shard, token in self.held().items():
-            self._store.release(keys.lease(shard), token)
+            self._leases.release(keys.lease(shard), token)
         with self._lock:
             self._tokens.clear()
         if self._ingress_token is not None:
-            self._store.release(keys.ingress_lease(), self._ingress_token)
+            self._leases.release(keys.ingress_lease(), self._ingress_token)
             self._ingress_token = None
-        self._store.leave(self._replica)
+        self._leases.leave(self._replica)
 
 
 def _listed(shards: Sequence[int] | dict[int, str]) -> str:

@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from service import failpoints
 from service.adapters.mqtt import PublishTicket
-from service.adapters.redis_store import OutboxEntry, Unreadable
+from service.adapters.redis_store import OutboxEntry, Outboxes, Unreadable
 from service.errors import ServiceError
 from service.runtime.clock import Clock
-from service.runtime.ports import OutboxStore, Publisher
-from service.runtime.rejections import Rejections
+from service.runtime.rejections import Publisher, Rejections
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,7 @@ Key = tuple[int, str]  # (shard, outbox stream id)
 class OutboxPublisher:
     def __init__(
         self,
-        store: OutboxStore,
+        outboxes: Outboxes,
         mqtt: Publisher,
         held_shards: Callable[[], list[int]],
         *,
@@ -45,7 +44,7 @@ class OutboxPublisher:
         puback_timeout_s: float = 10.0,
         on_depth: Callable[[int], None] = lambda _depth: None,
     ) -> None:
-        self._store = store
+        self._outboxes = outboxes
         self._mqtt = mqtt
         self._held_shards = held_shards
         self._clock = clock
@@ -155,7 +154,7 @@ class OutboxPublisher:
         for shard, stream_id in acked:
             by_shard.setdefault(shard, []).append(stream_id)
         try:
-            self._store.outbox_done(by_shard)
+            self._outboxes.outbox_done(by_shard)
         except ServiceError:
             with self._lock:  # deleted on the next round; sent again at worst
                 self._acked[:0] = acked
@@ -202,7 +201,7 @@ class OutboxPublisher:
             return
         unreadable: dict[int, list[str]] = {}
         with self._mqtt.batch():
-            for shard, entries in self._store.outbox_read(sorted(shards), skip=skip).items():
+            for shard, entries in self._outboxes.outbox_read(sorted(shards), skip=skip).items():
                 for stream_id, entry in entries:
                     if isinstance(entry, Unreadable):
                         self._rejections.unreadable(
@@ -212,7 +211,7 @@ class OutboxPublisher:
                         unreadable.setdefault(shard, []).append(stream_id)
                     else:
                         self._publish((shard, stream_id), entry, now)
-        self._store.outbox_done(unreadable)
+        self._outboxes.outbox_done(unreadable)
 
 
 def _spans(keys: Iterable[Key]) -> dict[int, tuple[str, str]]:

@@ -20,7 +20,7 @@ from service import wire
 from service.adapters.mqtt import PublishTicket
 from service.config import Config
 from service.runtime.clock import Clock
-from service.runtime.ports import Publisher
+from service.runtime.rejections import Publisher
 
 OFFLINE_WAIT_S = 2.0
 REPUBLISH_LEASES = 3

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from service import failpoints
-from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
+from service.adapters.redis_store import (
+    Commit,
+    IngressEntry,
+    OutboxEntry,
+    Quarantine,
+    RedisStore,
+)
 from service.config import Config
 from service.core.state import DatasetState, decode_state
 from service.errors import LeaseLost, StoreUnavailable
@@ -28,7 +34,6 @@ from service.runtime.journal import Journal
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.planner import Plan
-from service.runtime.ports import ProcessorStore
 from service.runtime.quarantine import (
     Held,
     Isolation,
@@ -65,7 +70,7 @@ class Processor:
         self,
         *,
         config: Config,
-        store: ProcessorStore,
+        store: RedisStore,
         leases: LeaseKeeper,
         clock: Clock,
         transition: Transition,
@@ -78,7 +83,9 @@ class Processor:
         stop: threading.Event,
     ) -> None:
         self._config = config
-        self._store = store
+        self._ingress = store.ingress
+        self._stored = store.states
+        self._outboxes = store.outboxes
         self._leases = leases
         self._clock = clock
         self._effects = effects
@@ -92,7 +99,9 @@ class Processor:
         self._quarantines = Quarantines(metrics)
         self._runner = ResourceRunner(
             config=config, clock=clock, transition=transition, quarantines=self._quarantines,
-            output_dirs=OutputDirs(store, int(config.lease_s * 2000), config.volume_prefix),
+            output_dirs=OutputDirs(
+                store.records, store.states, int(config.lease_s * 2000), config.volume_prefix
+            ),
             metrics=metrics,
         )  # fmt: skip
         self._fresh: set[int] = set()
@@ -126,7 +135,7 @@ class Processor:
         if fresh:
             self._recover(fresh)
             return
-        entries = self._store.read_ingress(
+        entries = self._ingress.read_ingress(
             sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
         )
         self._apply(entries)
@@ -154,7 +163,7 @@ class Processor:
         if not shards:
             return
         try:
-            states = self._store.load(self._store.list_rkeys(None, shards))
+            states = self._stored.load(self._stored.list_rkeys(None, shards))
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
@@ -180,12 +189,12 @@ class Processor:
         replayed: set[int] = set()
         stuck: set[int] = set()
         try:
-            self._quarantines.load(self._store.quarantine_marks(self._still_ours(shards)))
+            self._quarantines.load(self._stored.quarantine_marks(self._still_ours(shards)))
             while True:
                 progress()
                 # only shards still ours: a lost one's entries stay pending for its new owner
                 readable = [s for s in self._still_ours(shards) if s not in stuck]
-                entries = self._store.read_ingress(
+                entries = self._ingress.read_ingress(
                     readable, count=READ_BATCH, block_ms=0, pending=True
                 )
                 if not entries:
@@ -194,7 +203,7 @@ class Processor:
                     self._states.forget(shard)
                     replayed.add(shard)
                 stuck |= self._apply(entries)
-            for shard, intents in self._store.pending_effects(self._still_ours(shards)).items():
+            for shard, intents in self._outboxes.pending_effects(self._still_ours(shards)).items():
                 for effect_id, data in intents.items():
                     self._effects.resubmit(shard, effect_id, data)
         except StoreUnavailable:
@@ -219,7 +228,7 @@ class Processor:
             failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
             batches = ran
             failpoints.hit("process-before-commit")
-            outcomes = self._store.commit([(b.shard, b.token, b.ops()) for b in batches])
+            outcomes = self._stored.commit([(b.shard, b.token, b.ops()) for b in batches])
         except BaseException as e:
             for batch in batches:
                 self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
@@ -315,7 +324,7 @@ class Processor:
         missing = [rkey for b in batches for rkey in b.groups if rkey not in b.states]
         if not missing:
             return
-        loaded = self._store.load(missing)
+        loaded = self._stored.load(missing)
         for batch in batches:
             for rkey in batch.groups:
                 if rkey not in batch.states:

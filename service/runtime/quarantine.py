@@ -3,7 +3,7 @@ be decoded is quarantined instead of stalling its shard.
 
 Its entries (the bad one and any arriving while the quarantine lasts) are taken out of the
 ingress and kept on the dead-letter stream with the reason; the resource is marked (a
-`QuarantineMark` in its shard's `broken` hash, listed by `RedisStore.quarantined`) and retried
+`QuarantineMark` in its shard's `broken` hash, listed by `States.quarantined`) and retried
 after 1 s, 2 s, 4 s... up to 5 minutes (a timer, so a quiet resource is retried too). A
 retry that decodes the state ends the quarantine and the event is applied as usual; deleting
 the resource ends it too. An entry whose resource cannot be told is set aside alone. Every

@@ -12,14 +12,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from service import masking, wire
+from service.adapters.mqtt import PublishTicket
+from service.adapters.redis_store import Records
 from service.errors import RejectCode, ServiceError, StoreUnavailable
 from service.metrics import Metrics
-from service.runtime.ports import DeadLetters, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,21 @@ def rejection_record(topic: str, reason: str, payload: bytes, at_ms: int) -> byt
     """The encoded errors-topic record of a refused message (secrets masked)."""
     received = datetime.fromtimestamp(at_ms / 1000, UTC)
     return wire.encode(wire.make_rejection(topic, reason, payload, received))
+
+
+class Publisher(Protocol):
+    """An MQTT connection that publishes (QoS 1 completes on the broker's PUBACK)."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False
+    ) -> PublishTicket: ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Publishes made inside go out together, at the end at the latest."""
+        ...
 
 
 @dataclass
@@ -101,7 +118,7 @@ class Rejections:
     def __init__(
         self,
         *,
-        dead_letters: DeadLetters,
+        dead_letters: Records,
         publisher: Publisher,
         errors_topic: str,
         metrics: Metrics,

@@ -106,21 +106,22 @@ class Replica:
         self._threads: list[threading.Thread] = []
         self._build_messaging()
         self.leases = LeaseKeeper(
-            self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
+            self.store.leases, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
             ingress_subscribed=lambda: self.intake.subscribed,
             live=lambda: self.heartbeats.live()[0],
         )  # fmt: skip
         self.intake = Intake(
-            config=config, store=self.store, leases=self.leases, rejections=self.rejections,
+            config=config, ingress=self.store.ingress, leases=self.leases,
+            rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
-            admission=Admission(config=config, index=self.store, clock=self.clock),
+            admission=Admission(config=config, index=self.store.states, clock=self.clock),
             gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
         endpoint = WorkerEndpoint(
-            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics,
-            volume_prefix=config.volume_prefix,
+            states=self.store.states, ingress=self.store.ingress, rejections=self.rejections,
+            clock=self.clock, metrics=self.metrics, volume_prefix=config.volume_prefix,
         )  # fmt: skip
         host, port = config.http_host_port()
         self.http = HttpServer(
@@ -146,7 +147,7 @@ class Replica:
             can_take_messages=lambda: self.leases.ingress_ready,
         )  # fmt: skip
         self.rejections = Rejections(
-            dead_letters=self.store, publisher=self.publisher,
+            dead_letters=self.store.records, publisher=self.publisher,
             errors_topic=config.errors_topic(), metrics=self.metrics,
         )  # fmt: skip
 
@@ -156,7 +157,8 @@ class Replica:
         def build(inbound: queue.SimpleQueue[Inbound]) -> GmBridge:
             return GmBridge(
                 address=self.config.gm_address, node=self.config.node_name,
-                replica=self.replica, store=self.store, inbound=inbound,
+                replica=self.replica, outboxes=self.store.outboxes, leases=self.store.leases,
+                inbound=inbound,
                 rejections=self.rejections, metrics=self.metrics, clock=self.clock,
                 report_ttl_ms=int(self.config.lease_s * 3000), heartbeats=self.heartbeats,
             )  # fmt: skip
@@ -166,7 +168,8 @@ class Replica:
     def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
         """The processor and what it hands its results to: effects, outbox, timers."""
         self.outbox = OutboxPublisher(
-            self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
+            self.store.outboxes, self.publisher, lambda: sorted(self.leases.held()),
+            clock=self.clock,
             rejections=self.rejections, puback_timeout_s=tuning.puback_timeout_s,
             on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
@@ -185,7 +188,7 @@ class Replica:
         )  # fmt: skip
         self.effects = EffectRunner(
             executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
-            store=self.store,
+            outboxes=self.store.outboxes,
             leases=self.leases, clock=self.clock, metrics=self.metrics,
             rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,
         )  # fmt: skip
@@ -195,7 +198,7 @@ class Replica:
             journal=Journal(self.metrics), rejections=self.rejections,
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
-        self.timers = Timers(self.store, self.leases, self.clock)
+        self.timers = Timers(self.store.ingress, self.leases, self.clock)
 
     @property
     def call_timeout_s(self) -> float:
@@ -207,7 +210,7 @@ class Replica:
         self.http.start()
         self.publisher.start()
         try:
-            self.store.ensure_groups()
+            self.store.ingress.ensure_groups()
         except StoreUnavailable as e:
             log.warning("redis not reachable yet (%s); will keep trying", e)
         loops: tuple[tuple[str, Callable[[], None], float], ...] = (

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from service.adapters.redis_store import Ingress
 from service.runtime.clock import Clock
 from service.runtime.leases import LeaseKeeper
-from service.runtime.ports import TimerStore
 
 #: How often the owned shards' timer sets are checked.
 TIMER_INTERVAL_S = 0.25
 
 
 class Timers:
-    def __init__(self, store: TimerStore, leases: LeaseKeeper, clock: Clock) -> None:
-        self._store = store
+    def __init__(self, ingress: Ingress, leases: LeaseKeeper, clock: Clock) -> None:
+        self._ingress = ingress
         self._leases = leases
         self._clock = clock
 
@@ -22,6 +22,6 @@ class Timers:
         held = self._leases.held()
         if not held:
             return
-        for shard, fired in self._store.fire_due_timers(held, self._clock.now_ms()).items():
+        for shard, fired in self._ingress.fire_due_timers(held, self._clock.now_ms()).items():
             if fired is None:
                 self._leases.lost(shard, held[shard])

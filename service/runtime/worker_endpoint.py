@@ -5,10 +5,9 @@ with the reason)."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import msgspec
 
+from service.adapters.redis_store import Ingress, States
 from service.core import passthrough, reports
 from service.core.effects import Reject
 from service.core.events import OwnerReported, WorkerReported
@@ -18,26 +17,23 @@ from service.keys import shard_of
 from service.metrics import Metrics
 from service.runtime.accept import accept_report, encode_accepted, target_of
 from service.runtime.clock import Clock
-from service.runtime.ports import IngressLog, StateStore
 from service.runtime.rejections import Rejections
-
-
-class WorkerStore(IngressLog, StateStore, Protocol):
-    """What the endpoint reads (the job's state) and writes (its shard's ingress)."""
 
 
 class WorkerEndpoint:
     def __init__(
         self,
         *,
-        store: WorkerStore,
+        states: States,
+        ingress: Ingress,
         rejections: Rejections,
         clock: Clock,
         metrics: Metrics,
         volume_prefix: str = "",
     ) -> None:
         self._volume_prefix = volume_prefix
-        self._store = store
+        self._states = states
+        self._ingress = ingress
         self._rejections = rejections
         self._clock = clock
         self._metrics = metrics
@@ -51,7 +47,7 @@ class WorkerEndpoint:
             event = accepted.event
             assert isinstance(event, WorkerReported | OwnerReported)
             job = target_of(event)
-            raw = self._store.load([job])[job]
+            raw = self._states.load([job])[job]
             try:
                 state = decode_state(raw) if raw else None
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -64,7 +60,7 @@ class WorkerEndpoint:
                 refusal = reports.refusal(state, event, self._volume_prefix)
             if refusal is not None:
                 raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
-            self._store.append_ingress(shard_of(job), encode_accepted(accepted))
+            self._ingress.append_ingress(shard_of(job), encode_accepted(accepted))
         except InvalidMessage as e:
             self._rejections.refuse(topic, e.code, e.detail, body, now_ms, publish=False)
             return 400, e.detail

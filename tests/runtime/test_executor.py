@@ -38,7 +38,7 @@ NS = "default"
 @pytest.fixture
 def store(redis_proc: Server) -> Iterator[RedisStore]:
     store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"))
-    store.ensure_groups()
+    store.ingress.ensure_groups()
     yield store
     store.close()
 
@@ -51,7 +51,7 @@ def executor(store: RedisStore) -> Executor:
 
 def delivered(store: RedisStore) -> list[tuple[int, object]]:
     """Every event appended to any shard's ingress, with its shard."""
-    entries = store.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
+    entries = store.ingress.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
     return [(e.shard, decode_accepted(e.event or b"").event) for e in entries]
 
 
@@ -119,13 +119,15 @@ def test_attach_registers_the_job_and_tells_it_of_a_known_dataset(
 ) -> None:
     attach = AttachDataset(id="e/0", namespace=NS, name="j", dataset="ds")
     executor.run(attach, 0)
-    assert store.dataset_jobs(dataset_key(NS, "ds")) == [job_key(NS, "j")]
+    assert store.records.dataset_jobs(dataset_key(NS, "ds")) == [job_key(NS, "j")]
     assert delivered(store) == [], "an unknown dataset: the job waits for its first poll"
     ds = dataset_key(NS, "ds")
-    token = store.acquire(store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds)), "r", 9999)
+    token = store.leases.acquire(
+        store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds)), "r", 9999
+    )
     assert token is not None
     state = DatasetState(namespace=NS, name="ds", url="/d", format="txt", digest="x", num_samples=7)
-    store.commit([(shard_of(ds), token, [Commit(rkey=ds, state=encode_state(state))])])
+    store.states.commit([(shard_of(ds), token, [Commit(rkey=ds, state=encode_state(state))])])
     executor.run(attach, 0)
     expected = DatasetChanged(
         namespace=NS, name="j", dataset="ds", info=DatasetInfo(url="/d", format="txt"),
@@ -173,11 +175,11 @@ def _with_credential(store: RedisStore, endpoint: str, key_id: str, secret: str)
     resource = dataset_resource("ds", "s3://b/k", credential=credential)
     ds = dataset_key(NS, "ds")
     lease, fence = store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds))
-    token = store.lease_holder(lease) or store.acquire(lease, fence, "r", 99_999)
+    token = store.leases.lease_holder(lease) or store.leases.acquire(lease, fence, "r", 99_999)
     assert token is not None
     state = DatasetState(namespace=NS, name="ds", url="s3://b/k", format="txt", digest="x")
     commit = Commit(rkey=ds, state=encode_state(state), resource=json.dumps(resource).encode())
-    store.commit([(shard_of(ds), token, [commit])])
+    store.states.commit([(shard_of(ds), token, [commit])])
 
 
 def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
