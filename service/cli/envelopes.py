@@ -7,7 +7,7 @@ from typing import Any
 
 from service import wire
 from service.errors import InvalidMessage
-from service.runtime.accept import downstream_event
+from service.runtime.intake import downstream_event
 
 
 def insert_envelope(kind: str, namespace: str, name: str, content: dict[str, Any]) -> bytes:

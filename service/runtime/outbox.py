@@ -15,13 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from service import failpoints
 from service.adapters.mqtt import PublishTicket
 from service.adapters.redis_store import OutboxEntry, Outboxes, Unreadable
 from service.errors import ServiceError
-from service.runtime.clock import Clock
 from service.runtime.rejections import Publisher, Rejections
+
+if TYPE_CHECKING:
+    from service.runtime.replica import Clock
+
 
 log = logging.getLogger(__name__)
 

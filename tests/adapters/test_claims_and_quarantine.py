@@ -13,7 +13,7 @@ import redis
 from service.adapters.redis_store import Commit, Quarantine, RedisStore
 from service.errors import LeaseLost
 from service.keys import Keys, job_key, shard_of
-from service.runtime.claims import OutputDirs
+from service.runtime.executor import OutputDirs
 from tests.servers import Server
 
 A, B = job_key("team-a", "job"), job_key("team-b", "job")

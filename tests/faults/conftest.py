@@ -32,7 +32,7 @@ from service.embedded import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
-from service.runtime.resources import Transition
+from service.runtime.processor import Transition
 from tests.harness import (
     NODE,
     Cloud,

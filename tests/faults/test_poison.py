@@ -21,7 +21,7 @@ import redis
 
 from service.adapters.redis_store import RedisStore
 from service.keys import Keys, job_key, shard_of
-from service.runtime.quarantine import decode_mark
+from service.runtime.rejections import decode_mark
 from tests.faults.conftest import readyz
 from tests.harness import (
     NS,

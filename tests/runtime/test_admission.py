@@ -11,8 +11,7 @@ import pytest
 from service.adapters.redis_store import States
 from service.config import Config
 from service.errors import InvalidMessage, StoreUnavailable
-from service.runtime.accept import Accepted, accept_downstream
-from service.runtime.admission import Admission
+from service.runtime.intake import Accepted, Admission, accept_downstream
 from tests.harness import dataset_resource
 
 

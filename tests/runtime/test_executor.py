@@ -26,8 +26,8 @@ from service.core.events import DatasetChanged, DatasetPolled, ModelCopied, Roun
 from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, DatasetState, encode_state
 from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
-from service.runtime.accept import decode_accepted
 from service.runtime.executor import Executor, unreadable
+from service.runtime.intake import decode_accepted
 from tests.conftest import DeniedS3
 from tests.harness import dataset_resource
 from tests.servers import Server, free_port

@@ -13,9 +13,9 @@ from service.adapters.mqtt import MqttClient, MqttSettings, PublishTicket
 from service.adapters.redis_store import Commit, OutboxEntry, Outboxes, Records, RedisStore
 from service.keys import Keys, rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.clock import SystemClock
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.rejections import Publisher, Rejections
+from service.runtime.replica import SystemClock
 from tests.servers import Server
 
 JOB = rkey("job", "default", "outbox-job")

@@ -14,7 +14,7 @@ from service import schemas, wire
 from service.core.events import RollbackRequested
 from service.core.gate import GateSpec
 from service.errors import InvalidMessage
-from service.runtime.accept import accept_downstream, job_spec
+from service.runtime.intake import accept_downstream, job_spec
 from tests.wire.test_messages import JOB
 
 

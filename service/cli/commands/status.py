@@ -45,7 +45,7 @@ from service.errors import InvalidMessage, PermanentError
 from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
-from service.runtime.gm import GmLinkRecord
+from service.runtime.intake import GmLinkRecord
 from service.urls import redact_url
 from service.wire import LifelongLearningJob, StoredResource
 
