@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from redis.exceptions import ResponseError
 
 from service.adapters.redis_link import (
@@ -71,11 +72,24 @@ from service.urls import parse_redis_url
 
 @dataclass(frozen=True)
 class OutboxEntry:
-    """One upstream message, written with the state that caused it; ``id`` is stable."""
+    """One upstream message, written with the state that caused it; ``id`` is stable.
+
+    ``gm``: the GM link is a second sink of the entry: the commit also appends it to the
+    shard's GM outbox, from which it is read back as a `GmMessage`."""
 
     id: str
     topic: str
     payload: bytes
+    gm: bool = False
+
+
+@dataclass(frozen=True)
+class GmMessage:
+    """An upstream message as the GM link sends it: its envelope's header values and its
+    content JSON."""
+
+    header: Mapping[str, str]
+    content: bytes
 
 
 @dataclass(frozen=True)
@@ -117,8 +131,6 @@ class Commit:
     outbox: tuple[OutboxEntry, ...] = ()
     effects: tuple[tuple[str, bytes], ...] = ()
     history: tuple[bytes, ...] = ()
-    #: upstream messages for the GM link, (id, envelope JSON), when a GM is configured
-    gm: tuple[tuple[str, bytes], ...] = ()
     #: records of the job's rounds that ended, for its capped round history
     rounds: tuple[bytes, ...] = ()
     clear_mark: bool = False  # the resource's quarantine ended
@@ -450,6 +462,7 @@ class States:
             k.rounds(c.rkey),
         )
         mode = "delete" if c.delete else "keep" if c.keep_state else "set"
+        to_gm = [entry for entry in c.outbox if entry.gm]
         timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
         args: list[bytes | str | int] = [
             token,
@@ -465,7 +478,7 @@ class States:
             len(c.outbox),
             len(c.effects),
             len(c.history),
-            len(c.gm),
+            len(to_gm),
             len(c.rounds),
             ROUNDS_MAXLEN,
             *c.ack_ids,
@@ -475,8 +488,8 @@ class States:
         for effect_id, intent in c.effects:
             args += [effect_id, intent]
         args += c.history
-        for gm_id, payload in c.gm:
-            args += [gm_id, payload]
+        for entry in to_gm:
+            args += [entry.id, entry.payload]
         args += c.rounds
         return self._redis.call("commit", keys, tuple(args))
 
@@ -580,13 +593,14 @@ class Outboxes:
 
     def gm_outbox_read(
         self, shards: Sequence[int], count: int = 100
-    ) -> dict[int, list[tuple[str, bytes | Unreadable]]]:
-        """Per shard, upstream messages not yet sent to the GM, oldest first, as (stream id,
-        envelope JSON); all shards in one round trip. With replicas required, only once they
-        hold all of it. An entry without a payload comes as `Unreadable`, in its place."""
+    ) -> dict[int, list[tuple[str, GmMessage | Unreadable]]]:
+        """Per shard, upstream messages not yet sent to the GM, oldest first, with their
+        stream ids; all shards in one round trip. With replicas required, only once they hold
+        all of it. An entry that is not an upstream message comes as `Unreadable`, in its
+        place."""
         read = self._read(self.keys.gm_outbox, shards, count, "gm_outbox_read")
         return {
-            shard: [(stream_id, _gm_payload(f)) for stream_id, f in entries]
+            shard: [(stream_id, _gm_message(f)) for stream_id, f in entries]
             for shard, entries in read.items()
         }
 
@@ -684,9 +698,26 @@ def _outbox_entry(fields: dict[bytes, bytes]) -> OutboxEntry | Unreadable:
     return entry
 
 
-def _gm_payload(fields: dict[bytes, bytes]) -> bytes | Unreadable:
+class _Envelope(msgspec.Struct, frozen=True):
+    """A GM outbox entry's payload: the upstream envelope the commit wrote, the header's
+    values strings, the content kept as the JSON it is."""
+
+    header: dict[str, str]
+    content: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+
+
+def _gm_message(fields: dict[bytes, bytes]) -> GmMessage | Unreadable:
     payload = fields.get(b"payload")
-    return payload if payload is not None else Unreadable("no 'payload' field", _flat(fields))
+    if payload is None:
+        return Unreadable("no 'payload' field", _flat(fields))
+    try:
+        envelope = _envelope_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return Unreadable(f"not an upstream envelope: {e}", payload)
+    return GmMessage(envelope.header, bytes(envelope.content))
 
 
 def _flat(fields: dict[bytes, bytes]) -> bytes:

@@ -236,9 +236,7 @@ class Executor:
         """Remove the data files of this phase's rounds older than the newest
         ``rounds_kept``, but for those the job keeps (deployed, or a rollback target)."""
         oldest = work.version - self._rounds_kept + 1
-        removed = self._blobs.prune_rounds(
-            work.data_url, lambda v: v >= oldest or v in work.keep
-        )
+        removed = self._blobs.prune_rounds(work.data_url, lambda v: v >= oldest or v in work.keep)
         if removed:
             log.info(
                 "removed the %s data files of rounds %s",
@@ -362,7 +360,6 @@ def _cursor_of(work: PollDataset) -> Cursor:
         log.warning("dataset %s/%s: its poll cursor cannot be decoded (%s); reading it whole",
                     work.namespace, work.name, e)  # fmt: skip
         return Cursor()
-
 
 
 EFFECT_WORKERS = 4

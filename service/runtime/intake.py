@@ -73,7 +73,7 @@ from service.adapters.gm import (
     parse_gm_address,
 )
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
-from service.adapters.redis_store import Ingress, Leases, Outboxes, States, Unreadable
+from service.adapters.redis_store import Ingress, Leases, Outboxes, States
 from service.config import Config
 from service.core import passthrough, reports
 from service.core.conditions import view_of
@@ -101,6 +101,7 @@ from service.heartbeat import Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.leases import LeaseKeeper
+from service.runtime.outbox import GmSink
 from service.runtime.rejections import Rejections
 from service.wire.fields import invalid
 from service.wire.workers import STATUS_REQUIRED
@@ -114,13 +115,7 @@ log = logging.getLogger(__name__)
 
 #: The topic GM frames are taken in under (rejections show it as their topic).
 GM_TOPIC = "gm"
-#: how long the forwarder waits when the link is down, or at most for a new message
-POLL_S = 0.2
-POLL_MS = int(POLL_S * 1000)
-#: the link's record in Redis is refreshed this often, and whenever its status changes
-REPORT_EVERY_S = 2.0
 STORE_RETRY_S = 0.5
-BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -146,30 +141,12 @@ class GmLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
     link: LinkState
 
 
-class _Envelope(msgspec.Struct, frozen=True):
-    """An upstream envelope as the GM outbox holds it: the header's values are strings."""
-
-    header: dict[str, str]
-    content: msgspec.Raw = msgspec.Raw(b"null")
-
-
-_envelope_decoder = msgspec.json.Decoder(_Envelope)
-
-
-def _frame_of(payload: bytes | Unreadable) -> tuple[dict[str, str], bytes] | Unreadable:
-    """The header and content JSON of a GM outbox entry, or why it is not an envelope."""
-    if isinstance(payload, Unreadable):
-        return payload
-    try:
-        envelope = _envelope_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        return Unreadable(f"not an upstream envelope: {e}", payload)
-    return envelope.header, bytes(envelope.content)
-
-
 class GmBridge:
     """One holding of the link: built when the ingress lease is taken, stopped for good when
-    it is lost (a second live connection would split the GM's messages between replicas)."""
+    it is lost (a second live connection would split the GM's messages between replicas).
+    Frames in go to the intake's queue; upstream messages go out through the outbox's
+    `GmSink`, on this holding's ``gm-outbox`` thread, which also records the link's state
+    in Redis (`GmLinkRecord`)."""
 
     def __init__(
         self,
@@ -189,20 +166,23 @@ class GmBridge:
     ) -> None:
         self._address = address
         self._replica = replica
-        self._outboxes = outboxes
         self._leases = leases
         self._inbound = inbound
         self._rejections = rejections
-        self._clock = clock
         self._report_ttl_ms = report_ttl_ms
-        self._heartbeats = heartbeats
         self._stop = threading.Event()
         self._link = GmLink(
             parse_gm_address(address), node, self._on_frame,
             on_reject=self._on_reject, observer=metrics.gm, settings=settings,
             heartbeats=heartbeats,
         )  # fmt: skip
-        self._thread = threading.Thread(target=self._forward, name="gm-outbox", daemon=True)
+        sink = GmSink(
+            link=self._link, outboxes=outboxes, rejections=rejections, clock=clock,
+            heartbeats=heartbeats, report=self._report,
+        )  # fmt: skip
+        self._thread = threading.Thread(
+            target=sink.run, args=(self._stop,), name="gm-outbox", daemon=True
+        )
 
     @property
     def status(self) -> str:
@@ -231,61 +211,6 @@ class GmBridge:
     def _on_reject(self, rejected: GmRejected) -> None:
         now_ms = int(rejected.received_at * 1000)
         self._rejections.refuse(GM_TOPIC, "too_large", rejected.reason, b"", now_ms)
-
-    # ------------------------------------------------------------ messages out
-    def _forward(self) -> None:
-        """Send what waits in the GM outbox streams while the link is up, beating each time
-        round; no exception ever leaves this thread."""
-        with self._heartbeats.watch("gm-outbox") as beat:
-            self._forward_until_stopped(beat)
-
-    def _forward_until_stopped(self, beat: Callable[[], None]) -> None:
-        reported_at, reported = 0.0, ""
-        while not self._stop.is_set():
-            beat()
-            try:
-                status = self._link.state.status
-                if status != reported or self._clock.monotonic_s() - reported_at >= REPORT_EVERY_S:
-                    self._report()
-                    reported_at, reported = self._clock.monotonic_s(), status
-                if self._link.state.status != "up":
-                    self._stop.wait(POLL_S)
-                elif (sent := self._send_pending()) is None:
-                    self._stop.wait(POLL_S)  # the link refused: it is going down
-                elif not sent and not self._outboxes.gm_outbox_wait(range(NUM_SHARDS), POLL_MS):
-                    self._stop.wait(POLL_S)  # no blocking read here (Redis Cluster)
-            except StoreUnavailable as e:
-                log.warning("GM outbox waits for redis: %s", e)
-                self._stop.wait(STORE_RETRY_S)
-            except Exception:
-                log.exception("GM outbox failed; continuing")
-                self._stop.wait(STORE_RETRY_S)
-
-    def _send_pending(self) -> bool | None:
-        """Send one batch per shard, in order: whether anything was sent, or None when the
-        link refused a message (the rest then waits, in order). An entry that is not an
-        upstream envelope is set aside and the next one goes on."""
-        sent_any = False
-        for shard, entries in self._outboxes.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
-            done: list[str] = []
-            refused = False
-            for stream_id, payload in entries:
-                progress()
-                frame = _frame_of(payload)
-                if isinstance(frame, Unreadable):
-                    self._rejections.unreadable(
-                        "gm-outbox", f"shard {shard} entry {stream_id}", frame.reason,
-                        frame.raw, self._clock.now_ms(),
-                    )  # fmt: skip
-                elif self._stop.is_set() or not self._link.send(*frame):
-                    refused = True
-                    break
-                done.append(stream_id)
-            self._outboxes.gm_outbox_done(shard, done)
-            sent_any = sent_any or bool(done)
-            if refused:
-                return None
-        return sent_any
 
     def _report(self) -> None:
         record = GmLinkRecord(
@@ -624,7 +549,6 @@ def worker_event(
     )
 
 
-
 #: resource versions remembered as already told; the oldest are forgotten first
 REMEMBERED = 10_000
 
@@ -658,7 +582,6 @@ class UnknownFields:
                 "; ".join(f"{field.path}: {field.reason}" for field in unknown),
                 extra={"outcome": "applied"},
             )
-
 
 
 REFRESH_S = 1.0
@@ -820,7 +743,6 @@ class WorkerEndpoint:
             return 503, "state store unavailable; retry"
         self._metrics.events.labels(type="worker-reported", outcome="accepted").inc()
         return 200, "OK"
-
 
 
 READ_BATCH = 500
@@ -997,9 +919,7 @@ class Intake:
 
     def _accept(self, msg: Inbound, now_ms: int) -> Accepted:
         if msg.topic in (self._downstream_topic, GM_TOPIC):
-            return accept_downstream(
-                msg.topic, msg.payload, now_ms, data_roots=self._data_roots
-            )
+            return accept_downstream(msg.topic, msg.payload, now_ms, data_roots=self._data_roots)
         levels = worker_topic_levels(msg.topic)
         if levels is None:
             raise InvalidMessage(f"no handler for topic {msg.topic!r}", code="unknown_topic")

@@ -29,13 +29,13 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from service import failpoints, history, wire
+from service import failpoints, history
 from service.adapters.redis_store import (
     Commit,
     IngressEntry,
@@ -58,7 +58,6 @@ from service.core.effects import (
 )
 from service.core.events import Event, JobApplied, Tick
 from service.core.outcome import Context, Outcome
-from service.core.passthrough import gm_accepts
 from service.core.rounds import encode_round
 from service.core.state import DatasetState, JobState, State, decode_state, encode_state
 from service.errors import LeaseLost, RejectCode, StoreUnavailable
@@ -69,7 +68,7 @@ from service.metrics import Metrics
 from service.runtime.executor import EffectRunner, OutputDirs
 from service.runtime.intake import Accepted, decode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
-from service.runtime.outbox import OutboxPublisher
+from service.runtime.outbox import OutboxPublisher, upstream_entry
 from service.runtime.rejections import (
     Cause,
     Held,
@@ -92,9 +91,7 @@ class Journal:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def write(
-        self, rkey: str, records: Iterable[HistoryRecord], changed: Iterable[bool]
-    ) -> None:
+    def write(self, rkey: str, records: Iterable[HistoryRecord], changed: Iterable[bool]) -> None:
         """Count every record; log the applied ones and those that say something: at INFO
         when the transition changed the resource's view or said something, else at DEBUG
         (thousands of forwarded progress reports a second would otherwise cost more than
@@ -224,7 +221,6 @@ class _Fold:
     initial: State | None
     state: State | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)
-    gm: list[tuple[str, bytes]] = field(default_factory=list)
     work: list[tuple[str, Work]] = field(default_factory=list)
     records: list[history.HistoryRecord] = field(default_factory=list)
     changed: list[bool] = field(default_factory=list)
@@ -246,16 +242,8 @@ class _Fold:
         for effect in outcome.effects:
             if isinstance(effect, ScheduleCheck):
                 self.timer_ms = effect.due_ms
-            elif isinstance(effect, Publish):
-                entry = _upstream(self.rkey, effect, config)
-                self.outbox.append(entry)
-                if config.gm_address and effect.to_gm:
-                    self.gm.append((entry.id, entry.payload))
-            elif isinstance(effect, Forward):
-                entry = _upstream(self.rkey, effect, config)
-                self.outbox.append(entry)
-                if config.gm_address and gm_accepts(parse_rkey(self.rkey).kind, effect.status):
-                    self.gm.append((entry.id, entry.payload))
+            elif isinstance(effect, Publish | Forward):
+                self.outbox.append(upstream_entry(self.rkey, effect, config))
             elif isinstance(effect, Reject):
                 refusal = _rejected(accepted, effect, at_ms)
                 self.rejected.append(refusal)
@@ -286,7 +274,7 @@ class _Fold:
         if self.state is None:
             return Commit(
                 rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
-                effects=intents, gm=tuple(self.gm),
+                effects=intents,
             )  # fmt: skip
         kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
         return Commit(
@@ -298,54 +286,8 @@ class _Fold:
             outbox=outbox,
             effects=intents,
             history=kept,
-            gm=tuple(self.gm),
             rounds=tuple(self.rounds),
         )
-
-
-def _upstream(rkey: str, effect: Publish | Forward, config: Config) -> OutboxEntry:
-    """The upstream envelope of a status (or a forwarded report) under the resource's kind;
-    its header keeps the effect's stable id."""
-    header = wire.Header(
-        namespace=effect.namespace,
-        resource_kind=parse_rkey(rkey).wire_kind,
-        resource_name=effect.name,
-        operation="status",
-        id=effect.id,
-    )
-    payload = wire.encode(wire.UpstreamEnvelope(header=header, content=effect.status))
-    status = effect.status
-    if len(payload) > wire.MAX_PAYLOAD_BYTES and not isinstance(status, wire.DatasetStatus):
-        for trimmed in _trimmed(status, len(payload)):
-            envelope = wire.UpstreamEnvelope(header=header, content=trimmed)
-            payload = wire.encode(envelope)
-            if len(payload) <= wire.MAX_PAYLOAD_BYTES:
-                break
-    return OutboxEntry(effect.id, config.upstream_topic_for(effect.namespace), payload)
-
-
-Forwarded = TypeVar("Forwarded", bound=wire.JobStatus | wire.ReportStatus)
-
-
-def _trimmed(status: Forwarded, size: int) -> Iterator[Forwarded]:
-    """Smaller forms of a forwarded report too large to send (outbound messages keep the
-    inbound size limit): its results as {format, url} only and no ownerInfo, then no results
-    at all; the reason says so."""
-    output = status.output
-    if output is None:
-        return
-    models = output.models or []
-    note = (
-        f"the report is {size} bytes forwarded, over the {wire.MAX_PAYLOAD_BYTES}-byte "
-        f"limit: {{}} left out of its {len(models)} results; ownerInfo left out"
-    )
-    empty = msgspec.Raw(b"{}")
-    slim: list[dict[str, Any]] = [{k: r[k] for k in ("format", "url") if k in r} for r in models]
-    for left_out, kept in (("everything but each result's format and url", slim), ("all", [])):
-        trimmed = msgspec.structs.replace(
-            output, models=kept if output.models is not None else None, owner_info=empty
-        )
-        yield msgspec.structs.replace(status, reason=note.format(left_out), output=trimmed)
 
 
 def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:
@@ -368,7 +310,6 @@ def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:
     topic = accepted.topic or "internal"
     record = rejection_record(topic, effect.reason, accepted.head, accepted.received_ms or at_ms)
     return Rejected(topic, effect.code, effect.reason, record)
-
 
 
 Transition = Callable[[State | None, Event, Context], Outcome]
@@ -433,9 +374,7 @@ class ResourceRunner:
             return self._quarantines.isolate(shard, rkey, items, now_ms, None)
         return self._quarantines.isolate(shard, rkey, items, now_ms, failure)
 
-    def _deleted(
-        self, shard: int, token: str, rkey: str, items: list[Held], delete: int
-    ) -> Plan:
+    def _deleted(self, shard: int, token: str, rkey: str, items: list[Held], delete: int) -> Plan:
         """A quarantined resource was deleted: its state goes, the quarantine ends, what came
         before the delete is dropped (into the commit's acks) and what came after applies to
         a resource that does not exist yet."""
@@ -538,10 +477,8 @@ def _with_commit(result: Plan, commit: Commit) -> Plan:
     return dataclasses.replace(result, commit=commit)
 
 
-
 READ_BATCH = 500
 READ_BLOCK_MS = 200
-
 
 
 @dataclass
@@ -823,7 +760,6 @@ class Processor:
             for rkey in batch.groups:
                 if rkey not in batch.states:
                     batch.states[rkey] = loaded[rkey]
-
 
 
 def _remember(states: dict[str, bytes | None], commit: Commit) -> None:

@@ -208,7 +208,6 @@ class Rejections:
             log.warning(message, error)
 
 
-
 #: "state": the stored state cannot be decoded; "entry": one of its ingress entries cannot.
 Cause = Literal["state", "entry"]
 FIRST_RETRY_MS = 1_000

@@ -164,7 +164,6 @@ class Timers:
                 self._leases.lost(shard, held[shard])
 
 
-
 OUTBOX_FINISH_S = 2.0
 PRESENCE_INTERVAL_S = 0.5
 THREAD_JOIN_S = 10.0
