@@ -39,7 +39,7 @@ import msgspec
 from service import wire
 from service.adapters.blobs import BlobStore
 from service.adapters.datasets import Cursor, DatasetReader
-from service.adapters.redis_store import Outboxes, Records, RedisStore, States
+from service.adapters.redis_store import Ingress, Outboxes, Records, States
 from service.core import datasets, paths
 from service.core.effects import (
     AttachDataset,
@@ -145,14 +145,17 @@ class Executor:
 
     def __init__(
         self,
-        store: RedisStore,
+        *,
+        states: States,
+        records: Records,
+        ingress: Ingress,
         blobs: BlobStore,
         reader: DatasetReader,
         rounds_kept: int = 3,
     ) -> None:
-        self._states = store.states
-        self._records = store.records
-        self._ingress = store.ingress
+        self._states = states
+        self._records = records
+        self._ingress = ingress
         self._blobs = blobs
         self._reader = reader
         self._rounds_kept = rounds_kept

@@ -38,10 +38,13 @@ import msgspec
 from service import failpoints, history
 from service.adapters.redis_store import (
     Commit,
+    Ingress,
     IngressEntry,
     OutboxEntry,
+    Outboxes,
     Quarantine,
-    RedisStore,
+    Records,
+    States,
 )
 from service.config import Config
 from service.core.effects import (
@@ -501,7 +504,10 @@ class Processor:
         self,
         *,
         config: Config,
-        store: RedisStore,
+        ingress: Ingress,
+        states: States,
+        outboxes: Outboxes,
+        records: Records,
         leases: LeaseKeeper,
         clock: Clock,
         transition: Transition,
@@ -514,9 +520,9 @@ class Processor:
         stop: threading.Event,
     ) -> None:
         self._config = config
-        self._ingress = store.ingress
-        self._stored = store.states
-        self._outboxes = store.outboxes
+        self._ingress = ingress
+        self._stored = states
+        self._outboxes = outboxes
         self._leases = leases
         self._clock = clock
         self._effects = effects
@@ -531,7 +537,7 @@ class Processor:
         self._runner = ResourceRunner(
             config=config, clock=clock, transition=transition, quarantines=self._quarantines,
             output_dirs=OutputDirs(
-                store.records, store.states, int(config.lease_s * 2000), config.volume_prefix
+                records, states, int(config.lease_s * 2000), config.volume_prefix
             ),
             metrics=metrics,
         )  # fmt: skip

@@ -295,13 +295,18 @@ class Replica:
             max_dataset_bytes=self.config.max_dataset_bytes,
         )  # fmt: skip
         self.effects = EffectRunner(
-            executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
+            executor=Executor(
+                states=self.store.states, records=self.store.records, ingress=self.store.ingress,
+                blobs=blobs, reader=reader, rounds_kept=self.config.rounds_kept,
+            ),
             outboxes=self.store.outboxes,
             leases=self.leases, clock=self.clock, metrics=self.metrics,
             rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,
         )  # fmt: skip
         self.processor = Processor(
-            config=self.config, store=self.store, leases=self.leases, clock=self.clock,
+            config=self.config, ingress=self.store.ingress, states=self.store.states,
+            outboxes=self.store.outboxes, records=self.store.records, leases=self.leases,
+            clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
             journal=Journal(self.metrics), rejections=self.rejections,
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,

@@ -46,7 +46,14 @@ def store(redis_proc: Server) -> Iterator[RedisStore]:
 @pytest.fixture
 def executor(store: RedisStore) -> Executor:
     s3 = S3Clients()
-    return Executor(store, BlobStore(s3, attempts=1, max_backoff_s=0.1), DatasetReader(s3))
+    blobs = BlobStore(s3, attempts=1, max_backoff_s=0.1)
+    return Executor(
+        states=store.states,
+        records=store.records,
+        ingress=store.ingress,
+        blobs=blobs,
+        reader=DatasetReader(s3),
+    )
 
 
 def delivered(store: RedisStore) -> list[tuple[int, object]]:
@@ -192,8 +199,9 @@ def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
     assert no_bucket.unreadable == unreadable("s3://no-such-bucket-here/k.txt")
 
     denied = S3Clients()  # a fresh cache: the credential below is another client
-    executor = Executor(store, BlobStore(denied, attempts=1, max_backoff_s=0.1),
-                        DatasetReader(denied))  # fmt: skip
+    executor = Executor(states=store.states, records=store.records, ingress=store.ingress,
+                        blobs=BlobStore(denied, attempts=1, max_backoff_s=0.1),
+                        reader=DatasetReader(denied))  # fmt: skip
     _with_credential(store, s3_denied.endpoint.removeprefix("http://"),
                      s3_denied.access_key_id, s3_denied.secret_access_key)  # fmt: skip
     forbidden = _poll(executor, f"s3://{s3_denied.bucket}/{s3_denied.key}")
