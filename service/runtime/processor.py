@@ -270,6 +270,8 @@ class _Fold:
     def commit(self, ack_ids: tuple[str, ...]) -> Commit:
         outbox = tuple(self.outbox)
         if self.state is None and self.initial is None:
+            # a resource that never was stored sends the GM nothing
+            outbox = tuple(dataclasses.replace(e, gm=False) if e.gm else e for e in outbox)
             return Commit(
                 rkey=self.rkey, state=None, keep_state=True, ack_ids=ack_ids, outbox=outbox
             )
