@@ -11,9 +11,10 @@ The stages, in this module's order:
   the hot path skips a read.
 - The planner (`plan`): folds the transitions of one resource's events into one commit,
   pure, so it is tested without Redis. Everything the transitions produced lands in one
-  `Commit` (state, resource JSON, timer, acknowledged entries, upstream and errors messages,
-  effect intents, history, the records of rounds that ended), which Redis applies
-  all-or-nothing, fenced by the shard's lease.
+  `Commit` (state, resource JSON, timer, acknowledged entries, upstream messages (built by
+  `outbox.upstream_entry`, the GM's among them) and errors messages, effect intents,
+  history, the records of rounds that ended), which Redis applies all-or-nothing, fenced by
+  the shard's lease.
 - The resource runner (`ResourceRunner`): one resource's events of a read, through the pure
   core and into one plan; or, when the resource's state or one of its entries cannot be
   decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
