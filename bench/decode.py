@@ -21,7 +21,7 @@ import msgspec
 from bench.common import Result
 from service import wire
 from service.errors import InvalidMessage
-from service.runtime.accept import (
+from service.runtime.intake import (
     Accepted,
     accept_downstream,
     accept_report,

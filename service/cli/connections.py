@@ -203,7 +203,7 @@ def online_replicas(
 def _live_replicas(cfg: Config) -> set[str]:
     try:
         with store_session(cfg) as store:
-            return set(store.live_replicas(int(time.time() * 1000)))
+            return set(store.leases.live_replicas(int(time.time() * 1000)))
     except StoreUnavailable as e:
         raise StoreUnavailable(
             f"{e}; the live controllers are not known without it (--force sends anyway)"

@@ -48,7 +48,7 @@ from service.keys import (
 )
 from service.keys import Kind as StoreKind
 from service.logs import escape_controls, redact
-from service.runtime.accept import downstream_event
+from service.runtime.intake import downstream_event
 from service.settings import node_name_problem
 from service.wire import Resource, unknown_spec_fields
 

@@ -34,7 +34,7 @@ from service.core.state import DatasetState, JobState, ModelRef, ResourceState
 from service.history import HistoryRecord, last_change_ms
 from service.keys import parse_rkey
 from service.logs import escape_controls, redact
-from service.runtime.gm import GmLinkRecord
+from service.runtime.intake import GmLinkRecord
 from service.wire import LifelongLearningJob, StoredResource, rfc3339_utc
 
 COLUMN_GAP = "   "

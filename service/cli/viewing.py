@@ -67,7 +67,7 @@ from service.errors import InvalidMessage, PermanentError
 from service.history import decode_records, last_change_ms
 from service.keys import parse_rkey, rkey
 from service.logs import redact
-from service.runtime.gm import GmLinkRecord
+from service.runtime.intake import GmLinkRecord
 from service.urls import redact_url
 
 HISTORY_FOR_AGE = 100
@@ -149,10 +149,13 @@ def register_status(commands: Subcommands) -> None:
 def _get(args: argparse.Namespace) -> int:
     cfg = command_config(args)
     with store_session(cfg) as store:
-        keys = [k for k in store.list_rkeys(args.kind.store) if _in_namespace(k, args.namespace)]
-        raw_states = store.load(keys)
+        keys = [
+            k for k in store.states.list_rkeys(args.kind.store) if _in_namespace(k, args.namespace)
+        ]
+        raw_states = store.states.load(keys)
         changed = {
-            k: last_change_ms(decode_records(store.history(k, HISTORY_FOR_AGE))) for k in keys
+            k: last_change_ms(decode_records(store.states.history(k, HISTORY_FOR_AGE)))
+            for k in keys
         }
         link = _gm_link(store)
     now_ms = time.time_ns() // 1_000_000
@@ -182,7 +185,7 @@ def _get(args: argparse.Namespace) -> int:
 
 def _gm_link(store: RedisStore) -> GmLinkRecord | None:
     """The GM link as its holder last recorded it; None when none is recorded or readable."""
-    raw = store.gm_link()
+    raw = store.leases.gm_link()
     if raw is None:
         return None
     try:
@@ -215,13 +218,13 @@ def _describe(args: argparse.Namespace) -> int:
     cfg = command_config(args)
     key = rkey(args.kind.store, args.namespace, args.name)
     with store_session(cfg) as store:
-        raw = store.load([key]).get(key)
+        raw = store.states.load([key]).get(key)
         if raw is None:
             raise PermanentError(f"{args.kind.wire} {args.namespace}/{args.name} not found")
-        resource = store.load_resource(key)
-        records = decode_records(store.history(key, max(args.history, HISTORY_FOR_AGE)))
-        users = store.dataset_jobs(key) if args.kind is DATASET else []
-        rounds = decode_rounds(store.rounds(key)) if args.kind is JOB else []
+        resource = store.states.load_resource(key)
+        records = decode_records(store.states.history(key, max(args.history, HISTORY_FOR_AGE)))
+        users = store.records.dataset_jobs(key) if args.kind is DATASET else []
+        rounds = decode_rounds(store.states.rounds(key)) if args.kind is JOB else []
         link = _gm_link(store)
     state = _state_or_none(key, raw)
     if state is None:

@@ -1,21 +1,45 @@
-"""Runs the effects that do I/O and turns their outcome into the next event.
+"""Effects: the intents a commit left, run on a small thread pool, each completed under the
+shard's lease with its outcome as the next event; and the outputDir claims that keep two
+jobs from writing to one directory.
 
-Every effect here is idempotent by construction (its paths are fixed by job and version),
-so redoing one after a crash is harmless. Permanent failures and transient failures past the
-blob adapter's retry budget come back as events carrying the reason (the lifecycle then
-reports `failed` upstream); a store outage is raised so the caller retries the intent later.
+- Output-dir claims (`OutputDirs`). Which job writes to an outputDir: two jobs (in different
+  namespaces, say) given the same one, or one inside the other's, would overwrite each
+  other's round files and deployed model (a job whose outputDir is another's
+  `deploy/index.pkl` makes that file a directory). Each job claims its outputDir when an
+  insert leaves it with one (`Records.claim_output_dir`); the second job to claim a
+  directory that is taken, inside one that is taken or above one, has its insert refused,
+  naming the holder. Claims are keyed by the directory as it lies on disk (the volume
+  prefix added, canonical: `paths.claim_dir`), so two spellings of one directory meet. A job
+  gives its claim up when it is deleted or moves to another outputDir (a `ReleaseOutputDir`
+  effect, committed with the state, so a crash cannot lose it). A claim whose job is gone,
+  or has moved elsewhere, is stale and taken over, but only once it is older than two lease
+  periods: a new job's claim precedes its first commit by a moment, and that commit may
+  wait for a shard's next owner.
+- The executor (`Executor`) runs the effects that do I/O and turns their outcome into the
+  next event. Every effect here is idempotent by construction (its paths are fixed by job
+  and version), so redoing one after a crash is harmless. Permanent failures and transient
+  failures past the blob adapter's retry budget come back as events carrying the reason
+  (the lifecycle then reports `failed` upstream); a store outage is raised so the caller
+  retries the intent later.
+- The effect runner (`EffectRunner`) runs effect intents on a small thread pool and
+  completes each under the shard's lease. An intent found in Redis that cannot be decoded
+  (not written by this service) is set aside (`Rejections.unreadable`) and retired, so the
+  intents after it still run.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from service import wire
 from service.adapters.blobs import BlobStore
 from service.adapters.dataset_sources import Cursor, DatasetReader
+from service.adapters.redis_store import Ingress, Outboxes, Records, States
 from service.core import datasets, paths
 from service.core.effects import (
     AttachDataset,
@@ -26,14 +50,87 @@ from service.core.effects import (
     ReleaseOutputDir,
     Work,
     WriteRound,
+    decode_work,
 )
 from service.core.events import DatasetPolled, Event, ModelCopied, RoundWritten
-from service.core.state import DatasetState, decode_state
-from service.errors import InvalidMessage, PermanentError, TransientError
+from service.core.state import DatasetState, JobState, decode_state
+from service.errors import (
+    InvalidMessage,
+    LeaseLost,
+    PermanentError,
+    StoreUnavailable,
+    TransientError,
+)
+from service.heartbeat import Heartbeats, progress
 from service.keys import dataset_key, job_key, parse_rkey, shard_of
 from service.logs import redact
-from service.runtime.accept import Accepted, encode_accepted
-from service.runtime.ports import ExecutorStore
+from service.metrics import Metrics
+from service.runtime.intake import Accepted, encode_accepted
+from service.runtime.leases import LeaseKeeper
+from service.runtime.rejections import Rejections
+
+if TYPE_CHECKING:
+    from service.runtime.replica import Clock
+
+
+#: How many stale holders one claim takes over before it gives up and names the next.
+_MAX_TAKEOVERS = 8
+
+
+class OutputDirs:
+    def __init__(
+        self, records: Records, states: States, grace_ms: int, volume_prefix: str = ""
+    ) -> None:
+        self._records = records
+        self._states = states
+        self._grace_ms = grace_ms
+        self._prefix = volume_prefix
+
+    def claim(self, job_rkey: str, output_dir: str, now_ms: int) -> str | None:
+        """Claim the (worker-visible) outputDir for the job: None when it is the job's, else
+        the job in the way, as `namespace/name` and what it holds."""
+        directory = paths.claim_dir(self._prefix, output_dir)
+        found = self._records.claim_output_dir(directory, job_rkey, now_ms, grace_ms=self._grace_ms)
+        for _ in range(_MAX_TAKEOVERS):
+            if found is None or not self._stale(*found):
+                break
+            found = self._records.claim_output_dir(
+                directory, job_rkey, now_ms, stale=found[0], grace_ms=self._grace_ms
+            )
+        return None if found is None else self._described(directory, *found)
+
+    def _stale(self, holder: str, held: str) -> bool:
+        """Whether the holder no longer writes to ``held``: gone, or moved to another
+        outputDir. A holder whose state cannot be read (quarantined) keeps its claim."""
+        raw = self._states.load([holder]).get(holder)
+        if raw is None:
+            return True
+        try:
+            state = decode_state(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        if not isinstance(state, JobState):
+            return True
+        return paths.claim_dir(self._prefix, state.spec.output_dir) != held
+
+    def _described(self, directory: str, holder: str, held: str) -> str:
+        """The holder as `namespace/name`, and how its outputDir meets this one when it is
+        not the same directory (paths as workers see them)."""
+        name = _named(holder)
+        if held == directory:
+            return name
+        shown = paths.trim_prefix(self._prefix, held)
+        if paths.is_beneath(directory, held):
+            return f"{name}, whose outputDir {shown} contains it"
+        return f"{name}, whose outputDir {shown} lies inside it"
+
+
+def _named(rkey: str) -> str:
+    try:
+        return parse_rkey(rkey).path
+    except ValueError:
+        return rkey
+
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +144,18 @@ class Executor:
     """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
 
     def __init__(
-        self, store: ExecutorStore, blobs: BlobStore, reader: DatasetReader, rounds_kept: int = 3
+        self,
+        *,
+        states: States,
+        records: Records,
+        ingress: Ingress,
+        blobs: BlobStore,
+        reader: DatasetReader,
+        rounds_kept: int = 3,
     ) -> None:
-        self._store = store
+        self._states = states
+        self._records = records
+        self._ingress = ingress
         self._blobs = blobs
         self._reader = reader
         self._rounds_kept = rounds_kept
@@ -72,9 +178,10 @@ class Executor:
                 self._attach(work, now_ms)
             case DetachDataset():
                 dataset = dataset_key(work.namespace, work.dataset)
-                self._store.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
+                self._records.dataset_jobs_remove(dataset, job_key(work.namespace, work.name))
             case ReleaseOutputDir():
-                self._store.release_output_dir(work.output_dir, job_key(work.namespace, work.name))
+                job = job_key(work.namespace, work.name)
+                self._records.release_output_dir(work.output_dir, job)
         return None
 
     # ------------------------------------------------------------ credentials
@@ -83,7 +190,7 @@ class Executor:
         only looked up when one of `urls` is on S3 (local files need none)."""
         if not any(paths.is_remote(url) for url in urls):
             return None
-        raw = self._store.load_resource(rkey)
+        raw = self._states.load_resource(rkey)
         if raw is None:
             return None
         try:
@@ -132,9 +239,7 @@ class Executor:
         """Remove the data files of this phase's rounds older than the newest
         ``rounds_kept``, but for those the job keeps (deployed, or a rollback target)."""
         oldest = work.version - self._rounds_kept + 1
-        removed = self._blobs.prune_rounds(
-            work.data_url, lambda v: v >= oldest or v in work.keep
-        )
+        removed = self._blobs.prune_rounds(work.data_url, lambda v: v >= oldest or v in work.keep)
         if removed:
             log.info(
                 "removed the %s data files of rounds %s",
@@ -217,15 +322,15 @@ class Executor:
             )
 
     def _notify(self, work: NotifyJobs, now_ms: int) -> None:
-        for job in self._store.dataset_jobs(dataset_key(work.namespace, work.dataset)):
+        for job in self._records.dataset_jobs(dataset_key(work.namespace, work.dataset)):
             key = parse_rkey(job)
             self._send(job, datasets.change_for_job(key.namespace, key.name, work), now_ms)
 
     def _attach(self, work: AttachDataset, now_ms: int) -> None:
         dataset = dataset_key(work.namespace, work.dataset)
         job = job_key(work.namespace, work.name)
-        self._store.dataset_jobs_add(dataset, job)
-        raw = self._store.load([dataset])[dataset]
+        self._records.dataset_jobs_add(dataset, job)
+        raw = self._states.load([dataset])[dataset]
         if raw is None:
             return  # the job waits; the dataset's first poll will notify it
         try:
@@ -239,7 +344,7 @@ class Executor:
 
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
-        self._store.append_ingress(shard_of(rkey), encode_accepted(accepted))
+        self._ingress.append_ingress(shard_of(rkey), encode_accepted(accepted))
 
 
 def unreadable(url: str) -> str:
@@ -258,3 +363,113 @@ def _cursor_of(work: PollDataset) -> Cursor:
         log.warning("dataset %s/%s: its poll cursor cannot be decoded (%s); reading it whole",
                     work.namespace, work.name, e)  # fmt: skip
         return Cursor()
+
+
+EFFECT_WORKERS = 4
+EFFECT_RETRY_S = 1.0
+
+
+class EffectRunner:
+    """Each intent runs once per process at a time; its result event goes to the ingress in
+    the same script that retires the intent.
+
+    A pool thread is watched (`Heartbeats`) while it runs an intent, under its own name: it
+    beats at each attempt, and the work beats as it goes (`service.heartbeat.progress`). An
+    idle pool thread waits for work and is not watched."""
+
+    def __init__(
+        self,
+        *,
+        executor: Executor,
+        outboxes: Outboxes,
+        leases: LeaseKeeper,
+        clock: Clock,
+        metrics: Metrics,
+        rejections: Rejections,
+        stop: threading.Event,
+        heartbeats: Heartbeats,
+    ) -> None:
+        self._executor = executor
+        self._heartbeats = heartbeats
+        self._outboxes = outboxes
+        self._leases = leases
+        self._clock = clock
+        self._metrics = metrics
+        self._rejections = rejections
+        self._stop = stop
+        self._pool = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, shard: int, effect_id: str, work: Work) -> None:
+        if self._stop.is_set():
+            return  # the intent stays in Redis; the next owner runs it
+        with self._lock:
+            if effect_id in self._running:
+                return  # recovery found an intent this process is already running
+            self._running.add(effect_id)
+        self._pool.submit(self._run, shard, effect_id, work)
+
+    def resubmit(self, shard: int, effect_id: str, intent: bytes) -> None:
+        """Run a pending intent as stored in Redis (`submit`); one that cannot be decoded is
+        set aside and retired under the shard's lease (left for the next owner without it)."""
+        try:
+            work = decode_work(intent)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            token = self._leases.token(shard)
+            if token is None:
+                return
+            self._rejections.unreadable(
+                "effects", f"shard {shard} intent {effect_id}", f"not an effect intent: {e}",
+                intent, self._clock.now_ms(),
+            )  # fmt: skip
+            self._outboxes.complete_effect(shard, token, effect_id, None)
+            return
+        self.submit(shard, effect_id, work)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, shard: int, effect_id: str, work: Work) -> None:
+        beat = self._heartbeats.watch(threading.current_thread().name)
+        try:
+            with beat:
+                self._run_until_done(shard, effect_id, work)
+        finally:
+            beat.close()  # idle in the pool from now on, whatever happened
+            with self._lock:
+                self._running.discard(effect_id)
+
+    def _run_until_done(self, shard: int, effect_id: str, work: Work) -> None:
+        """Do the work, then complete the intent under the shard's lease as held NOW.
+
+        The lease may have moved while the work ran (even back to this replica under a new
+        token, whose recovery then skipped the intent as already running). The result does
+        not depend on who computed it, so completing under the current token is correct;
+        with no lease, the next owner finds the intent and redoes it.
+        """
+        kind = type(work).__name__
+        while not self._stop.is_set():
+            progress()
+            try:
+                self._complete(shard, effect_id, work)
+                self._metrics.effects.labels(type=kind, outcome="done").inc()
+                return
+            except LeaseLost:
+                log.info("effect %s: shard %d moved while it ran; its owner redoes it",
+                         effect_id, shard)  # fmt: skip
+                return
+            except StoreUnavailable as e:
+                log.warning("effect %s waits for redis: %s", effect_id, e)
+            except Exception:
+                log.exception("effect %s (%s) failed unexpectedly; retrying", effect_id, kind)
+                self._metrics.effects.labels(type=kind, outcome="error").inc()
+            self._stop.wait(EFFECT_RETRY_S)
+
+    def _complete(self, shard: int, effect_id: str, work: Work) -> None:
+        result = self._executor.run(work, self._clock.now_ms())
+        data = encode_accepted(Accepted(event=result)) if result is not None else None
+        token = self._leases.token(shard)
+        if token is None:
+            raise LeaseLost(f"shard {shard} is no longer held")
+        self._outboxes.complete_effect(shard, token, effect_id, data)

@@ -1,14 +1,25 @@
-"""Shard leases: each replica holds a fair share of the shards, fenced and renewed.
+"""Shard leases and presence: each replica holds a fair share of the shards, fenced and
+renewed, and says on its retained presence topic whether the node takes messages.
 
 A lease is `SET key token NX PX ttl` with a fencing token from INCR; every commit checks the
 token, so a replica frozen past its lease can never write again. Every `ttl/3` the keeper
 heartbeats, renews what it holds, gives back what exceeds its fair share and takes free
-shards up to it. The fair share is ceil(shards / live replicas), so two replicas split 8/8 and
-a survivor takes all 16 once the dead one's leases and heartbeat expire.
+shards up to it, calling the leases concern (`Leases`) directly. The fair share is
+ceil(shards / live replicas), so two replicas split 8/8 and a survivor takes all 16 once
+the dead one's leases and heartbeat expire.
 
 The ingress lease holder also says in Redis, with each renewal, when its subscription is
 acknowledged; the other replicas read it, so each knows whether a message sent to the node
 now is taken in (`ingress_ready`, which gates the `online` presence).
+
+Presence (`Presence`): a replica's retained presence topic says `online` once it can take
+messages, `offline` when it stops (or, through its last will, when it dies). "Can take
+messages" means a message published to the node now is taken in: the ingress is subscribed
+(SUBACK received), by this replica or by another live one. Saying `online` any earlier let
+a cloud peer that sends on first sight lose its message on a first start, when the broker
+holds no session for the ingress client id yet to queue it. `online` is published again
+every `REPUBLISH_LEASES` lease times while it holds: a retained message anyone allowed on
+the topic left there (a spoofed `offline`, garbage) does not last.
 """
 
 from __future__ import annotations
@@ -17,11 +28,20 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+from service import wire
+from service.adapters.mqtt import PublishTicket
+from service.adapters.redis_store import Leases
+from service.config import Config
 from service.errors import StoreUnavailable
 from service.keys import NUM_SHARDS
-from service.runtime.clock import Clock
-from service.runtime.ports import LeaseStore
+from service.runtime.rejections import Publisher
+
+if TYPE_CHECKING:
+    from service.runtime.replica import Clock
+
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +69,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: LeaseStore,
+        leases: Leases,
         replica: str,
         ttl_ms: int,
         *,
@@ -59,7 +79,7 @@ class LeaseKeeper:
         ingress_subscribed: Callable[[], bool] = lambda: False,
         live: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._store = store
+        self._leases = leases
         self._replica = replica
         self._ttl_ms = ttl_ms
         self._clock = clock
@@ -118,7 +138,7 @@ class LeaseKeeper:
             self._stepped_down = False
             log.warning("live again: taking a fair share of the shards")
         try:
-            live = self._store.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
+            live = self._leases.heartbeat(self._replica, self._clock.now_ms(), self._ttl_ms)
             self._renew_all()
             self._renewed_at_s = self._clock.monotonic_s()
             self._rebalance(len(live))
@@ -164,13 +184,13 @@ class LeaseKeeper:
             self._on_ingress(False)
 
     def _renew_all(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         for shard, token in self.held().items():
-            if not self._store.renew(keys.lease(shard), token, self._ttl_ms):
+            if not self._leases.renew(keys.lease(shard), token, self._ttl_ms):
                 self.lost(shard, token)
 
     def _rebalance(self, live: int) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         wanted, release = plan(list(self.held()), live)
         released = []
         for shard in release:
@@ -178,7 +198,7 @@ class LeaseKeeper:
             if token is not None:
                 with self._lock:
                     self._tokens.pop(shard, None)
-                self._store.release(keys.lease(shard), token)
+                self._leases.release(keys.lease(shard), token)
                 released.append(shard)
         if released:
             log.info("released shards %s (fair share with %d replicas)", _listed(released), live)
@@ -186,7 +206,7 @@ class LeaseKeeper:
         for shard in self._free_shards():
             if len(acquired) >= wanted:
                 break
-            token = self._store.acquire(
+            token = self._leases.acquire(
                 keys.lease(shard), keys.fence(shard), self._replica, self._ttl_ms
             )
             if token is None:
@@ -207,20 +227,20 @@ class LeaseKeeper:
         return [s for s in order if s not in held]
 
     def _keep_ingress(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         if self._ingress_token is not None:
-            if self._store.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
+            if self._leases.renew(keys.ingress_lease(), self._ingress_token, self._ttl_ms):
                 if self._ingress_subscribed():
-                    self._store.mark_ingress_subscribed(self._ingress_token, self._ttl_ms)
+                    self._leases.mark_ingress_subscribed(self._ingress_token, self._ttl_ms)
                 return
             self._ingress_token = None
             log.warning("MQTT ingress lease lost")
             self._on_ingress(False)
-        token = self._store.acquire(
+        token = self._leases.acquire(
             keys.ingress_lease(), keys.ingress_fence(), self._replica, self._ttl_ms
         )
         if token is None:
-            self._ready_elsewhere = self._store.ingress_subscribed()
+            self._ready_elsewhere = self._leases.ingress_subscribed()
             return
         self._ingress_token = token
         self._ready_elsewhere = False
@@ -228,16 +248,69 @@ class LeaseKeeper:
         self._on_ingress(True)
 
     def release_all(self) -> None:
-        keys = self._store.keys
+        keys = self._leases.keys
         for shard, token in self.held().items():
-            self._store.release(keys.lease(shard), token)
+            self._leases.release(keys.lease(shard), token)
         with self._lock:
             self._tokens.clear()
         if self._ingress_token is not None:
-            self._store.release(keys.ingress_lease(), self._ingress_token)
+            self._leases.release(keys.ingress_lease(), self._ingress_token)
             self._ingress_token = None
-        self._store.leave(self._replica)
+        self._leases.leave(self._replica)
 
 
 def _listed(shards: Sequence[int] | dict[int, str]) -> str:
     return ",".join(map(str, sorted(shards)))
+
+
+OFFLINE_WAIT_S = 2.0
+REPUBLISH_LEASES = 3
+
+
+def presence_payload(replica: str, state: wire.PresenceState, now_ms: int) -> bytes:
+    since = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return wire.encode(wire.Presence(replica=replica, state=state, since=since))
+
+
+class Presence:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        replica: str,
+        publisher: Publisher,
+        clock: Clock,
+        can_take_messages: Callable[[], bool],
+    ) -> None:
+        self._topic = config.presence_topic(replica)
+        self._can_take_messages = can_take_messages
+        self._replica = replica
+        self._publisher = publisher
+        self._clock = clock
+        self._due = threading.Event()
+        self._republish_s = REPUBLISH_LEASES * config.lease_s
+        self._next_s = 0.0
+
+    def on_connection(self, connected: bool) -> None:
+        """The publisher (re)connected: say online again (the broker may have lost it)."""
+        if connected:
+            self._due.set()
+
+    def announce(self) -> None:
+        """Publish `online` when due (after a connection, and again every republish period),
+        the publisher is connected and messages are taken in."""
+        now_s = self._clock.monotonic_s()
+        if now_s >= self._next_s:
+            self._due.set()
+        if self._due.is_set() and self._publisher.connected and self._can_take_messages():
+            self._due.clear()
+            self._next_s = now_s + self._republish_s
+            self._publish("online")
+
+    def offline(self) -> None:
+        """Say `offline` (retained) and wait briefly for the broker to take it."""
+        self._publish("offline").wait(OFFLINE_WAIT_S)
+
+    def _publish(self, state: wire.PresenceState) -> PublishTicket:
+        payload = presence_payload(self._replica, state, self._clock.now_ms())
+        return self._publisher.publish(self._topic, payload, retain=True)

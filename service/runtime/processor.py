@@ -1,48 +1,491 @@
 """The processor: reads the owned shards' ingress, runs each resource's events through the
-pure core, and commits state + outbox + timers + effect intents + history + acks atomically,
-fenced by the shard's lease; then hands the commit's work to the effect runner and its
-messages to the outbox. A resource whose state or entry cannot be decoded is quarantined
-(`service.runtime.quarantine`) and the rest of its shard goes on."""
+pure core, plans one commit per resource and commits them fenced by the shard's lease; then
+hands the commit's work to the effect runner and its messages to the outbox.
+
+The stages, in this module's order:
+
+- The journal (`Journal`): every transition leaves a trace: a counter by event type and
+  verdict, and a log line for those worth one (the same records the commit stored as the
+  resource's history). A dataset's sample gauge is `DatasetHealth`'s, which also removes it.
+- The state cache (`ShardStates`): the committed states of owned shards' resources, kept so
+  the hot path skips a read.
+- The planner (`plan`): folds the transitions of one resource's events into one commit,
+  pure, so it is tested without Redis. Everything the transitions produced lands in one
+  `Commit` (state, resource JSON, timer, acknowledged entries, upstream messages (built by
+  `outbox.upstream_entry`, the GM's among them) and errors messages, effect intents,
+  history, the records of rounds that ended), which Redis applies all-or-nothing, fenced by
+  the shard's lease.
+- The resource runner (`ResourceRunner`): one resource's events of a read, through the pure
+  core and into one plan; or, when the resource's state or one of its entries cannot be
+  decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
+- The processor itself (`Processor`): commits state + outbox + timers + effect intents +
+  history + acks atomically, fenced by the shard's lease, every shard of a read in one round
+  trip. A resource whose state or entry cannot be decoded is quarantined
+  (`rejections.Quarantines`) and the rest of its shard goes on.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from service import failpoints
-from service.adapters.redis_store import Commit, IngressEntry, OutboxEntry, Quarantine
+from service import failpoints, history
+from service.adapters.redis_store import (
+    Commit,
+    Ingress,
+    IngressEntry,
+    OutboxEntry,
+    Outboxes,
+    Quarantine,
+    Records,
+    States,
+)
 from service.config import Config
-from service.core.state import DatasetState, decode_state
-from service.errors import LeaseLost, StoreUnavailable
+from service.core.effects import (
+    Context,
+    DatasetUnreadable,
+    Forward,
+    Note,
+    Outcome,
+    Publish,
+    RecordRound,
+    Refused,
+    Reject,
+    ScheduleCheck,
+    Work,
+    encode_work,
+)
+from service.core.events import Event, JobApplied, Tick
+from service.core.rounds import encode_round
+from service.core.state import DatasetState, JobState, State, decode_state, encode_state
+from service.errors import LeaseLost, RejectCode, StoreUnavailable
 from service.heartbeat import progress
-from service.keys import shard_of
+from service.history import HistoryRecord, worth_keeping
+from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.claims import OutputDirs
-from service.runtime.clock import Clock
-from service.runtime.dataset_health import DatasetHealth
-from service.runtime.effects import EffectRunner
-from service.runtime.journal import Journal
+from service.runtime.executor import EffectRunner, OutputDirs
+from service.runtime.intake import Accepted, decode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
-from service.runtime.outbox import OutboxPublisher
-from service.runtime.planner import Plan
-from service.runtime.ports import ProcessorStore
-from service.runtime.quarantine import (
+from service.runtime.outbox import OutboxPublisher, upstream_entry
+from service.runtime.rejections import (
+    Cause,
     Held,
     Isolation,
     Quarantines,
+    Rejections,
+    guess_target,
+    last_delete,
+    rejection_record,
 )
-from service.runtime.rejections import Rejections
-from service.runtime.resources import UNKNOWN, ResourceRunner, Transition, entry_event
-from service.runtime.state_cache import ShardStates
+
+if TYPE_CHECKING:
+    from service.runtime.replica import Clock, DatasetHealth
+
 
 log = logging.getLogger(__name__)
 
+
+class Journal:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def write(self, rkey: str, records: Iterable[HistoryRecord], changed: Iterable[bool]) -> None:
+        """Count every record; log the applied ones and those that say something: at INFO
+        when the transition changed the resource's view or said something, else at DEBUG
+        (thousands of forwarded progress reports a second would otherwise cost more than
+        applying them)."""
+        for record, moved in zip(records, changed, strict=True):
+            self._metrics.events.labels(type=record.event, outcome=record.outcome).inc()
+            level = logging.INFO if moved or record.notes else logging.DEBUG
+            if worth_keeping(record) and log.isEnabledFor(level):
+                key = parse_rkey(rkey)
+                log.log(
+                    level,
+                    "%s %s -> %s%s",
+                    record.event,
+                    record.outcome,
+                    _view(record),
+                    ("; " + "; ".join(record.notes)) if record.notes else "",
+                    extra={key.kind: key.path, "event": record.event, "outcome": record.outcome},
+                )
+
+
+def _view(record: HistoryRecord) -> str:
+    fields = {
+        "phase": record.phase,
+        "step": record.step,
+        "version": record.version,
+        "samples": record.samples,
+    }
+    return " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
+
+
+class ShardStates:
+    """The committed states of owned shards' resources, each shard's valid for one lease token.
+
+    While a replica holds a shard's lease it is the only writer of the shard's states (every
+    commit is fenced), so what it committed is what Redis holds and need not be read back. A
+    new token (the shard came back, maybe changed by another replica meanwhile) starts empty;
+    a commit that failed or whose fate is unknown empties it, replaying a shard's pending
+    entries empties it, and any Redis outage empties all. Used by the processor thread only.
+    """
+
+    def __init__(self) -> None:
+        self._by_shard: dict[int, tuple[str, dict[str, bytes | None]]] = {}
+
+    def of(self, shard: int, token: str) -> dict[str, bytes | None]:
+        current = self._by_shard.get(shard)
+        if current is None or current[0] != token:
+            current = (token, {})
+            self._by_shard[shard] = current
+        return current[1]
+
+    def forget(self, shard: int) -> None:
+        self._by_shard.pop(shard, None)
+
+    def clear(self) -> None:
+        self._by_shard.clear()
+
+    def keep_only(self, shards: Collection[int]) -> None:
+        for shard in [s for s in self._by_shard if s not in shards]:
+            del self._by_shard[shard]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ingress entry of the resource and what its transition gave (None: the entry could
+    not be decoded; it is acknowledged and dropped)."""
+
+    entry_id: str
+    accepted: Accepted | None
+    outcome: Outcome | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A refusal the commit publishes on the errors topic; the caller logs and counts it."""
+
+    topic: str
+    code: RejectCode
+    reason: str
+    record: bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    commit: Commit
+    work: tuple[tuple[str, Work], ...]
+    #: the history record of every transition, kept or not (the journal counts them all)
+    records: tuple[history.HistoryRecord, ...]
+    #: for each record, whether its transition changed the resource's view (phase, step,
+    #: version, sample count): the journal logs those and the records that say something at
+    #: INFO, the rest (a forwarded progress report) at DEBUG
+    changed: tuple[bool, ...]
+    rejected: tuple[Rejected, ...]
+    #: datasets found unreadable (newly, or for a new reason): on the errors topic, counted
+    unreadable: tuple[DatasetUnreadable, ...] = ()
+    #: the resource's state once the commit applies (None: it is gone)
+    state: State | None = None
+
+
+def plan(
+    rkey: str, token: str, initial: State | None, steps: Sequence[Step], config: Config
+) -> Plan:
+    """One commit carrying everything the steps did to the resource."""
+    fold = _Fold(rkey, initial)
+    view = history.view_of(initial)
+    for step in steps:
+        if step.accepted is None or step.outcome is None:
+            continue
+        fold.add(step.entry_id, step.accepted, step.outcome, step.at_ms, config)
+        event = type(step.accepted.event).__name__
+        record = history.record_of(event, step.outcome, at_ms=step.at_ms, token=token)
+        fold.records.append(record)
+        fold.changed.append(record.view() != view)
+        view = record.view()
+    ack_ids = tuple(step.entry_id for step in steps)
+    return Plan(
+        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.changed),
+        tuple(fold.rejected), tuple(fold.unreadable), fold.state,
+    )  # fmt: skip
+
+
+@dataclass
+class _Fold:
+    """What the steps so far add up to."""
+
+    rkey: str
+    initial: State | None
+    state: State | None = None
+    outbox: list[OutboxEntry] = field(default_factory=list)
+    work: list[tuple[str, Work]] = field(default_factory=list)
+    records: list[history.HistoryRecord] = field(default_factory=list)
+    changed: list[bool] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    unreadable: list[DatasetUnreadable] = field(default_factory=list)
+    rounds: list[bytes] = field(default_factory=list)
+    timer_ms: int | None = None
+    resource: bytes | None = None
+
+    def __post_init__(self) -> None:
+        self.state = self.initial
+
+    def add(
+        self, entry_id: str, accepted: Accepted, outcome: Outcome, at_ms: int, config: Config
+    ) -> None:
+        self.state = outcome.state
+        if accepted.resource is not None and self.state is not None:
+            self.resource = accepted.resource
+        for effect in outcome.effects:
+            if isinstance(effect, ScheduleCheck):
+                self.timer_ms = effect.due_ms
+            elif isinstance(effect, Publish | Forward):
+                self.outbox.append(upstream_entry(self.rkey, effect, config))
+            elif isinstance(effect, Reject):
+                refusal = _rejected(accepted, effect, at_ms)
+                self.rejected.append(refusal)
+                rejection_id = f"{entry_id}/rejection"
+                self.outbox.append(OutboxEntry(rejection_id, config.errors_topic(), refusal.record))
+            elif isinstance(effect, Refused):
+                refusal = _refused(effect, at_ms, config)
+                self.rejected.append(refusal)
+                entry = OutboxEntry(f"{entry_id}/refused", config.errors_topic(), refusal.record)
+                self.outbox.append(entry)
+            elif isinstance(effect, DatasetUnreadable):
+                self.unreadable.append(effect)
+                record = _unreadable_record(effect, at_ms, config)
+                entry = OutboxEntry(f"{entry_id}/unreadable", config.errors_topic(), record)
+                self.outbox.append(entry)
+            elif isinstance(effect, RecordRound):
+                self.rounds.append(encode_round(effect.record))
+            elif not isinstance(effect, Note):
+                self.work.append((effect.id, effect))
+
+    def commit(self, ack_ids: tuple[str, ...]) -> Commit:
+        outbox = tuple(self.outbox)
+        if self.state is None and self.initial is None:
+            # a resource that never was stored sends the GM nothing
+            outbox = tuple(dataclasses.replace(e, gm=False) if e.gm else e for e in outbox)
+            return Commit(
+                rkey=self.rkey, state=None, keep_state=True, ack_ids=ack_ids, outbox=outbox
+            )
+        intents = tuple((effect_id, encode_work(item)) for effect_id, item in self.work)
+        if self.state is None:
+            return Commit(
+                rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
+                effects=intents,
+            )  # fmt: skip
+        kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
+        return Commit(
+            rkey=self.rkey,
+            state=encode_state(self.state),
+            resource=self.resource,
+            timer_due_ms=self.timer_ms,
+            ack_ids=ack_ids,
+            outbox=outbox,
+            effects=intents,
+            history=kept,
+            rounds=tuple(self.rounds),
+        )
+
+
+def _unreadable_record(effect: DatasetUnreadable, at_ms: int, config: Config) -> bytes:
+    """The errors-topic record of an unreadable dataset, shaped like a rejection: the topic
+    its resource came on, the reason, and its URL as the payload."""
+    reason = f"dataset {effect.namespace}/{effect.name} cannot be read: {effect.reason}"
+    return rejection_record(config.downstream_topic(), reason, effect.url.encode(), at_ms)
+
+
+def _refused(effect: Refused, at_ms: int, config: Config) -> Rejected:
+    """The errors-topic record of a request refused after it was taken in (a rollback whose
+    copy failed), shaped like a rejection: the downstream topic it came on, the reason, and
+    its subject as the payload."""
+    topic = config.downstream_topic()
+    record = rejection_record(topic, effect.reason, effect.subject.encode(), at_ms)
+    return Rejected(topic, effect.code, effect.reason, record)
+
+
+def _rejected(accepted: Accepted, effect: Reject, at_ms: int) -> Rejected:
+    topic = accepted.topic or "internal"
+    record = rejection_record(topic, effect.reason, accepted.head, accepted.received_ms or at_ms)
+    return Rejected(topic, effect.code, effect.reason, record)
+
+
+Transition = Callable[[State | None, Event, Context], Outcome]
+#: The group of a read's entries whose resource cannot be told.
+UNKNOWN = ""
+
+
+class ResourceRunner:
+    """Used by the processor thread only."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        clock: Clock,
+        transition: Transition,
+        quarantines: Quarantines,
+        output_dirs: OutputDirs,
+        metrics: Metrics,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._transition = transition
+        self._quarantines = quarantines
+        self._output_dirs = output_dirs
+        self._metrics = metrics
+
+    def plan(
+        self,
+        shard: int,
+        token: str,
+        rkey: str,
+        states: dict[str, bytes | None],
+        items: list[Held],
+    ) -> Plan | Isolation:
+        """The resource's plan, or its entries set aside when it is (or now becomes)
+        quarantined: see `service.runtime.rejections`."""
+        now_ms = self._clock.now_ms()
+        mark = self._quarantines.mark_of(shard, rkey)
+        corrupt = next((i for i, item in enumerate(items) if item.accepted is None), None)
+        delete = last_delete(items)
+        failure: tuple[Cause, str] | None
+        if corrupt is not None:
+            failure = ("entry", f"ingress entry {items[corrupt].entry_id} cannot be decoded: "
+                       f"{items[corrupt].error}")  # fmt: skip
+        elif mark is not None and now_ms < mark.retry_at_ms:
+            failure = None  # waiting for its next try
+        else:
+            raw = states[rkey]
+            try:
+                initial = decode_state(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                failure = ("state", f"its stored state cannot be decoded: {e}")
+            else:
+                result = self._fold(shard, token, rkey, initial, items)
+                if mark is None:
+                    return result
+                return _with_commit(result, dataclasses.replace(result.commit, clear_mark=True))
+        if delete is not None and (corrupt is None or corrupt < delete):
+            return self._deleted(shard, token, rkey, items, delete)
+        if failure is None:
+            return self._quarantines.isolate(shard, rkey, items, now_ms, None)
+        return self._quarantines.isolate(shard, rkey, items, now_ms, failure)
+
+    def _deleted(self, shard: int, token: str, rkey: str, items: list[Held], delete: int) -> Plan:
+        """A quarantined resource was deleted: its state goes, the quarantine ends, what came
+        before the delete is dropped (into the commit's acks) and what came after applies to
+        a resource that does not exist yet."""
+        result = self._fold(shard, token, rkey, None, items[delete + 1 :])
+        commit = result.commit
+        dropped = tuple(item.entry_id for item in items[: delete + 1])
+        commit = dataclasses.replace(
+            commit,
+            ack_ids=dropped + commit.ack_ids,
+            clear_mark=True,
+            keep_state=False,
+            delete=commit.keep_state or commit.delete,
+        )
+        log.info("quarantined %s deleted", rkey)
+        return _with_commit(result, commit)
+
+    def _fold(
+        self, shard: int, token: str, rkey: str, initial: State | None, items: list[Held]
+    ) -> Plan:
+        """Run a resource's events through the core in order, then fold them into a plan.
+
+        Stream entry ids are only unique within one shard's stream (shards appended to in the
+        same millisecond get the same id), so the event id carries the shard: effect and
+        upstream message ids derive from it and must be unique across all shards.
+        """
+        state, steps = initial, []
+        for item in items:
+            assert item.accepted is not None
+            now_ms = self._clock.now_ms()
+            ctx = self._context(shard, item.entry_id, now_ms)
+            outcome = self._claimed(rkey, state, item.accepted.event, ctx)
+            state = outcome.state
+            steps.append(Step(item.entry_id, item.accepted, outcome, now_ms))
+        self._metrics.job_changed(shard, initial, state)
+        return plan(rkey, token, initial, steps, self._config)
+
+    def _claimed(self, rkey: str, state: State | None, event: Event, ctx: Context) -> Outcome:
+        """The event's outcome; a job insert that leaves the job with an outputDir first
+        claims it, and one whose outputDir another job holds is run again saying so (the
+        core then refuses it)."""
+        outcome = self._run(state, event, ctx)
+        after = outcome.state
+        if not isinstance(event, JobApplied) or not isinstance(after, JobState):
+            return outcome
+        if outcome.verdict == "rejected":
+            return outcome
+        holder = self._output_dirs.claim(rkey, after.spec.output_dir, ctx.now_ms)
+        if holder is None:
+            return outcome
+        return self._run(state, msgspec.structs.replace(event, output_dir_holder=holder), ctx)
+
+    def _run(self, state: State | None, event: Event, ctx: Context) -> Outcome:
+        started = time.perf_counter()
+        outcome = self._transition(state, event, ctx)
+        self._metrics.transition_seconds.observe(time.perf_counter() - started)
+        return outcome
+
+    def _context(self, shard: int, entry_id: str, now_ms: int) -> Context:
+        return Context(
+            now_ms=now_ms,
+            minute_of_day=self._clock.minute_of_day(),
+            event_id=f"s{shard}-{entry_id}",
+            volume_prefix=self._config.volume_prefix,
+            dataset_poll_ms=int(self._config.dataset_poll_s * 1000),
+            gm_resend_ms=int(self._config.gm_resend_s * 1000),
+        )
+
+
+def entry_event(entry: IngressEntry) -> tuple[str, Held]:
+    """The entry's resource and the entry; one that cannot be decoded goes with the
+    resource it still names, if any (else `UNKNOWN`), carrying why."""
+
+    if entry.timer_rkey is not None:
+        try:
+            key = parse_rkey(entry.timer_rkey)
+        except ValueError as e:
+            return UNKNOWN, Held(entry.entry_id, None, entry.timer_rkey.encode(), str(e))
+        kind = key.kind
+        if kind not in ("job", "dataset"):
+            reason = f"a timer of {entry.timer_rkey}: only jobs and datasets have timers"
+            return UNKNOWN, Held(entry.entry_id, None, entry.timer_rkey.encode(), reason)
+        tick = Tick(
+            kind=kind, namespace=key.namespace, name=key.name,
+            due_ms=entry.timer_due_ms or 0,
+        )  # fmt: skip
+        return entry.timer_rkey, Held(entry.entry_id, Accepted(event=tick))
+    raw = entry.event or b""
+    try:
+        accepted = decode_accepted(raw)
+        rkey = target_of(accepted.event)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        held = Held(entry.entry_id, None, raw, str(e) if raw else "no event in the entry")
+        return guess_target(entry.shard, raw) or UNKNOWN, held
+    if shard_of(rkey) != entry.shard:
+        return UNKNOWN, Held(entry.entry_id, None, raw, f"its resource {rkey} is not here")
+    return rkey, Held(entry.entry_id, accepted)
+
+
+def _with_commit(result: Plan, commit: Commit) -> Plan:
+    return dataclasses.replace(result, commit=commit)
+
+
 READ_BATCH = 500
 READ_BLOCK_MS = 200
-
 
 
 @dataclass
@@ -65,7 +508,10 @@ class Processor:
         self,
         *,
         config: Config,
-        store: ProcessorStore,
+        ingress: Ingress,
+        states: States,
+        outboxes: Outboxes,
+        records: Records,
         leases: LeaseKeeper,
         clock: Clock,
         transition: Transition,
@@ -78,7 +524,9 @@ class Processor:
         stop: threading.Event,
     ) -> None:
         self._config = config
-        self._store = store
+        self._ingress = ingress
+        self._stored = states
+        self._outboxes = outboxes
         self._leases = leases
         self._clock = clock
         self._effects = effects
@@ -92,7 +540,9 @@ class Processor:
         self._quarantines = Quarantines(metrics)
         self._runner = ResourceRunner(
             config=config, clock=clock, transition=transition, quarantines=self._quarantines,
-            output_dirs=OutputDirs(store, int(config.lease_s * 2000), config.volume_prefix),
+            output_dirs=OutputDirs(
+                records, states, int(config.lease_s * 2000), config.volume_prefix
+            ),
             metrics=metrics,
         )  # fmt: skip
         self._fresh: set[int] = set()
@@ -126,7 +576,7 @@ class Processor:
         if fresh:
             self._recover(fresh)
             return
-        entries = self._store.read_ingress(
+        entries = self._ingress.read_ingress(
             sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
         )
         self._apply(entries)
@@ -154,7 +604,7 @@ class Processor:
         if not shards:
             return
         try:
-            states = self._store.load(self._store.list_rkeys(None, shards))
+            states = self._stored.load(self._stored.list_rkeys(None, shards))
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
@@ -180,12 +630,12 @@ class Processor:
         replayed: set[int] = set()
         stuck: set[int] = set()
         try:
-            self._quarantines.load(self._store.quarantine_marks(self._still_ours(shards)))
+            self._quarantines.load(self._stored.quarantine_marks(self._still_ours(shards)))
             while True:
                 progress()
                 # only shards still ours: a lost one's entries stay pending for its new owner
                 readable = [s for s in self._still_ours(shards) if s not in stuck]
-                entries = self._store.read_ingress(
+                entries = self._ingress.read_ingress(
                     readable, count=READ_BATCH, block_ms=0, pending=True
                 )
                 if not entries:
@@ -194,7 +644,7 @@ class Processor:
                     self._states.forget(shard)
                     replayed.add(shard)
                 stuck |= self._apply(entries)
-            for shard, intents in self._store.pending_effects(self._still_ours(shards)).items():
+            for shard, intents in self._outboxes.pending_effects(self._still_ours(shards)).items():
                 for effect_id, data in intents.items():
                     self._effects.resubmit(shard, effect_id, data)
         except StoreUnavailable:
@@ -219,7 +669,7 @@ class Processor:
             failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
             batches = ran
             failpoints.hit("process-before-commit")
-            outcomes = self._store.commit([(b.shard, b.token, b.ops()) for b in batches])
+            outcomes = self._stored.commit([(b.shard, b.token, b.ops()) for b in batches])
         except BaseException as e:
             for batch in batches:
                 self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
@@ -315,12 +765,11 @@ class Processor:
         missing = [rkey for b in batches for rkey in b.groups if rkey not in b.states]
         if not missing:
             return
-        loaded = self._store.load(missing)
+        loaded = self._stored.load(missing)
         for batch in batches:
             for rkey in batch.groups:
                 if rkey not in batch.states:
                     batch.states[rkey] = loaded[rkey]
-
 
 
 def _remember(states: dict[str, bytes | None], commit: Commit) -> None:

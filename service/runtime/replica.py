@@ -1,60 +1,168 @@
 """The composition root: one `Replica` per process builds the adapters, wires the
-collaborators and supervises their threads.
+collaborators and supervises their threads; with the replica's clock, its durable timers
+and its dataset gauges.
 
     intake    MQTT messages (while holding the ingress lease) -> durable ingress, then ack
     leases    heartbeat, renew, rebalance shards, hold or give up the ingress lease
     processor ingress -> transition -> one fenced commit per resource
     timers    due trigger checks and dataset polls -> ingress
-    outbox    committed upstream messages -> broker, forgotten after PUBACK
+    outbox    committed upstream messages -> broker (and the GM), forgotten once sent
     presence  the retained online/offline topic, and the replica's gauges
     effects   a small pool running effect intents, results back as events
     watchdog  every thread above beats a heartbeat; a silent one is logged with its stack,
               counted, and past the lease fails /healthz and costs the replica its leases
+
+- `Clock` is the one source of time for a replica, so tests can move it instead of
+  sleeping.
+- `DatasetHealth`: what the metrics say about datasets: how many samples each holds and
+  which cannot be read now, for the datasets of the shards this replica holds (a shard's
+  next owner takes over its gauges), and a count of every report of an unreadable dataset.
+- `Timers`: durable timers: due trigger checks and dataset polls move into the ingress
+  streams.
 
 Nothing here decides anything about a job or a dataset: that is `service.core`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from service.adapters.blobs import BlobStore
 from service.adapters.dataset_sources import DatasetReader
 from service.adapters.files import LocalFiles
 from service.adapters.http_server import HttpServer
 from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
-from service.adapters.redis_store import RedisStore
+from service.adapters.redis_store import Ingress, RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
+from service.core.effects import DatasetUnreadable
 from service.core.lifecycle import transition
+from service.core.state import DatasetState, State
 from service.errors import ServiceError, StoreUnavailable
 from service.heartbeat import Heartbeats
-from service.keys import Keys
+from service.keys import Keys, parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.admission import Admission
-from service.runtime.clock import Clock, SystemClock
-from service.runtime.dataset_health import DatasetHealth
-from service.runtime.effects import EffectRunner
-from service.runtime.executor import Executor
-from service.runtime.gm import GmBridge
-from service.runtime.intake import GmFactory, Intake, ingress_client_factory
-from service.runtime.journal import Journal
-from service.runtime.leases import LeaseKeeper
+from service.runtime.executor import EffectRunner, Executor
+from service.runtime.intake import (
+    Admission,
+    GmBridge,
+    GmFactory,
+    Intake,
+    WorkerEndpoint,
+    ingress_client_factory,
+)
+from service.runtime.leases import LeaseKeeper, Presence, presence_payload
 from service.runtime.outbox import OutboxPublisher
-from service.runtime.presence import Presence, presence_payload
-from service.runtime.processor import Processor
+from service.runtime.processor import Journal, Processor, Transition
 from service.runtime.rejections import Rejections
-from service.runtime.resources import Transition
-from service.runtime.timers import TIMER_INTERVAL_S, Timers
-from service.runtime.worker_endpoint import WorkerEndpoint
+
+
+class Clock(Protocol):
+    """Wall time for the lifecycle (timers, windows, periods) and a monotonic time for the
+    replica's own deadlines (lease renewal, sweeps, redelivery timeouts)."""
+
+    def now_ms(self) -> int: ...
+
+    def minute_of_day(self) -> int: ...
+
+    def monotonic_s(self) -> float: ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def minute_of_day(self) -> int:
+        local = time.localtime()
+        return local.tm_hour * 60 + local.tm_min
+
+    def monotonic_s(self) -> float:
+        return time.monotonic()
+
 
 log = logging.getLogger(__name__)
+
+
+class DatasetHealth:
+    """Follows committed dataset states into gauges; used by the processor's thread only."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._shown: dict[str, tuple[str, str]] = {}  # dataset rkey -> (namespace, name)
+
+    def committed(
+        self, rkey: str, state: State | None, unreadable: Sequence[DatasetUnreadable]
+    ) -> None:
+        """A commit of `rkey` applied, leaving `state` (None: deleted)."""
+        for report in unreadable:
+            log.warning(
+                "dataset %s/%s cannot be read: %s",
+                report.namespace,
+                report.name,
+                report.reason,
+                extra={"dataset": f"{report.namespace}/{report.name}"},
+            )
+            labels = {"namespace": report.namespace, "name": report.name}
+            self._metrics.dataset_unreadable_reports.labels(**labels).inc()
+        if parse_rkey(rkey).kind != "dataset":
+            return
+        if not isinstance(state, DatasetState):
+            self._forget(rkey)
+            return
+        labels = {"namespace": state.namespace, "name": state.name}
+        self._shown[rkey] = (state.namespace, state.name)
+        if state.num_samples >= 0:
+            self._metrics.dataset_samples.labels(**labels).set(state.num_samples)
+        if state.unreadable is not None:
+            self._metrics.dataset_unreadable.labels(**labels).set(1)
+        else:
+            with contextlib.suppress(KeyError):
+                self._metrics.dataset_unreadable.remove(state.namespace, state.name)
+
+    def keep_only(self, shards: Collection[int]) -> None:
+        """Drop the gauges of datasets on shards no longer held."""
+        for rkey in [r for r in self._shown if shard_of(r) not in shards]:
+            self._forget(rkey)
+
+    def _forget(self, rkey: str) -> None:
+        """Remove the dataset's series, whether or not this replica showed them (a shard's
+        first commit here may be the dataset's deletion)."""
+        self._shown.pop(rkey, None)
+        key = parse_rkey(rkey)
+        for gauge in (self._metrics.dataset_samples, self._metrics.dataset_unreadable):
+            with contextlib.suppress(KeyError):
+                gauge.remove(key.namespace, key.name)
+
+
+#: How often the owned shards' timer sets are checked.
+TIMER_INTERVAL_S = 0.25
+
+
+class Timers:
+    def __init__(self, ingress: Ingress, leases: LeaseKeeper, clock: Clock) -> None:
+        self._ingress = ingress
+        self._leases = leases
+        self._clock = clock
+
+    def fire_due(self) -> None:
+        """Every owned shard's due timers into its ingress, in one round trip; a shard whose
+        lease turned out to be gone is dropped."""
+        held = self._leases.held()
+        if not held:
+            return
+        for shard, fired in self._ingress.fire_due_timers(held, self._clock.now_ms()).items():
+            if fired is None:
+                self._leases.lost(shard, held[shard])
+
 
 OUTBOX_FINISH_S = 2.0
 PRESENCE_INTERVAL_S = 0.5
@@ -106,21 +214,22 @@ class Replica:
         self._threads: list[threading.Thread] = []
         self._build_messaging()
         self.leases = LeaseKeeper(
-            self.store, self.replica, int(config.lease_s * 1000), clock=self.clock,
+            self.store.leases, self.replica, int(config.lease_s * 1000), clock=self.clock,
             on_acquired=self._on_acquired, on_ingress=self._on_ingress_lease,
             ingress_subscribed=lambda: self.intake.subscribed,
             live=lambda: self.heartbeats.live()[0],
         )  # fmt: skip
         self.intake = Intake(
-            config=config, store=self.store, leases=self.leases, rejections=self.rejections,
+            config=config, ingress=self.store.ingress, leases=self.leases,
+            rejections=self.rejections,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
-            admission=Admission(config=config, index=self.store, clock=self.clock),
+            admission=Admission(config=config, index=self.store.states, clock=self.clock),
             gm_factory=self._gm_factory() if config.gm_address else None,
         )  # fmt: skip
         self._build_processing(tuning or Tuning(), transition)
         endpoint = WorkerEndpoint(
-            store=self.store, rejections=self.rejections, clock=self.clock, metrics=self.metrics,
-            volume_prefix=config.volume_prefix,
+            states=self.store.states, ingress=self.store.ingress, rejections=self.rejections,
+            clock=self.clock, metrics=self.metrics, volume_prefix=config.volume_prefix,
         )  # fmt: skip
         host, port = config.http_host_port()
         self.http = HttpServer(
@@ -146,7 +255,7 @@ class Replica:
             can_take_messages=lambda: self.leases.ingress_ready,
         )  # fmt: skip
         self.rejections = Rejections(
-            dead_letters=self.store, publisher=self.publisher,
+            dead_letters=self.store.records, publisher=self.publisher,
             errors_topic=config.errors_topic(), metrics=self.metrics,
         )  # fmt: skip
 
@@ -156,7 +265,8 @@ class Replica:
         def build(inbound: queue.SimpleQueue[Inbound]) -> GmBridge:
             return GmBridge(
                 address=self.config.gm_address, node=self.config.node_name,
-                replica=self.replica, store=self.store, inbound=inbound,
+                replica=self.replica, outboxes=self.store.outboxes, leases=self.store.leases,
+                inbound=inbound,
                 rejections=self.rejections, metrics=self.metrics, clock=self.clock,
                 report_ttl_ms=int(self.config.lease_s * 3000), heartbeats=self.heartbeats,
             )  # fmt: skip
@@ -166,7 +276,8 @@ class Replica:
     def _build_processing(self, tuning: Tuning, transition: Transition) -> None:
         """The processor and what it hands its results to: effects, outbox, timers."""
         self.outbox = OutboxPublisher(
-            self.store, self.publisher, lambda: sorted(self.leases.held()), clock=self.clock,
+            self.store.outboxes, self.publisher, lambda: sorted(self.leases.held()),
+            clock=self.clock,
             rejections=self.rejections, puback_timeout_s=tuning.puback_timeout_s,
             on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
@@ -184,18 +295,23 @@ class Replica:
             max_dataset_bytes=self.config.max_dataset_bytes,
         )  # fmt: skip
         self.effects = EffectRunner(
-            executor=Executor(self.store, blobs, reader, rounds_kept=self.config.rounds_kept),
-            store=self.store,
+            executor=Executor(
+                states=self.store.states, records=self.store.records, ingress=self.store.ingress,
+                blobs=blobs, reader=reader, rounds_kept=self.config.rounds_kept,
+            ),
+            outboxes=self.store.outboxes,
             leases=self.leases, clock=self.clock, metrics=self.metrics,
             rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,
         )  # fmt: skip
         self.processor = Processor(
-            config=self.config, store=self.store, leases=self.leases, clock=self.clock,
+            config=self.config, ingress=self.store.ingress, states=self.store.states,
+            outboxes=self.store.outboxes, records=self.store.records, leases=self.leases,
+            clock=self.clock,
             transition=transition, effects=self.effects, outbox=self.outbox,
             journal=Journal(self.metrics), rejections=self.rejections,
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip
-        self.timers = Timers(self.store, self.leases, self.clock)
+        self.timers = Timers(self.store.ingress, self.leases, self.clock)
 
     @property
     def call_timeout_s(self) -> float:
@@ -207,7 +323,7 @@ class Replica:
         self.http.start()
         self.publisher.start()
         try:
-            self.store.ensure_groups()
+            self.store.ingress.ensure_groups()
         except StoreUnavailable as e:
             log.warning("redis not reachable yet (%s); will keep trying", e)
         loops: tuple[tuple[str, Callable[[], None], float], ...] = (

@@ -40,7 +40,7 @@ from service.core.events import DatasetApplied, DatasetDeleted, JobApplied
 from service.embedded.processes import free_port
 from service.errors import InvalidMessage, PermanentError
 from service.metrics import Metrics
-from service.runtime.accept import accept_downstream
+from service.runtime.intake import accept_downstream
 from tests.gm_standin import GmStandIn
 from tests.harness import dataset_resource, job_resource
 from tests.wait import wait_until

@@ -7,7 +7,7 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from service.adapters.redis_links import Confirm, Routed, _Exchange
+from service.adapters.redis_link import Confirm, Routed, _Exchange
 from service.keys import NUM_SHARDS, Keys, hash_tag, rkey, shard_of
 
 KEYS = Keys("site-a:lifelong")

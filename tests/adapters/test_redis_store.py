@@ -25,7 +25,7 @@ def commit(
     store: RedisStore, shard: int, token: str, commits: Sequence[Commit]
 ) -> list[list[str]]:
     """One shard's batch through the store's multi-shard commit; LeaseLost raised."""
-    [outcome] = store.commit([(shard, token, commits)])
+    [outcome] = store.states.commit([(shard, token, commits)])
     if isinstance(outcome, LeaseLost):
         raise outcome
     return outcome
@@ -38,7 +38,7 @@ def url_of(server: Server) -> str:
 @pytest.fixture
 def store(redis_proc: Server) -> Iterator[RedisStore]:
     s = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=2.0)
-    s.ensure_groups()
+    s.ingress.ensure_groups()
     yield s
     s.close()
 
@@ -53,7 +53,7 @@ def raw(redis_proc: Server) -> Iterator[redis.Redis[bytes]]:
 def take_shard(
     store: RedisStore, shard: int = SHARD, replica: str = "r1", ttl_ms: int = TTL_MS
 ) -> str:
-    token = store.acquire(store.keys.lease(shard), store.keys.fence(shard), replica, ttl_ms)
+    token = store.leases.acquire(store.keys.lease(shard), store.keys.fence(shard), replica, ttl_ms)
     assert token is not None
     return token
 
@@ -62,12 +62,14 @@ def lapsed(store: RedisStore, shard: int) -> None:
     """Until the shard's lease has expired in Redis (no one holds it)."""
     lease = store.keys.lease(shard)
     wait_until(
-        lambda: store.lease_holder(lease) is None, 10, f"the lease of shard {shard} to expire"
+        lambda: store.leases.lease_holder(lease) is None,
+        10,
+        f"the lease of shard {shard} to expire",
     )
 
 
 def appended(store: RedisStore, event: bytes, shard: int = SHARD) -> str:
-    entry_id = store.append_ingress(shard, event)
+    entry_id = store.ingress.append_ingress(shard, event)
     assert entry_id is not None
     return entry_id
 
@@ -129,7 +131,7 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
 ) -> None:
     token = take_shard(store)
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
-    read = store.read_ingress([SHARD], count=10, block_ms=100, pending=False)
+    read = store.ingress.read_ingress([SHARD], count=10, block_ms=100, pending=False)
     assert [e.entry_id for e in read] == ids
     assert [e.event for e in read] == [b"ev-0", b"ev-1", b"ev-2"]
     assert pending_ids(raw, store) == set(ids)
@@ -137,19 +139,19 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     commit(store, SHARD, token, [full_commit(ack_ids=(ids[0], ids[1]))])
 
     assert pending_ids(raw, store) == {ids[2]}
-    assert store.load([JOB]) == {JOB: b"state-1"}
-    assert store.load_resource(JOB) == b'{"kind":"LifelongLearningJob"}'
-    assert store.list_rkeys() == [JOB]
-    assert store.list_rkeys("job") == [JOB]
-    assert store.list_rkeys("dataset") == []
-    assert store.next_timer_ms(SHARD) == 5_000
-    assert store.pending_effects([SHARD])[SHARD] == {"e-1": b"write samples"}
-    assert store.history(JOB) == [b"h-1", b"h-2"]
-    assert store.rounds(JOB) == [b"r-1"]
-    [(stream_id, entry)] = store.outbox_read([SHARD])[SHARD]
+    assert store.states.load([JOB]) == {JOB: b"state-1"}
+    assert store.states.load_resource(JOB) == b'{"kind":"LifelongLearningJob"}'
+    assert store.states.list_rkeys() == [JOB]
+    assert store.states.list_rkeys("job") == [JOB]
+    assert store.states.list_rkeys("dataset") == []
+    assert store.ingress.next_timer_ms(SHARD) == 5_000
+    assert store.outboxes.pending_effects([SHARD])[SHARD] == {"e-1": b"write samples"}
+    assert store.states.history(JOB) == [b"h-1", b"h-2"]
+    assert store.states.rounds(JOB) == [b"r-1"]
+    [(stream_id, entry)] = store.outboxes.outbox_read([SHARD])[SHARD]
     assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
-    store.outbox_done({SHARD: [stream_id]})
-    assert store.outbox_read([SHARD])[SHARD] == []
+    store.outboxes.outbox_done({SHARD: [stream_id]})
+    assert store.outboxes.outbox_read([SHARD])[SHARD] == []
 
 
 def test_outbox_read_leaves_out_a_span_and_done_deletes_every_shards_at_once(
@@ -167,13 +169,13 @@ def test_outbox_read_leaves_out_a_span_and_done_deletes_every_shards_at_once(
         if shard_of(rkey("job", "default", f"j{i}")) == other
     )  # fmt: skip
     [other_ids] = commit(store, other, other_token, [Commit(other_job, b"s", outbox=entries[:2])])
-    read = store.outbox_read([SHARD, other], skip={SHARD: (ids[1], ids[3])})
+    read = store.outboxes.outbox_read([SHARD, other], skip={SHARD: (ids[1], ids[3])})
     assert [stream_id for stream_id, _ in read[SHARD]] == [ids[0], ids[4], ids[5]]
     assert [stream_id for stream_id, _ in read[other]] == other_ids
-    assert store.outbox_read([SHARD], skip={SHARD: (ids[0], ids[5])}) == {SHARD: []}
-    store.outbox_done({SHARD: ids[:5], other: other_ids})
-    assert [i for i, _ in store.outbox_read([SHARD, other])[SHARD]] == [ids[5]]
-    assert store.outbox_read([other]) == {other: []}
+    assert store.outboxes.outbox_read([SHARD], skip={SHARD: (ids[0], ids[5])}) == {SHARD: []}
+    store.outboxes.outbox_done({SHARD: ids[:5], other: other_ids})
+    assert [i for i, _ in store.outboxes.outbox_read([SHARD, other])[SHARD]] == [ids[5]]
+    assert store.outboxes.outbox_read([other]) == {other: []}
 
 
 def test_keep_state_leaves_state_and_timer_cancel(
@@ -182,13 +184,13 @@ def test_keep_state_leaves_state_and_timer_cancel(
     token = take_shard(store)
     commit(store, SHARD, token, [full_commit()])
     entry_id = appended(store, b"rejected")
-    store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     commit(
         store,
         SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
     )
-    assert store.load([JOB]) == {JOB: b"state-1"}
-    assert store.next_timer_ms(SHARD) is None
+    assert store.states.load([JOB]) == {JOB: b"state-1"}
+    assert store.ingress.next_timer_ms(SHARD) is None
     assert pending_ids(raw, store) == set()
 
 
@@ -196,29 +198,29 @@ def test_delete_removes_everything_of_the_resource(store: RedisStore) -> None:
     token = take_shard(store)
     commit(store, SHARD, token, [full_commit()])
     commit(store, SHARD, token, [Commit(JOB, None, delete=True)])
-    assert store.load([JOB]) == {JOB: None}
-    assert store.load_resource(JOB) is None
-    assert store.list_rkeys() == []
-    assert store.next_timer_ms(SHARD) is None
-    assert store.history(JOB) == []
-    assert store.rounds(JOB) == []
+    assert store.states.load([JOB]) == {JOB: None}
+    assert store.states.load_resource(JOB) is None
+    assert store.states.list_rkeys() == []
+    assert store.ingress.next_timer_ms(SHARD) is None
+    assert store.states.history(JOB) == []
+    assert store.states.rounds(JOB) == []
 
 
 def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     token = take_shard(store)
     entry_id = appended(store, b"ev")
-    store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     other = rkey("job", "default", "other")
     batch = [full_commit(ack_ids=(entry_id,))]
     batch += [Commit(other, b"x")] if shard_of(other) == SHARD else []
     with pytest.raises(LeaseLost):
         commit(store, SHARD, token + "0", batch)
-    assert store.load([JOB, other]) == {JOB: None, other: None}
-    assert store.outbox_read([SHARD])[SHARD] == []
-    assert store.pending_effects([SHARD])[SHARD] == {}
-    assert store.next_timer_ms(SHARD) is None
-    assert store.history(JOB) == []
-    assert store.rounds(JOB) == []
+    assert store.states.load([JOB, other]) == {JOB: None, other: None}
+    assert store.outboxes.outbox_read([SHARD])[SHARD] == []
+    assert store.outboxes.pending_effects([SHARD])[SHARD] == {}
+    assert store.ingress.next_timer_ms(SHARD) is None
+    assert store.states.history(JOB) == []
+    assert store.states.rounds(JOB) == []
     assert pending_ids(raw, store) == {entry_id}
 
 
@@ -226,8 +228,8 @@ def test_commit_of_a_batch_is_one_transaction(store: RedisStore) -> None:
     token = take_shard(store)
     rkeys = [k for k in (rkey("job", "ns", f"j{i}") for i in range(200)) if shard_of(k) == SHARD]
     commit(store, SHARD, token, [Commit(k, k.encode(), timer_due_ms=7) for k in rkeys])
-    assert store.load(rkeys) == {k: k.encode() for k in rkeys}
-    assert store.list_rkeys("job") == sorted(rkeys)
+    assert store.states.load(rkeys) == {k: k.encode() for k in rkeys}
+    assert store.states.list_rkeys("job") == sorted(rkeys)
 
 
 def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
@@ -250,13 +252,13 @@ def test_expired_lease_fences_the_old_owner(store: RedisStore) -> None:
     assert int(new.rsplit(":", 1)[1]) > int(old.rsplit(":", 1)[1])
     with pytest.raises(LeaseLost):
         commit(store, SHARD, old, [Commit(JOB, b"zombie")])
-    assert store.fire_due_timers({SHARD: old}, now_ms=10**13) == {SHARD: None}
+    assert store.ingress.fire_due_timers({SHARD: old}, now_ms=10**13) == {SHARD: None}
     with pytest.raises(LeaseLost):
-        store.complete_effect(SHARD, old, "e", b"done")
-    assert not store.renew(store.keys.lease(SHARD), old, TTL_MS)
-    assert store.load([JOB]) == {JOB: b"v1"}
+        store.outboxes.complete_effect(SHARD, old, "e", b"done")
+    assert not store.leases.renew(store.keys.lease(SHARD), old, TTL_MS)
+    assert store.states.load([JOB]) == {JOB: b"v1"}
     commit(store, SHARD, new, [Commit(JOB, b"v2")])
-    assert store.load([JOB]) == {JOB: b"v2"}
+    assert store.states.load([JOB]) == {JOB: b"v2"}
 
 
 def test_one_round_trip_commits_several_shards_and_fences_each_alone(
@@ -270,7 +272,7 @@ def test_one_round_trip_commits_several_shards_and_fences_each_alone(
     lapsed(store, lost)
     take_shard(store, lost, replica="r2")
     outbox = (OutboxEntry("m-1", "sedna/n/upstream", b"{}"),)
-    outcomes = store.commit(
+    outcomes = store.states.commit(
         [
             (lost, stale, [Commit(jobs[lost], b"zombie")]),
             (held, token, [Commit(jobs[held], b"kept", outbox=outbox)]),
@@ -278,8 +280,8 @@ def test_one_round_trip_commits_several_shards_and_fences_each_alone(
     )
     assert isinstance(outcomes[0], LeaseLost)
     assert isinstance(outcomes[1], list) and len(outcomes[1][0]) == 1
-    assert store.load([jobs[held], jobs[lost]]) == {jobs[held]: b"kept", jobs[lost]: None}
-    assert store.commit([]) == []
+    assert store.states.load([jobs[held], jobs[lost]]) == {jobs[held]: b"kept", jobs[lost]: None}
+    assert store.states.commit([]) == []
 
 
 # -- ingress ---------------------------------------------------------------------------
@@ -290,30 +292,30 @@ def test_new_owner_reads_the_previous_owners_unacked_entries(
 ) -> None:
     old = take_shard(store, replica="r1", ttl_ms=200)
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
-    assert len(store.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
+    assert len(store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
     commit(store, SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
     lapsed(store, SHARD)
 
     successor = RedisStore(url_of(redis_proc), Keys("t"))
     try:
         take_shard(successor, replica="r2")
-        pending = successor.read_ingress([SHARD], count=10, block_ms=0, pending=True)
+        pending = successor.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=True)
         assert [(e.entry_id, e.event) for e in pending] == [(ids[1], b"ev-1"), (ids[2], b"ev-2")]
-        assert successor.read_ingress([SHARD], count=10, block_ms=50, pending=False) == []
+        assert successor.ingress.read_ingress([SHARD], count=10, block_ms=50, pending=False) == []
     finally:
         successor.close()
 
 
 def test_read_ingress_spans_shards_and_blocks_until_an_entry(store: RedisStore) -> None:
     a, b = SHARD, (SHARD + 1) % NUM_SHARDS
-    store.append_ingress(b, b"on-b")
-    got = store.read_ingress([a, b], count=10, block_ms=100, pending=False)
+    store.ingress.append_ingress(b, b"on-b")
+    got = store.ingress.read_ingress([a, b], count=10, block_ms=100, pending=False)
     assert [(e.shard, e.event) for e in got] == [(b, b"on-b")]
     start = time.monotonic()
-    assert store.read_ingress([a, b], count=10, block_ms=200, pending=False) == []
+    assert store.ingress.read_ingress([a, b], count=10, block_ms=200, pending=False) == []
     assert time.monotonic() - start >= 0.15
     with pytest.raises(ValueError):
-        store.read_ingress([a], count=1, block_ms=5_000, pending=False)
+        store.ingress.read_ingress([a], count=1, block_ms=5_000, pending=False)
 
 
 def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
@@ -323,7 +325,7 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
     before its block (a minute here) would end it."""
     store = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=120.0)
     waiter = threading.Thread(
-        target=store.gm_outbox_wait, args=(range(NUM_SHARDS), 60_000), daemon=True
+        target=store.outboxes.gm_outbox_wait, args=(range(NUM_SHARDS), 60_000), daemon=True
     )
     try:
         waiter.start()
@@ -332,27 +334,28 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
         raw.xadd(store.keys.gm_outbox(SHARD), {"payload": b"{}"})
         waiter.join(30)
         assert not waiter.is_alive(), "a new message ends the wait"
-        assert store.gm_outbox_wait(range(NUM_SHARDS), 60_000)  # one waits: returns at once
+        # one waits: returns at once
+        assert store.outboxes.gm_outbox_wait(range(NUM_SHARDS), 60_000)
     finally:
         store.close()
 
 
 def test_append_ingress_dedupe(store: RedisStore, raw: redis.Redis[bytes]) -> None:
-    first = store.append_ingress(SHARD, b"m", dedupe="mid-1")
+    first = store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1")
     assert first is not None
-    assert store.append_ingress(SHARD, b"m", dedupe="mid-1", dup=True) is None
-    assert store.append_ingress(SHARD, b"m", dedupe="mid-1", dup=False) is not None
-    assert store.append_ingress(SHARD, b"m", dedupe="mid-2", dup=True) is not None
-    assert store.append_ingress(SHARD, b"m", dup=True) is not None  # no key: no dedupe
+    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1", dup=True) is None
+    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1", dup=False) is not None
+    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-2", dup=True) is not None
+    assert store.ingress.append_ingress(SHARD, b"m", dup=True) is not None  # no key: no dedupe
     # the marker expires
-    assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
+    assert store.ingress.append_ingress(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
     seen = store.keys.seen(SHARD, "mid-3")
     wait_until(lambda: not raw.exists(seen), 10, "the dedupe marker of mid-3 to expire")
-    assert store.append_ingress(SHARD, b"n", dedupe="mid-3", dup=True) is not None
-    got = store.read_ingress([SHARD], count=100, block_ms=0, pending=False)
+    assert store.ingress.append_ingress(SHARD, b"n", dedupe="mid-3", dup=True) is not None
+    got = store.ingress.read_ingress([SHARD], count=100, block_ms=0, pending=False)
     assert len(got) == 6
 
-    results = store.append_many(
+    results = store.ingress.append_many(
         [(SHARD, b"x", "mid-1", True), (SHARD, b"y", "mid-9", True), (0, b"z", None, False)]
     )
     assert results[0] is None
@@ -377,19 +380,20 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
             Commit(other, b"s", timer_due_ms=1_700_000_000_300),
         ],
     )
-    assert store.next_timer_ms(SHARD) == 1_700_000_000_100
-    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 1}
-    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 0}
-    assert store.next_timer_ms(SHARD) == 1_700_000_000_300
-    [fired] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert store.ingress.next_timer_ms(SHARD) == 1_700_000_000_100
+    assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 1}
+    assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 0}
+    assert store.ingress.next_timer_ms(SHARD) == 1_700_000_000_300
+    [fired] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert (fired.event, fired.timer_rkey, fired.timer_due_ms) == (None, JOB, 1_700_000_000_100)
     # one round trip for several shards: a fenced one moves nothing, the others fire
     other_shard = (SHARD + 1) % NUM_SHARDS
     both = {SHARD: "r9:999", other_shard: take_shard(store, shard=other_shard)}
-    assert store.fire_due_timers(both, now_ms=1_700_000_001_000) == {SHARD: None, other_shard: 0}
-    assert store.fire_due_timers({SHARD: token}, now_ms=1_700_000_001_000) == {SHARD: 1}
-    assert store.next_timer_ms(SHARD) is None
-    [second] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    fired = store.ingress.fire_due_timers(both, now_ms=1_700_000_001_000)
+    assert fired == {SHARD: None, other_shard: 0}
+    assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_001_000) == {SHARD: 1}
+    assert store.ingress.next_timer_ms(SHARD) is None
+    [second] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert second.timer_rkey == other
 
 
@@ -399,11 +403,11 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
 def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisStore) -> None:
     token = take_shard(store)
     commit(store, SHARD, token, [Commit(JOB, b"s", effects=(("e-1", b"a"), ("e-2", b"b")))])
-    assert store.complete_effect(SHARD, token, "e-1", b"result-1")
-    assert not store.complete_effect(SHARD, token, "e-1", b"result-1")
-    assert store.complete_effect(SHARD, token, "e-2", None)  # no event to report
-    assert store.pending_effects([SHARD])[SHARD] == {}
-    got = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    assert store.outboxes.complete_effect(SHARD, token, "e-1", b"result-1")
+    assert not store.outboxes.complete_effect(SHARD, token, "e-1", b"result-1")
+    assert store.outboxes.complete_effect(SHARD, token, "e-2", None)  # no event to report
+    assert store.outboxes.pending_effects([SHARD])[SHARD] == {}
+    got = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert [e.event for e in got] == [b"result-1"]
 
 
@@ -422,20 +426,20 @@ def clock_passed(ms: int) -> None:
 def test_leases_compare_and_act(store: RedisStore) -> None:
     lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
     before_ms = time.time_ns() // 1_000_000
-    token = store.acquire(lease, fence, "r1", TTL_MS)
+    token = store.leases.acquire(lease, fence, "r1", TTL_MS)
     assert token is not None and token.startswith("r1:")
     assert fence_of(token) >= before_ms  # the first fence starts at the wall clock
     other = f"r2:{fence_of(token)}"
-    assert store.lease_holder(lease) == token
-    assert store.acquire(lease, fence, "r2", TTL_MS) is None
-    assert store.acquire(lease, fence, "r1", TTL_MS) is None
-    assert not store.renew(lease, other, TTL_MS)
-    assert not store.release(lease, other)
-    assert store.renew(lease, token, TTL_MS)
-    assert store.release(lease, token)
-    assert not store.release(lease, token)
-    assert store.lease_holder(lease) is None
-    second = store.acquire(lease, fence, "r2", TTL_MS)
+    assert store.leases.lease_holder(lease) == token
+    assert store.leases.acquire(lease, fence, "r2", TTL_MS) is None
+    assert store.leases.acquire(lease, fence, "r1", TTL_MS) is None
+    assert not store.leases.renew(lease, other, TTL_MS)
+    assert not store.leases.release(lease, other)
+    assert store.leases.renew(lease, token, TTL_MS)
+    assert store.leases.release(lease, token)
+    assert not store.leases.release(lease, token)
+    assert store.leases.lease_holder(lease) is None
+    second = store.leases.acquire(lease, fence, "r2", TTL_MS)
     assert second is not None and second.startswith("r2:")
     assert fence_of(second) > fence_of(token)
 
@@ -446,17 +450,17 @@ def test_fence_never_goes_back_when_its_counter_was_lost(
     """A failover may lose the INCR behind the last token (an asynchronous replica promoted):
     the next token is still larger, because the fence never falls below the wall clock."""
     lease, fence = store.keys.lease(SHARD), store.keys.fence(SHARD)
-    first = store.acquire(lease, fence, "r1", TTL_MS)
+    first = store.leases.acquire(lease, fence, "r1", TTL_MS)
     assert first is not None
     raw.delete(lease)
     raw.set(fence, fence_of(first) - 5)  # the promoted replica missed the last increments
     clock_passed(fence_of(first))
-    second = store.acquire(lease, fence, "r2", TTL_MS)
+    second = store.leases.acquire(lease, fence, "r2", TTL_MS)
     assert second is not None
     assert fence_of(second) > fence_of(first)
     raw.delete(lease, fence)  # the counter gone altogether
     clock_passed(fence_of(second))
-    third = store.acquire(lease, fence, "r1", TTL_MS)
+    third = store.leases.acquire(lease, fence, "r1", TTL_MS)
     assert third is not None and fence_of(third) > fence_of(second)
 
 
@@ -469,13 +473,13 @@ def test_renew_keeps_a_lease_alive_past_its_first_ttl(
     assert first_expiry_ms > 0
 
     def renewed_past_first_expiry() -> bool:
-        assert store.renew(lease, token, 300)
+        assert store.leases.renew(lease, token, 300)
         seconds, micros = raw.time()
         return seconds * 1000 + micros // 1000 > first_expiry_ms
 
     # renewing on every probe, until Redis's own clock is past the first TTL's end
     wait_until(renewed_past_first_expiry, 10, "Redis's clock to pass the lease's first expiry")
-    assert store.lease_holder(lease) == token
+    assert store.leases.lease_holder(lease) == token
 
 
 def race_for(stores: list[RedisStore], shard: int) -> list[str | None]:
@@ -486,7 +490,7 @@ def race_for(stores: list[RedisStore], shard: int) -> list[str | None]:
     def attempt(i: int) -> None:
         s = stores[i]
         barrier.wait()
-        tokens[i] = s.acquire(s.keys.lease(shard), s.keys.fence(shard), f"r{i}", TTL_MS)
+        tokens[i] = s.leases.acquire(s.keys.lease(shard), s.keys.fence(shard), f"r{i}", TTL_MS)
 
     threads = [threading.Thread(target=attempt, args=(i,)) for i in range(len(stores))]
     for t in threads:
@@ -502,18 +506,18 @@ def test_two_replicas_racing_for_a_shard_one_wins(redis_proc: Server) -> None:
         for shard in range(NUM_SHARDS):
             winners = [t for t in race_for(stores, shard) if t is not None]
             assert len(winners) == 1
-            assert stores[0].lease_holder(stores[0].keys.lease(shard)) == winners[0]
+            assert stores[0].leases.lease_holder(stores[0].keys.lease(shard)) == winners[0]
     finally:
         for s in stores:
             s.close()
 
 
 def test_heartbeat_returns_the_live_set(store: RedisStore) -> None:
-    assert store.heartbeat("b", now_ms=1_000, ttl_ms=500) == ["b"]
-    assert store.heartbeat("a", now_ms=1_100, ttl_ms=500) == ["a", "b"]
-    assert store.heartbeat("c", now_ms=1_550, ttl_ms=500) == ["a", "c"]  # b expired at 1500
-    store.leave("a")
-    assert store.heartbeat("c", now_ms=1_600, ttl_ms=500) == ["c"]
+    assert store.leases.heartbeat("b", now_ms=1_000, ttl_ms=500) == ["b"]
+    assert store.leases.heartbeat("a", now_ms=1_100, ttl_ms=500) == ["a", "b"]
+    assert store.leases.heartbeat("c", now_ms=1_550, ttl_ms=500) == ["a", "c"]  # b expired at 1500
+    store.leases.leave("a")
+    assert store.leases.heartbeat("c", now_ms=1_600, ttl_ms=500) == ["c"]
 
 
 # -- failures --------------------------------------------------------------------------
@@ -526,12 +530,14 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
     redis_proc.stop()
     assert not store.ping()
     calls: list[Callable[[], object]] = [
-        lambda: store.load([JOB]),
+        lambda: store.states.load([JOB]),
         lambda: commit(store, SHARD, "r1:1", [Commit(JOB, b"x")]),
-        lambda: store.acquire(store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", TTL_MS),
-        lambda: store.read_ingress([SHARD], count=1, block_ms=0, pending=False),
-        lambda: store.append_ingress(SHARD, b"x"),
-        lambda: store.heartbeat("r1", 0, 1),
+        lambda: store.leases.acquire(
+            store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", TTL_MS
+        ),
+        lambda: store.ingress.read_ingress([SHARD], count=1, block_ms=0, pending=False),
+        lambda: store.ingress.append_ingress(SHARD, b"x"),
+        lambda: store.leases.heartbeat("r1", 0, 1),
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable) as info:
@@ -541,11 +547,11 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
     redis_proc.start()  # empty: no scripts, no streams, no groups
     assert store.ping()
     token = take_shard(store)
-    entry_id = store.append_ingress(SHARD, b"after")  # stream re-created without a group
-    [entry] = store.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    entry_id = store.ingress.append_ingress(SHARD, b"after")  # stream re-created without a group
+    [entry] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
     assert entry.entry_id == entry_id
     commit(store, SHARD, token, [Commit(JOB, b"after", ack_ids=(entry.entry_id,))])
-    assert store.load([JOB]) == {JOB: b"after"}
+    assert store.states.load([JOB]) == {JOB: b"after"}
 
 
 def test_flushed_scripts_are_reloaded(store: RedisStore, raw: redis.Redis[bytes]) -> None:
@@ -555,8 +561,9 @@ def test_flushed_scripts_are_reloaded(store: RedisStore, raw: redis.Redis[bytes]
     raw.script_flush()
     commit(store, SHARD, token, [Commit(JOB, b"c")])  # single-call path
     raw.script_flush()
-    assert store.append_many([(SHARD, b"e", "k", False), (SHARD, b"e", "k", True)])[1] is None
-    assert store.load([JOB]) == {JOB: b"c"}
+    items = [(SHARD, b"e", "k", False), (SHARD, b"e", "k", True)]
+    assert store.ingress.append_many(items)[1] is None
+    assert store.states.load([JOB]) == {JOB: b"c"}
 
 
 def test_frozen_redis_is_store_unavailable(redis_proc: Server) -> None:
@@ -568,7 +575,7 @@ def test_frozen_redis_is_store_unavailable(redis_proc: Server) -> None:
             with pytest.raises(StoreUnavailable):
                 commit(s, SHARD, token, [Commit(JOB, b"x")])
             with pytest.raises(StoreUnavailable):
-                s.load([JOB])
+                s.states.load([JOB])
         finally:
             redis_proc.thaw()
         assert s.ping()
@@ -585,7 +592,7 @@ def test_history_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
         entries = tuple(f"h-{i}-{j}".encode() for j in range(100))
         commit(store, SHARD, token, [Commit(JOB, b"s", history=entries)])
     assert raw.llen(store.keys.history(JOB)) == 100
-    assert store.history(JOB, count=3) == [b"h-4-97", b"h-4-98", b"h-4-99"]
+    assert store.states.history(JOB, count=3) == [b"h-4-97", b"h-4-98", b"h-4-99"]
 
 
 def test_round_records_are_capped_apart_from_the_event_history(
@@ -596,37 +603,37 @@ def test_round_records_are_capped_apart_from_the_event_history(
         history = tuple(f"h-{i}-{j}".encode() for j in range(10))
         commit(store, SHARD, token, [Commit(JOB, b"s", history=history, rounds=(b"r-%d" % i,))])
     assert raw.llen(store.keys.rounds(JOB)) == 50
-    assert store.rounds(JOB, count=2) == [b"r-58", b"r-59"]
-    assert store.rounds(JOB)[0] == b"r-10"
+    assert store.states.rounds(JOB, count=2) == [b"r-58", b"r-59"]
+    assert store.states.rounds(JOB)[0] == b"r-10"
     assert raw.llen(store.keys.history(JOB)) == 100
 
 
 def test_dlq_is_capped(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     for i in range(350):
-        store.dead_letter(f"r-{i}".encode(), maxlen=10)
+        store.records.dead_letter(f"r-{i}".encode(), maxlen=10)
     length = raw.xlen(store.keys.dlq())
     assert 10 <= length < 300
-    assert store.dlq(count=2) == [b"r-348", b"r-349"]
+    assert store.records.dlq(count=2) == [b"r-348", b"r-349"]
 
 
 def test_dataset_jobs(store: RedisStore) -> None:
-    store.dataset_jobs_add("default/ds", "job:default/b")
-    store.dataset_jobs_add("default/ds", "job:default/a")
-    store.dataset_jobs_add("default/ds", "job:default/a")
-    assert store.dataset_jobs("default/ds") == ["job:default/a", "job:default/b"]
-    store.dataset_jobs_remove("default/ds", "job:default/b")
-    assert store.dataset_jobs("default/ds") == ["job:default/a"]
-    assert store.dataset_jobs("other/ds") == []
+    store.records.dataset_jobs_add("default/ds", "job:default/b")
+    store.records.dataset_jobs_add("default/ds", "job:default/a")
+    store.records.dataset_jobs_add("default/ds", "job:default/a")
+    assert store.records.dataset_jobs("default/ds") == ["job:default/a", "job:default/b"]
+    store.records.dataset_jobs_remove("default/ds", "job:default/b")
+    assert store.records.dataset_jobs("default/ds") == ["job:default/a"]
+    assert store.records.dataset_jobs("other/ds") == []
 
 
 def test_a_message_taken_in_by_another_holder_is_dropped(redis_proc: Server) -> None:
     """The zombie case: the new ingress holder (token B) took a redelivery in; the old holder
     (token A), frozen past its lease, still appends its own copy as a first delivery."""
     store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys())
-    store.ensure_groups()
-    assert store.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is not None
-    assert store.append_ingress(3, b"e", dedupe="m1", dup=False, token="A") is None
+    store.ingress.ensure_groups()
+    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is not None
+    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=False, token="A") is None
     # the same holder may take in a distinct message that happens to share the key
-    assert store.append_ingress(3, b"e", dedupe="m1", dup=False, token="B") is not None
+    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=False, token="B") is not None
     # and a redelivery is dropped whoever holds the ingress
-    assert store.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is None
+    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is None

@@ -67,7 +67,9 @@ def retried(what: str, call: object, timeout_s: float = 20) -> object:
 def take_all(store: RedisStore, replica: str = "r1") -> dict[int, str]:
     tokens = {}
     for shard in range(NUM_SHARDS):
-        token = store.acquire(store.keys.lease(shard), store.keys.fence(shard), replica, TTL_MS)
+        token = store.leases.acquire(
+            store.keys.lease(shard), store.keys.fence(shard), replica, TTL_MS
+        )
         assert token is not None
         tokens[shard] = token
     return tokens
@@ -76,13 +78,17 @@ def take_all(store: RedisStore, replica: str = "r1") -> dict[int, str]:
 def round_trip_every_shard(store: RedisStore, tokens: dict[int, str], tag: str) -> None:
     """Append, read, commit (state, outbox, effect, history, timer) on every shard at once."""
     for shard in range(NUM_SHARDS):
-        assert store.append_ingress(shard, f"{tag}-{shard}".encode(), dedupe=f"{tag}{shard}")
-    read = store.read_ingress(list(range(NUM_SHARDS)), count=100, block_ms=100, pending=False)
+        assert store.ingress.append_ingress(
+            shard, f"{tag}-{shard}".encode(), dedupe=f"{tag}{shard}"
+        )
+    read = store.ingress.read_ingress(
+        list(range(NUM_SHARDS)), count=100, block_ms=100, pending=False
+    )
     assert sorted(e.event or b"" for e in read) == sorted(
         f"{tag}-{s}".encode() for s in range(NUM_SHARDS)
     )
     by_shard = {e.shard: e.entry_id for e in read}
-    outcomes = store.commit(
+    outcomes = store.states.commit(
         [
             (
                 shard,
@@ -103,80 +109,89 @@ def round_trip_every_shard(store: RedisStore, tokens: dict[int, str], tag: str) 
         ]
     )
     assert all(isinstance(o, list) and len(o[0]) == 1 for o in outcomes), outcomes
-    assert store.load(list(JOBS.values())) == {k: f"{tag}-state".encode() for k in JOBS.values()}
-    assert store.read_ingress(list(range(NUM_SHARDS)), count=100, block_ms=0, pending=True) == []
+    assert store.states.load(list(JOBS.values())) == {
+        k: f"{tag}-state".encode() for k in JOBS.values()
+    }
+    assert (
+        store.ingress.read_ingress(list(range(NUM_SHARDS)), count=100, block_ms=0, pending=True)
+        == []
+    )
 
 
 def test_every_operation_on_a_cluster(shared_cluster: ClusterTopology) -> None:
     """Each call spans the three masters; a script whose keys crossed slots would be refused
     (CROSSSLOT), so every operation succeeding is the proof."""
     with store_on(shared_cluster.url, "ops") as store:
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         tokens = take_all(store)
         round_trip_every_shard(store, tokens, "a")
 
-        assert len(store.list_rkeys("job")) == NUM_SHARDS
-        assert store.history(JOBS[3]) == [b"a"]
-        assert store.fire_due_timers(tokens, now_ms=10) == dict.fromkeys(range(NUM_SHARDS), 1)
-        fired = store.read_ingress(list(range(NUM_SHARDS)), count=100, block_ms=0, pending=False)
+        assert len(store.states.list_rkeys("job")) == NUM_SHARDS
+        assert store.states.history(JOBS[3]) == [b"a"]
+        assert store.ingress.fire_due_timers(tokens, now_ms=10) == dict.fromkeys(
+            range(NUM_SHARDS), 1
+        )
+        fired = store.ingress.read_ingress(
+            list(range(NUM_SHARDS)), count=100, block_ms=0, pending=False
+        )
         assert sorted(e.timer_rkey or "" for e in fired) == sorted(JOBS.values())
-        outbox = store.outbox_read(list(range(NUM_SHARDS)))
+        outbox = store.outboxes.outbox_read(list(range(NUM_SHARDS)))
         assert {s: [e.id for _, e in entries] for s, entries in outbox.items()} == {
             s: [f"a-m{s}"] for s in range(NUM_SHARDS)
         }
-        store.outbox_done(
+        store.outboxes.outbox_done(
             {shard: [stream_id for stream_id, _ in entries] for shard, entries in outbox.items()}
         )
-        assert store.outbox_read([0, 7]) == {0: [], 7: []}
-        effects = store.pending_effects(list(range(NUM_SHARDS)))
+        assert store.outboxes.outbox_read([0, 7]) == {0: [], 7: []}
+        effects = store.outboxes.pending_effects(list(range(NUM_SHARDS)))
         assert effects == {s: {f"a-e{s}": b"intent"} for s in range(NUM_SHARDS)}
-        assert store.complete_effect(5, tokens[5], "a-e5", b"result")
-        assert not store.complete_effect(5, tokens[5], "a-e5", b"result")
-        [result] = store.read_ingress([5], count=10, block_ms=0, pending=False)
+        assert store.outboxes.complete_effect(5, tokens[5], "a-e5", b"result")
+        assert not store.outboxes.complete_effect(5, tokens[5], "a-e5", b"result")
+        [result] = store.ingress.read_ingress([5], count=10, block_ms=0, pending=False)
         assert result.event == b"result"
 
         lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
-        ingress = store.acquire(lease, fence, "r1", TTL_MS)
-        assert ingress is not None and store.lease_holder(lease) == ingress
-        assert not store.ingress_subscribed()
-        store.mark_ingress_subscribed(ingress, TTL_MS)
-        assert store.ingress_subscribed()  # lease and marker read in one MGET, one slot
-        assert store.renew(lease, ingress, TTL_MS) and store.release(lease, ingress)
-        assert store.heartbeat("r1", 1_000, TTL_MS) == ["r1"]
-        assert store.heartbeat("r2", 1_000, TTL_MS) == ["r1", "r2"]
-        store.leave("r2")
-        assert store.heartbeat("r1", 1_000, TTL_MS) == ["r1"]
-        store.dead_letter(b"bad")
-        assert store.dlq() == [b"bad"]
-        store.dataset_jobs_add("ns/d", JOBS[1])
-        store.dataset_jobs_add("ns/d", JOBS[2])
-        store.dataset_jobs_remove("ns/d", JOBS[1])
-        assert store.dataset_jobs("ns/d") == [JOBS[2]]
+        ingress = store.leases.acquire(lease, fence, "r1", TTL_MS)
+        assert ingress is not None and store.leases.lease_holder(lease) == ingress
+        assert not store.leases.ingress_subscribed()
+        store.leases.mark_ingress_subscribed(ingress, TTL_MS)
+        assert store.leases.ingress_subscribed()  # lease and marker read in one MGET, one slot
+        assert store.leases.renew(lease, ingress, TTL_MS) and store.leases.release(lease, ingress)
+        assert store.leases.heartbeat("r1", 1_000, TTL_MS) == ["r1"]
+        assert store.leases.heartbeat("r2", 1_000, TTL_MS) == ["r1", "r2"]
+        store.leases.leave("r2")
+        assert store.leases.heartbeat("r1", 1_000, TTL_MS) == ["r1"]
+        store.records.dead_letter(b"bad")
+        assert store.records.dlq() == [b"bad"]
+        store.records.dataset_jobs_add("ns/d", JOBS[1])
+        store.records.dataset_jobs_add("ns/d", JOBS[2])
+        store.records.dataset_jobs_remove("ns/d", JOBS[1])
+        assert store.records.dataset_jobs("ns/d") == [JOBS[2]]
         assert store.ping()
 
 
 def test_a_cluster_fences_each_shard_alone(shared_cluster: ClusterTopology) -> None:
     with store_on(shared_cluster.url, "fence") as store:
         tokens = take_all(store)
-        outcomes = store.commit(
+        outcomes = store.states.commit(
             [
                 (shard, tokens[shard] + ("-stale" if shard == 9 else ""), [Commit(job, b"v")])
                 for shard, job in JOBS.items()
             ]
         )
         assert [isinstance(o, LeaseLost) for o in outcomes] == [s == 9 for s in JOBS]
-        assert store.load([JOBS[9], JOBS[10]]) == {JOBS[9]: None, JOBS[10]: b"v"}
+        assert store.states.load([JOBS[9], JOBS[10]]) == {JOBS[9]: None, JOBS[10]: b"v"}
 
 
 def test_a_cluster_read_blocks_and_wakes(shared_cluster: ClusterTopology) -> None:
     with store_on(shared_cluster.url, "block") as store:
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         shards = list(range(NUM_SHARDS))
         started = time.monotonic()
-        assert store.read_ingress(shards, count=10, block_ms=200, pending=False) == []
+        assert store.ingress.read_ingress(shards, count=10, block_ms=200, pending=False) == []
         assert time.monotonic() - started >= 0.04  # it waited rather than spin
-        store.append_ingress(11, b"late")
-        got = store.read_ingress(shards, count=10, block_ms=200, pending=False)
+        store.ingress.append_ingress(11, b"late")
+        got = store.ingress.read_ingress(shards, count=10, block_ms=200, pending=False)
         assert [(e.shard, e.event) for e in got] == [(11, b"late")]
 
 
@@ -188,7 +203,7 @@ def test_flushed_scripts_are_reloaded_on_every_cluster_node(
         for node in shared_cluster.primaries():
             with redis.Redis(port=node.port) as raw:
                 raw.script_flush()
-        outcomes = store.commit([(s, tokens[s], [Commit(JOBS[s], b"x")]) for s in JOBS])
+        outcomes = store.states.commit([(s, tokens[s], [Commit(JOBS[s], b"x")]) for s in JOBS])
         assert all(isinstance(o, list) for o in outcomes)
 
 
@@ -197,18 +212,18 @@ def test_a_cluster_master_killed_is_an_outage_then_its_replica_serves(
     shared_cluster: ClusterTopology,
 ) -> None:
     with store_on(shared_cluster.url, "kill") as store:
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         tokens = take_all(store)
         round_trip_every_shard(store, tokens, "before")
         victim = shared_cluster.master_of(store.keys.ingress(4))
         victim.kill()
         with pytest.raises(StoreUnavailable):
-            store.load([JOBS[4]])
+            store.states.load([JOBS[4]])
         shared_cluster.wait_promoted(victim)
         victim.start()  # back as a replica of the promoted node
         shared_cluster.wait_healthy()
         # what was confirmed by a replica before the kill is all there
-        loaded = retried("load", lambda: store.load(list(JOBS.values())))
+        loaded = retried("load", lambda: store.states.load(list(JOBS.values())))
         assert loaded == {k: b"before-state" for k in JOBS.values()}
         round_trip_every_shard(store, tokens, "after")
 
@@ -218,17 +233,17 @@ def test_a_sentinel_master_killed_is_an_outage_then_the_replica_serves(
     shared_sentinel: SentinelTopology,
 ) -> None:
     with store_on(shared_sentinel.url, "kill") as store:
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         tokens = take_all(store)
         round_trip_every_shard(store, tokens, "before")
         old = shared_sentinel.master()
         old.kill()
         with pytest.raises(StoreUnavailable):
-            store.load([JOBS[4]])
+            store.states.load([JOBS[4]])
         shared_sentinel.wait_promoted(old)
         shared_sentinel.restart_as_replica(old)
         shared_sentinel.wait_synced()
-        loaded = retried("load", lambda: store.load(list(JOBS.values())))
+        loaded = retried("load", lambda: store.states.load(list(JOBS.values())))
         assert loaded == {k: b"before-state" for k in JOBS.values()}
         round_trip_every_shard(store, tokens, "after")  # scripts loaded on the new master
 
@@ -248,34 +263,34 @@ def test_a_write_no_replica_confirms_is_not_done(shared_sentinel: SentinelTopolo
         store_on(shared_sentinel.url, "wait", min_replicas=0) as hasty,
     ):
         assert store.min_replicas == 1 and hasty.min_replicas == 0
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         tokens = take_all(store)
-        store.commit([(3, tokens[3], [Commit(JOBS[3], b"v1", effects=(("e", b"i"),))])])
+        store.states.commit([(3, tokens[3], [Commit(JOBS[3], b"v1", effects=(("e", b"i"),))])])
         [replica] = [s for s in shared_sentinel.data if s is not shared_sentinel.master()]
         with frozen(replica):
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.append_ingress(3, b"unconfirmed")
+                store.ingress.append_ingress(3, b"unconfirmed")
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.commit([(3, tokens[3], [Commit(JOBS[3], b"v2")])])
+                store.states.commit([(3, tokens[3], [Commit(JOBS[3], b"v2")])])
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.pending_effects([3])  # nothing is acted on before replicas hold it
+                store.outboxes.pending_effects([3])  # nothing is acted on before replicas hold it
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.outbox_read([3])
+                store.outboxes.outbox_read([3])
             lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.acquire(lease, fence, "r1", TTL_MS)
-            assert store.lease_holder(lease) is None  # the unconfirmed lease was given back
-            assert hasty.append_ingress(3, b"hasty") is not None  # 0 required: not waited
+                store.leases.acquire(lease, fence, "r1", TTL_MS)
+            assert store.leases.lease_holder(lease) is None  # the unconfirmed lease was given back
+            assert hasty.ingress.append_ingress(3, b"hasty") is not None  # 0 required: not waited
         shared_sentinel.wait_synced()
-        assert store.commit([(3, tokens[3], [Commit(JOBS[3], b"v3")])]) == [[[]]]
-        assert store.pending_effects([3]) == {3: {"e": b"i"}}
+        assert store.states.commit([(3, tokens[3], [Commit(JOBS[3], b"v3")])]) == [[[]]]
+        assert store.outboxes.pending_effects([3]) == {3: {"e": b"i"}}
 
 
 def test_cluster_waits_on_the_node_that_took_the_write(shared_cluster: ClusterTopology) -> None:
     """WAIT goes to each written node: a write whose master's replica is frozen is not done,
     while a write to another master in the same call's neighbourhood goes through."""
     with store_on(shared_cluster.url, "node-wait") as store:
-        store.ensure_groups()
+        store.ingress.ensure_groups()
         slow_master = shared_cluster.master_of(store.keys.ingress(2))
         other = next(
             s for s in range(NUM_SHARDS)
@@ -283,13 +298,13 @@ def test_cluster_waits_on_the_node_that_took_the_write(shared_cluster: ClusterTo
         )  # fmt: skip
         replica = replica_of(shared_cluster, slow_master)
         with frozen(replica):
-            assert store.append_ingress(other, b"fine") is not None
+            assert store.ingress.append_ingress(other, b"fine") is not None
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.append_ingress(2, b"unconfirmed")
+                store.ingress.append_ingress(2, b"unconfirmed")
             for items in ([(other, b"a", None, False), (2, b"b", None, False)],
                           [(2, b"c", None, False), (other, b"d", None, False)]):  # fmt: skip
                 with pytest.raises(StoreUnavailable, match="replica"):
-                    store.append_many(items)  # one call, two nodes: each node's WAIT counts
+                    store.ingress.append_many(items)  # one call, two nodes: each node's WAIT counts
         shared_cluster.wait_healthy()
 
 

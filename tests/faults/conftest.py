@@ -26,7 +26,7 @@ from service.embedded.processes import Server, free_port, wait_port
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
 from service.runtime import Clock, Replica, Tuning
-from service.runtime.resources import Transition
+from service.runtime.processor import Transition
 from tests.harness import NODE, Cloud, Controller, lines, model_file, samples_file, wait_ingress
 from tests.servers import pipe, redis_server
 from tests.stack import Stack
@@ -51,7 +51,7 @@ class Probe:
         return state
 
     def job_or_none(self, name: str, namespace: str = "default") -> JobState | None:
-        raw = self.store.load([job_key(namespace, name)])[job_key(namespace, name)]
+        raw = self.store.states.load([job_key(namespace, name)])[job_key(namespace, name)]
         if raw is None:
             return None
         state = decode_state(raw)
@@ -60,14 +60,14 @@ class Probe:
 
     def events(self, name: str, namespace: str = "default") -> Counter[str]:
         """How many events of each type were applied to the job (its history stream)."""
-        history = self.store.history(job_key(namespace, name), count=1000)
+        history = self.store.states.history(job_key(namespace, name), count=1000)
         return Counter(record.event for record in decode_records(history))
 
     def outbox_depth(self) -> int:
-        return sum(map(len, self.store.outbox_read(range(NUM_SHARDS)).values()))
+        return sum(map(len, self.store.outboxes.outbox_read(range(NUM_SHARDS)).values()))
 
     def pending_effects(self) -> int:
-        return sum(map(len, self.store.pending_effects(range(NUM_SHARDS)).values()))
+        return sum(map(len, self.store.outboxes.pending_effects(range(NUM_SHARDS)).values()))
 
 
 @contextlib.contextmanager

@@ -255,7 +255,7 @@ class Fleet:
         store = RedisStore(redis_url, Keys(), socket_timeout_s=5.0)
         try:
             for job in self.jobs:
-                records = decode_records(store.history(f"job:{NS}/{job}", 1000))
+                records = decode_records(store.states.history(f"job:{NS}/{job}", 1000))
                 reported = sum(1 for r in records if r.event == "WorkerReported")
                 most = self.sent[job] + self.refused[job]
                 assert self.sent[job] <= reported <= most, f"{job}: {reported} applied"
@@ -276,9 +276,9 @@ def assert_tokens_unique(store: RedisStore) -> None:
     """From every history record's lease token: each fence of a shard belongs to one replica,
     and a resource's commits never go back to an older fence."""
     holders: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for rkey in store.list_rkeys():
+    for rkey in store.states.list_rkeys():
         fences = []
-        for record in decode_records(store.history(rkey, 1000)):
+        for record in decode_records(store.states.history(rkey, 1000)):
             assert record.token, f"{rkey}: a history record without its token"
             replica, _, fence = record.token.rpartition(":")
             holders[(shard_of(rkey), int(fence))].add(replica)

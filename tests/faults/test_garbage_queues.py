@@ -41,7 +41,7 @@ def envelope(name: str) -> bytes:
 
 
 def dead_letter_reasons(store: RedisStore) -> list[str]:
-    return [json.loads(record)["reason"] for record in store.dlq()]
+    return [json.loads(record)["reason"] for record in store.records.dlq()]
 
 
 def test_garbage_outbox_entries_are_set_aside_and_later_ones_go_out(stack: Stack) -> None:

@@ -100,7 +100,9 @@ def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: b
     cloud.downstream("dataset", "delete", None, name=DATASET)
     with probe_of(stack.redis_url) as probe:
         gone = dataset_key(NS, DATASET)
-        wait_until(lambda: probe.store.load([gone])[gone] is None, 10, "A to apply the delete")
+        wait_until(
+            lambda: probe.store.states.load([gone])[gone] is None, 10, "A to apply the delete"
+        )
         wait_until(lambda: _settled(probe), 10, "A to settle")
         assert a.stop() == 0
         assert deploy_file.read_bytes() == b"model 1 " * 1000
@@ -123,7 +125,7 @@ def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: b
                    detail=cloud.summary)  # fmt: skip
         wait_until(lambda: _settled(probe), 10, "C to settle")
         state = probe.job(JOB)
-        rounds = decode_rounds(probe.store.rounds(job_key(NS, JOB)))
+        rounds = decode_rounds(probe.store.states.rounds(job_key(NS, JOB)))
     second = decisions(cloud)[1]
     assert second["gate"]["holds"] is deploys
     if deploys:

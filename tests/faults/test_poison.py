@@ -21,7 +21,7 @@ import redis
 
 from service.adapters.redis_store import RedisStore
 from service.keys import Keys, job_key, shard_of
-from service.runtime.quarantine import decode_mark
+from service.runtime.rejections import decode_mark
 from tests.faults.conftest import readyz
 from tests.harness import NS, job_resource, metric_sum, model_file
 from tests.stack import Stack
@@ -69,18 +69,18 @@ def test_garbage_state_and_entry_are_quarantined_and_the_rest_goes_on(stack: Sta
 
         # the poisoned job is visible, marked, and retried with backoff (1 s, 2 s, 4 s...)
         def mark_tries() -> int:
-            stored = store.quarantined().get(poisoned)
+            stored = store.states.quarantined().get(poisoned)
             return 0 if stored is None else decode_mark(stored).attempts
 
         wait_until(lambda: mark_tries() >= 3, 30, "three tries of the poisoned job")
-        mark = decode_mark(store.quarantined()[poisoned])
+        mark = decode_mark(store.states.quarantined()[poisoned])
         assert mark.cause == "state" and "cannot be decoded" in mark.reason
-        assert store.quarantine_mark(poisoned) is not None
-        assert list(store.quarantined()) == [poisoned]
+        assert store.states.quarantine_mark(poisoned) is not None
+        assert list(store.states.quarantined()) == [poisoned]
         assert cloud.status(POISONED, "eval", "ready") is None
 
         # its report and the garbage entry are on the dead-letter stream with the reason
-        letters = [json.loads(r) for r in store.dlq()]
+        letters = [json.loads(r) for r in store.records.dlq()]
         topic = f"/workers/{POISONED}-train-worker/info"
         report = [x for x in letters if x["topic"].endswith(topic)]
         assert len(report) == 1 and "quarantined (state)" in report[0]["reason"]
@@ -97,14 +97,14 @@ def test_garbage_state_and_entry_are_quarantined_and_the_rest_goes_on(stack: Sta
 
         # a bounded log: one line per try, no traceback
         log = controller.log()
-        tries = decode_mark(store.quarantined()[poisoned]).attempts
+        tries = decode_mark(store.states.quarantined()[poisoned]).attempts
         assert "Traceback" not in log
         assert log.count(f"{poisoned} quarantined (try") in (tries, tries - 1, tries + 1)
         assert len(log.splitlines()) < 200, len(log.splitlines())
 
         # deleting the job ends its quarantine; inserted again, it starts afresh
         cloud.downstream("lifelonglearningjob", "delete", None, name=POISONED)
-        wait_until(lambda: poisoned not in store.quarantined(), 15, "the quarantine to end")
+        wait_until(lambda: poisoned not in store.states.quarantined(), 15, "the quarantine to end")
         assert raw.get(keys.state(poisoned)) is None
         before = len(cloud.upstream(POISONED))
         # (not byte for byte the first insert: intake drops a copy it saw within 60 s)

@@ -14,7 +14,7 @@ from service.core import reports
 from service.core.events import JobApplied, WorkerReported
 from service.core.paths import DataRoots
 from service.errors import InvalidMessage
-from service.runtime.accept import accept_downstream, accept_report, target_of, worker_topic_levels
+from service.runtime.intake import accept_downstream, accept_report, target_of, worker_topic_levels
 from service.wire import make_rejection
 
 JOB: dict[str, Any] = {

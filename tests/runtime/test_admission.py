@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from service.adapters.redis_store import States
 from service.config import Config
 from service.errors import InvalidMessage, StoreUnavailable
-from service.runtime.accept import Accepted, accept_downstream
-from service.runtime.admission import Admission
+from service.runtime.intake import Accepted, Admission, accept_downstream
 from tests.harness import dataset_resource
 
 
@@ -26,7 +26,7 @@ class Clock:
         return int(self.now_s * 1000)
 
 
-class Index:
+class Index(States):
     def __init__(self) -> None:
         self.rkeys: list[str] = []
         self.down = False

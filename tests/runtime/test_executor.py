@@ -26,8 +26,8 @@ from service.core.events import DatasetChanged, DatasetPolled, ModelCopied, Roun
 from service.core.rounds import ModelDigest
 from service.core.state import DatasetInfo, DatasetState, encode_state
 from service.keys import NUM_SHARDS, Keys, dataset_key, job_key, shard_of
-from service.runtime.accept import decode_accepted
 from service.runtime.executor import Executor, unreadable
+from service.runtime.intake import decode_accepted
 from tests.conftest import DeniedS3
 from tests.harness import dataset_resource
 from tests.servers import Server, free_port
@@ -38,7 +38,7 @@ NS = "default"
 @pytest.fixture
 def store(redis_proc: Server) -> Iterator[RedisStore]:
     store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys("t"))
-    store.ensure_groups()
+    store.ingress.ensure_groups()
     yield store
     store.close()
 
@@ -46,12 +46,19 @@ def store(redis_proc: Server) -> Iterator[RedisStore]:
 @pytest.fixture
 def executor(store: RedisStore) -> Executor:
     s3 = S3Clients()
-    return Executor(store, BlobStore(s3, attempts=1, max_backoff_s=0.1), DatasetReader(s3))
+    blobs = BlobStore(s3, attempts=1, max_backoff_s=0.1)
+    return Executor(
+        states=store.states,
+        records=store.records,
+        ingress=store.ingress,
+        blobs=blobs,
+        reader=DatasetReader(s3),
+    )
 
 
 def delivered(store: RedisStore) -> list[tuple[int, object]]:
     """Every event appended to any shard's ingress, with its shard."""
-    entries = store.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
+    entries = store.ingress.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
     return [(e.shard, decode_accepted(e.event or b"").event) for e in entries]
 
 
@@ -119,13 +126,15 @@ def test_attach_registers_the_job_and_tells_it_of_a_known_dataset(
 ) -> None:
     attach = AttachDataset(id="e/0", namespace=NS, name="j", dataset="ds")
     executor.run(attach, 0)
-    assert store.dataset_jobs(dataset_key(NS, "ds")) == [job_key(NS, "j")]
+    assert store.records.dataset_jobs(dataset_key(NS, "ds")) == [job_key(NS, "j")]
     assert delivered(store) == [], "an unknown dataset: the job waits for its first poll"
     ds = dataset_key(NS, "ds")
-    token = store.acquire(store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds)), "r", 9999)
+    token = store.leases.acquire(
+        store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds)), "r", 9999
+    )
     assert token is not None
     state = DatasetState(namespace=NS, name="ds", url="/d", format="txt", digest="x", num_samples=7)
-    store.commit([(shard_of(ds), token, [Commit(rkey=ds, state=encode_state(state))])])
+    store.states.commit([(shard_of(ds), token, [Commit(rkey=ds, state=encode_state(state))])])
     executor.run(attach, 0)
     expected = DatasetChanged(
         namespace=NS, name="j", dataset="ds", info=DatasetInfo(url="/d", format="txt"),
@@ -173,11 +182,11 @@ def _with_credential(store: RedisStore, endpoint: str, key_id: str, secret: str)
     resource = dataset_resource("ds", "s3://b/k", credential=credential)
     ds = dataset_key(NS, "ds")
     lease, fence = store.keys.lease(shard_of(ds)), store.keys.fence(shard_of(ds))
-    token = store.lease_holder(lease) or store.acquire(lease, fence, "r", 99_999)
+    token = store.leases.lease_holder(lease) or store.leases.acquire(lease, fence, "r", 99_999)
     assert token is not None
     state = DatasetState(namespace=NS, name="ds", url="s3://b/k", format="txt", digest="x")
     commit = Commit(rkey=ds, state=encode_state(state), resource=json.dumps(resource).encode())
-    store.commit([(shard_of(ds), token, [commit])])
+    store.states.commit([(shard_of(ds), token, [commit])])
 
 
 def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
@@ -190,8 +199,9 @@ def test_poll_of_an_s3_object_that_is_missing_or_forbidden_says_why(
     assert no_bucket.unreadable == unreadable("s3://no-such-bucket-here/k.txt")
 
     denied = S3Clients()  # a fresh cache: the credential below is another client
-    executor = Executor(store, BlobStore(denied, attempts=1, max_backoff_s=0.1),
-                        DatasetReader(denied))  # fmt: skip
+    executor = Executor(states=store.states, records=store.records, ingress=store.ingress,
+                        blobs=BlobStore(denied, attempts=1, max_backoff_s=0.1),
+                        reader=DatasetReader(denied))  # fmt: skip
     _with_credential(store, s3_denied.endpoint.removeprefix("http://"),
                      s3_denied.access_key_id, s3_denied.secret_access_key)  # fmt: skip
     forbidden = _poll(executor, f"s3://{s3_denied.bucket}/{s3_denied.key}")

@@ -8,13 +8,12 @@ import threading
 from typing import Any, cast
 
 from service.adapters.mqtt import Inbound, MqttClient
+from service.adapters.redis_store import Ingress
 from service.config import Config
-from service.runtime.admission import Admission
-from service.runtime.clock import SystemClock
-from service.runtime.intake import Intake
+from service.runtime.intake import Admission, Intake
 from service.runtime.leases import LeaseKeeper
-from service.runtime.ports import IngressLog
 from service.runtime.rejections import Rejections
+from service.runtime.replica import SystemClock
 from tests.wait import wait_until
 
 
@@ -46,7 +45,7 @@ def test_a_slow_stop_blocks_neither_state_nor_acks() -> None:
 
     unused: Any = None
     intake = Intake(
-        config=Config(node_name="edge-1"), store=cast(IngressLog, unused),
+        config=Config(node_name="edge-1"), ingress=cast(Ingress, unused),
         leases=cast(LeaseKeeper, unused), rejections=cast(Rejections, unused),
         clock=SystemClock(), stop=threading.Event(), client_factory=factory,
         admission=cast(Admission, unused),

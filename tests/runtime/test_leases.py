@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.adapters.redis_store import RedisStore
+from service.adapters.redis_store import Leases, RedisStore
 from service.errors import StoreUnavailable
 from service.keys import Keys
-from service.runtime.clock import SystemClock
 from service.runtime.leases import LeaseKeeper, fair_share, plan
+from service.runtime.replica import SystemClock
 from tests.servers import Server
 from tests.wait import wait_until
 
@@ -20,7 +20,7 @@ def test_fair_share_and_plan() -> None:
     assert plan([1, 2, 3], 1) == (13, [])
 
 
-class FlakyStore:
+class FlakyStore(Leases):
     """Grants every lease until `down` is set, then fails like an unreachable Redis."""
 
     def __init__(self) -> None:
@@ -91,7 +91,7 @@ def test_ingress_ready_only_once_the_holder_is_subscribed(redis_proc: Server) ->
 
     def keeper(name: str) -> LeaseKeeper:
         return LeaseKeeper(
-            store, name, ttl_ms=1_000, clock=clock, on_acquired=lambda _s: None,
+            store.leases, name, ttl_ms=1_000, clock=clock, on_acquired=lambda _s: None,
             on_ingress=lambda _held: None, ingress_subscribed=lambda: subscribed[name],
         )  # fmt: skip
 

@@ -10,13 +10,12 @@ import queue
 from collections.abc import Mapping, Sequence
 
 from service.adapters.mqtt import MqttClient, MqttSettings, PublishTicket
-from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
+from service.adapters.redis_store import Commit, OutboxEntry, Outboxes, Records, RedisStore
 from service.keys import Keys, rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.clock import SystemClock
 from service.runtime.outbox import OutboxPublisher
-from service.runtime.ports import DeadLetters, Publisher
-from service.runtime.rejections import Rejections
+from service.runtime.rejections import Publisher, Rejections
+from service.runtime.replica import SystemClock
 from tests.servers import Server
 
 JOB = rkey("job", "default", "outbox-job")
@@ -24,7 +23,7 @@ SHARD = shard_of(JOB)
 TOPIC = "sedna/node1/upstream"
 
 
-def rejections(dead_letters: DeadLetters, publisher: Publisher) -> Rejections:
+def rejections(dead_letters: Records, publisher: Publisher) -> Rejections:
     return Rejections(dead_letters=dead_letters, publisher=publisher,
                       errors_topic="sedna/node1/errors", metrics=Metrics())  # fmt: skip
 
@@ -40,8 +39,8 @@ def test_finish_forgets_what_the_broker_acknowledged(
     )
     publisher = MqttClient(MqttSettings(url=url, client_id="publisher"))
     try:
-        store.ensure_groups()
-        token = store.acquire(store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", 10_000)
+        store.ingress.ensure_groups()
+        token = store.leases.acquire(store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", 10_000)
         assert token is not None
         cloud.start()
         publisher.start()
@@ -54,17 +53,17 @@ def test_finish_forgets_what_the_broker_acknowledged(
             except queue.Empty:
                 continue
         entry = OutboxEntry("m-1", TOPIC, b'{"deploy":"ready"}')
-        [[ids]] = store.commit([(SHARD, token, [Commit(JOB, b"s", outbox=(entry,))])])
+        [[ids]] = store.states.commit([(SHARD, token, [Commit(JOB, b"s", outbox=(entry,))])])
         outbox = OutboxPublisher(
-            store, publisher, lambda: [SHARD], clock=SystemClock(),
-            rejections=rejections(store, publisher),
+            store.outboxes, publisher, lambda: [SHARD], clock=SystemClock(),
+            rejections=rejections(store.records, publisher),
         )  # fmt: skip
         outbox.send([(SHARD, [(stream_id, entry) for stream_id in ids])])
         assert inbound.get(timeout=5).payload == entry.payload
         # acknowledged, but no outbox thread ran to delete it: a stop now would leave it
-        assert [i for i, _ in store.outbox_read([SHARD])[SHARD]] == ids
+        assert [i for i, _ in store.outboxes.outbox_read([SHARD])[SHARD]] == ids
         outbox.finish(5.0)
-        assert store.outbox_read([SHARD])[SHARD] == []
+        assert store.outboxes.outbox_read([SHARD])[SHARD] == []
     finally:
         cloud.stop()
         publisher.stop()
@@ -91,7 +90,7 @@ class _RacingMqtt:
         return PublishTicket(len(self.published))
 
 
-class _OneEntryOutbox:
+class _OneEntryOutbox(Outboxes):
     def __init__(self, entry: OutboxEntry) -> None:
         self.entry = entry
 
@@ -135,7 +134,7 @@ class _Acking:
         self.tickets[payload]._complete()
 
 
-class _Recording:
+class _Recording(Outboxes):
     """An outbox store that records what it is asked: reads (with their skipped spans) and
     deletes, one list item per round trip."""
 

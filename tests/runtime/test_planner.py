@@ -38,9 +38,8 @@ from service.core.state import DatasetState, State, decode_state
 from service.history import decode_records
 from service.keys import dataset_key, job_key
 from service.metrics import Metrics
-from service.runtime.accept import Accepted
-from service.runtime.journal import Journal
-from service.runtime.planner import Plan, Step, plan
+from service.runtime.intake import Accepted
+from service.runtime.processor import Journal, Plan, Step, plan
 from tests.core.driver import DATASET, JOB, NS, info, report, spec
 from tests.core.test_rollback import rollback_copied, three_deployed
 
@@ -225,7 +224,7 @@ def test_only_transitions_that_change_the_view_count_as_changed() -> None:
 def test_the_journal_logs_moves_at_info_and_forwards_at_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, "service.runtime.journal")
+    caplog.set_level(logging.DEBUG, "service.runtime.processor")
     changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
     state, _ = steps_of(created(), changed)
     forwarded = planned(state, report("inference", "running"))

@@ -54,12 +54,15 @@ def test_no_place_a_refusal_goes_shows_the_canary(
     payload = outer.replace('"pad": ""', f'"pad": "{pad}"', 1).encode()
     publisher = MqttClient(MqttSettings(url="mqtt://127.0.0.1:1", client_id="unused"))
     rejections = Rejections(
-        dead_letters=store, publisher=publisher, errors_topic="sedna/n/errors", metrics=Metrics()
+        dead_letters=store.records,
+        publisher=publisher,
+        errors_topic="sedna/n/errors",
+        metrics=Metrics(),
     )
     log_text.truncate(0)
     reason = f"$.content: refused {inner[: data.draw(st.integers(0, len(inner)))]}"
     rejections.refuse("sedna/n/downstream", "invalid", reason, payload, 0, publish=False)
-    (record,) = store.dlq(count=1)
+    (record,) = store.records.dlq(count=1)
     rejection = json.loads(record)
     head = base64.b64decode(rejection["payload"]).decode("utf-8", "replace")
     for place, text in (

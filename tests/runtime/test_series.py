@@ -7,8 +7,8 @@ from service.core.state import DatasetState
 from service.history import HistoryRecord
 from service.keys import dataset_key, shard_of
 from service.metrics import Metrics
-from service.runtime.dataset_health import DatasetHealth
-from service.runtime.journal import Journal
+from service.runtime.processor import Journal
+from service.runtime.replica import DatasetHealth
 
 RKEY = dataset_key("default", "ds")
 STATE = DatasetState(

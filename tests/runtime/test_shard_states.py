@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.runtime.state_cache import ShardStates
+from service.runtime.processor import ShardStates
 
 
 def test_states_are_kept_per_shard_and_token() -> None:

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from service.runtime.accept import accept_downstream
-from service.runtime.unknown_fields import UnknownFields
+from service.runtime.intake import UnknownFields, accept_downstream
 from tests.runtime.test_accept import JOB, envelope
 
-LOGGER = "service.runtime.unknown_fields"
+LOGGER = "service.runtime.intake"
 
 
 def told(caplog: pytest.LogCaptureFixture) -> list[str]:

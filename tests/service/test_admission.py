@@ -16,7 +16,7 @@ from tests.wait import wait_until
 
 
 def stored(store: RedisStore, rkey: str) -> bool:
-    return store.load_resource(rkey) is not None
+    return store.states.load_resource(rkey) is not None
 
 
 def reasons(stack: Stack) -> list[str]:
@@ -89,7 +89,7 @@ def test_caps_on_count_per_node_and_namespace_and_on_size(stack: Stack) -> None:
 
         # an update of a kept resource is no new one: taken at the cap
         cloud.downstream("dataset", "insert", dataset("d1", data, pad=3000))
-        wait_until(lambda: b"xxxx" in (store.load_resource(dataset_key(NS, "d1")) or b""),
+        wait_until(lambda: b"xxxx" in (store.states.load_resource(dataset_key(NS, "d1")) or b""),
                    10, "the update of d1")  # fmt: skip
         # but not beyond the size cap
         cloud.downstream("dataset", "insert", dataset("d1", data, pad=5000))

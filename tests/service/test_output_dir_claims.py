@@ -33,7 +33,7 @@ def test_an_output_dir_belongs_to_one_job_at_a_time(stack: Stack) -> None:
                           job_key("team-c", "gamma"))  # fmt: skip
 
     def exists(rkey: str) -> bool:
-        return store.load([rkey])[rkey] is not None
+        return store.states.load([rkey])[rkey] is not None
 
     try:
         cloud.downstream("lifelonglearningjob", "insert", job_in("default", "alpha", shared))

@@ -13,7 +13,7 @@ import pytest
 from service import schemas, wire
 from service.core.events import RollbackRequested
 from service.errors import InvalidMessage
-from service.runtime.accept import accept_downstream
+from service.runtime.intake import accept_downstream
 from service.wire import Condition, job_spec
 from tests.wire.test_messages import JOB
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from service import wire
 from service.core import reports
 from service.errors import InvalidMessage
-from service.runtime.accept import worker_event
+from service.runtime.intake import worker_event
 from service.wire import (
     DatasetDelete,
     DatasetInsert,

@@ -14,7 +14,7 @@ import pytest
 from service import wire
 from service.core.events import OwnerReported, ResourceApplied, ResourceDeleted, WorkerReported
 from service.errors import InvalidMessage
-from service.runtime.accept import accept_downstream, accept_report
+from service.runtime.intake import accept_downstream, accept_report
 from service.wire.base import MAX_TEMPLATE_BYTES
 from tests.sedna_kinds import FEDERATED_LEARNING, FL_REPORT, JI_REPORT, JOINT_INFERENCE, MODELS
 from tests.wire.test_messages import WORKER

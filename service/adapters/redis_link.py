@@ -1,4 +1,6 @@
-"""How the store's commands reach Redis: one server (direct or through Sentinel) or a Cluster.
+"""The link the store's commands travel on: commands and Lua script calls sent to one
+server (direct or through Sentinel) or a Cluster in one round trip, replica confirmations
+attached, library errors translated.
 
 Every store operation is a list of commands sent in one pipelined exchange, here rather than
 through redis-py's pipelines because two things the store needs are out of their reach:
@@ -11,8 +13,15 @@ through redis-py's pipelines because two things the store needs are out of their
   caller decides (the runtime retries whole operations, knowing which are idempotent).
 
 Replies come back as Redis sent them (RESP2, no redis-py response callbacks) with error
-replies as values; connection failures are raised as redis-py's errors, which the store
+replies as values; connection failures are raised as redis-py's errors, which `Commands`
 translates. A link never retries.
+
+Opening a link (`open_link`): every new connection, its handshake done, loads the store's
+scripts before it is used, so EVALSHA works on a fresh or restarted Redis, a promoted
+replica or a Cluster node. Should they still be missing (``SCRIPT FLUSH``) they are loaded
+again and the refused calls retried once. Errors leave as the service's: connection-level
+failures, a topology in motion and unconfirmed writes as ``StoreUnavailable``, a fenced
+script as ``LeaseLost``, anything else as ``PermanentError``.
 
 (The ``type: ignore`` comments below answer the type stubs, which describe redis-py 4 where
 the installed library is newer: ``get_connection()`` without arguments, packed bytes.)
@@ -21,25 +30,35 @@ the installed library is newer: ``get_connection()`` without arguments, packed b
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Protocol
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import Connection, ConnectionPool
 from redis.exceptions import (
     AskError,
     ClusterDownError,
     MovedError,
+    NoScriptError,
     RedisClusterException,
     ResponseError,
     TryAgainError,
 )
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-log = logging.getLogger("service.adapters.redis_links")
+from service.errors import LeaseLost, PermanentError, StoreUnavailable
+from service.keys import Keys
+from service.urls import RedisTarget
+
+log = logging.getLogger(__name__)
 
 Arg = bytes | str | int | float
 #: Replies that mean the cluster's slot map changed under us: the exchange is reported as
@@ -344,3 +363,283 @@ def _node_for(cluster: RedisCluster[bytes], slot: int | None) -> ClusterNode:
     if not isinstance(found, ClusterNode):
         raise RedisClusterException(f"no node serves slot {slot}")
     return found
+
+
+HEALTH_CHECK_INTERVAL_S = 30
+#: What a new connection is handed to before it is used.
+_Loader = Callable[[Connection], None]
+
+
+def open_link(
+    target: RedisTarget,
+    barrier: Callable[[str], str],
+    socket_timeout_s: float,
+    scripts: Collection[Lua],
+) -> Link:
+    """The link to ``target``; ``barrier``: the barrier key of a key's hash slot."""
+    timeouts: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": socket_timeout_s,
+    }
+    load_on = _script_loader(scripts)
+    if target.topology == "single":
+        return _single(target, barrier, timeouts, load_on)
+    if target.topology == "sentinel":
+        return _sentinel(target, barrier, timeouts, load_on)
+    return _cluster(target, barrier, timeouts, load_on)
+
+
+def _single(
+    target: RedisTarget, barrier: Callable[[str], str], timeouts: dict[str, Any], load_on: _Loader
+) -> Link:
+    pool = redis.ConnectionPool.from_url(
+        target.url,
+        protocol=2,  # pinned: the reply shapes the store reads are RESP2's
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        retry=_no_retry(),
+        redis_connect_func=_handshake_then(load_on),
+        **timeouts,
+    )
+    return SingleLink(pool, barrier)
+
+
+def _sentinel(
+    target: RedisTarget, barrier: Callable[[str], str], timeouts: dict[str, Any], load_on: _Loader
+) -> Link:
+    tls = _tls_kwargs(target)
+    # the URL's credentials are the data nodes'; sentinels are asked without them
+    sentinel = Sentinel(list(target.hosts), sentinel_kwargs={**timeouts, **tls})
+    master = sentinel.master_for(
+        target.master,
+        db=target.db,
+        protocol=2,
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        retry=_no_retry(),
+        redis_connect_func=_handshake_then(load_on),
+        username=target.username,
+        password=target.password,
+        **timeouts,
+        **tls,
+    )
+    close = sentinel.close  # type: ignore[attr-defined]  # (stubs predate it)
+    return SingleLink(master.connection_pool, barrier, close)
+
+
+def _cluster(
+    target: RedisTarget, barrier: Callable[[str], str], timeouts: dict[str, Any], load_on: _Loader
+) -> Link:
+    tls = _tls_kwargs(target)
+
+    def make() -> RedisCluster[bytes]:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],
+            retry=_no_retry(),
+            protocol=2,
+            redis_connect_func=load_on,  # the cluster client does the handshake
+            username=target.username,
+            password=target.password,
+            **timeouts,
+            **tls,
+        )
+
+    return ClusterLink(make, barrier)
+
+
+def _handshake_then(load_on: _Loader) -> _Loader:
+    """Handshake, then load every script."""
+
+    def on_connect(connection: Connection) -> None:
+        connection.on_connect()
+        load_on(connection)
+
+    return on_connect
+
+
+def _script_loader(scripts: Collection[Lua]) -> _Loader:
+    """Loads every script on a connection, sent back to back: one round trip."""
+
+    def load_on(connection: Connection) -> None:
+        for script in scripts:
+            connection.send_command("SCRIPT", "LOAD", script.text)
+        for _ in scripts:
+            connection.read_response()
+
+    return load_on
+
+
+def _no_retry() -> Retry:
+    """No retries: a retried EVALSHA after a timeout could apply twice; the runtime retries
+    whole operations above the store."""
+    return Retry(NoBackoff(), 0)
+
+
+def _tls_kwargs(target: RedisTarget) -> dict[str, Any]:
+    """redis-py's TLS arguments for a Sentinel or Cluster target (none without TLS)."""
+    if not target.tls:
+        return {}
+    return {"ssl": True, **dict(target.tls_options)}
+
+
+# Error replies that mean "the server cannot serve right now", not "the request is wrong".
+_TRANSIENT_REPLIES = (
+    "LOADING",
+    "READONLY",
+    "OOM",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "NOREPLICAS",
+)
+#: The scripts in ``redis_scripts/`` beside this module, ``<name>.lua`` each.
+SCRIPT_NAMES = (
+    "commit",
+    "append_ingress",
+    "fire_timers",
+    "complete_effect",
+    "acquire",
+    "renew",
+    "release",
+    "quarantine",
+    "claim",
+)
+
+
+@dataclass(frozen=True)
+class Lua:
+    """A script from ``<name>.lua`` and its SHA1, for EVALSHA.
+
+    Not redis-py's ``Script``: calling one inside a pipeline costs an extra SCRIPT EXISTS
+    round trip per execute, which the hot path cannot afford.
+    """
+
+    name: str
+    text: str
+    sha: str
+
+    @classmethod
+    def named(cls, name: str) -> Lua:
+        text = resources.files(__package__).joinpath("redis_scripts", f"{name}.lua").read_text()
+        return cls(name, text, hashlib.sha1(text.encode()).hexdigest())
+
+
+def load_scripts() -> dict[str, Lua]:
+    """Every script of the store, by name."""
+    return {name: Lua.named(name) for name in SCRIPT_NAMES}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One EVALSHA: a script with its keys and arguments (routed by its first key, every
+    key of a call being in one hash slot)."""
+
+    script: Lua
+    keys: tuple[str, ...]
+    args: tuple[bytes | str | int, ...]
+
+    def routed(self) -> Routed:
+        return Routed(
+            self.keys[0], ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        )
+
+
+@contextlib.contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Translate redis-py errors into the service's at the adapter boundary."""
+    try:
+        yield
+    except NotReplicated as e:
+        raise StoreUnavailable(f"redis {what}: written, but {e}") from e
+    except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as e:
+        raise StoreUnavailable(f"redis {what}: {e}") from e
+    except ResponseError as e:
+        if str(e).startswith(_TRANSIENT_REPLIES):
+            raise StoreUnavailable(f"redis {what}: {e}") from e
+        raise PermanentError(f"redis {what}: {e}") from e
+    except redis.RedisError as e:
+        raise PermanentError(f"redis {what}: {e}") from e
+
+
+def checked(result: Any) -> Any:
+    """A reply, or its error raised (a fenced script as ``LeaseLost``)."""
+    if isinstance(result, ResponseError):
+        if str(result).startswith("FENCED"):
+            raise LeaseLost(str(result))
+        raise result
+    return result
+
+
+def as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def field_map(flat: list[bytes] | None) -> dict[bytes, bytes]:
+    """A field/value list as Redis sends it (a stream entry, HGETALL) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+
+
+class Commands:
+    """The store's one way to Redis: its link, its keys, its scripts and the confirmations
+    its writes (``confirm``) and its reads about to be acted on (``barrier``) wait for."""
+
+    def __init__(
+        self, link: Link, keys: Keys, scripts: Mapping[str, Lua], replicas: int, wait_ms: int
+    ) -> None:
+        self.link = link
+        self.keys = keys
+        self._scripts = scripts
+        self.confirm = Confirm(replicas, wait_ms) if replicas > 0 else None
+        self.barrier = Confirm(replicas, wait_ms, barrier=True) if replicas > 0 else None
+
+    def call(self, script: str, keys: tuple[str, ...], args: tuple[bytes | str | int, ...]) -> Call:
+        """A call of the script named ``script``."""
+        return Call(self._scripts[script], keys, args)
+
+    def run(
+        self,
+        commands: Sequence[Routed],
+        *,
+        what: str,
+        atomic: bool = False,
+        confirm: Confirm | None = None,
+    ) -> list[Any]:
+        """Commands in one round trip; replies as Redis sent them, error replies raised."""
+        with store_errors(what):
+            return [checked(r) for r in self.link.run(commands, atomic=atomic, confirm=confirm)]
+
+    def eval(
+        self, calls: Sequence[Call], *, what: str, confirm: Confirm | None = None
+    ) -> list[Any]:
+        """Run scripts in one round trip; the first error reply is raised (fenced: LeaseLost)."""
+        with store_errors(what):
+            return [checked(r) for r in self.eval_raw(calls, what=what, confirm=confirm)]
+
+    def eval_raw(
+        self,
+        calls: Sequence[Call],
+        *,
+        what: str,
+        atomic: bool = False,
+        confirm: Confirm | None = None,
+    ) -> list[Any]:
+        """Run scripts in one round trip, replies as they came (errors as values); reload and
+        retry once the calls refused NOSCRIPT."""
+        with store_errors(what):
+            routed = [call.routed() for call in calls]
+            results = self.link.run(routed, atomic=atomic, confirm=confirm)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:
+                self.link.load_scripts([s.text for s in self._scripts.values()])
+                retried = self.link.run(
+                    [routed[i] for i in missing], atomic=atomic, confirm=confirm
+                )
+                for i, result in zip(missing, retried, strict=True):
+                    results[i] = result
+            return results
+
+    def ping(self) -> bool:
+        """Whether Redis answers now (for readiness), never raising."""
+        try:
+            self.run([Routed(None, ("PING",))], what="ping")
+        except (StoreUnavailable, PermanentError):
+            return False
+        return True
