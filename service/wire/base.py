@@ -22,6 +22,29 @@ import numpy as np
 
 from service.errors import InvalidMessage, RejectCode
 
+__all__ = [
+    "MAX_ANNOTATIONS_BYTES",
+    "MAX_CONTAINERS",
+    "MAX_METRIC_VALUES",
+    "MAX_NESTING_DEPTH",
+    "MAX_OWNER_INFO_BYTES",
+    "MAX_OWNER_INFO_DEPTH",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_RESULTS",
+    "MAX_RESULT_DEPTH",
+    "MAX_TEMPLATE_BYTES",
+    "MAX_TEMPLATE_DEPTH",
+    "MAX_URL_CHARS",
+    "MAX_VALUES",
+    "REJECTION_PAYLOAD_BYTES",
+    "Shape",
+    "canonical",
+    "check_shape",
+    "decode_json_object",
+    "encode",
+    "shape",
+]
+
 
 class Wire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
     """Shared config: immutable, keyword-only, camelCase on the wire, defaults left out."""

@@ -13,6 +13,11 @@ from service.errors import InvalidMessage
 from service.wire.fields import invalid
 from service.wire.resources import CREDENTIAL_ANNOTATION, ObjectMeta
 
+__all__ = [
+    "S3Credential",
+    "credential_of",
+]
+
 
 @dataclass(frozen=True, slots=True, repr=False)
 class S3Credential:

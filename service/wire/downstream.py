@@ -57,6 +57,28 @@ from service.wire.resources import (
     ObjectMeta,
 )
 
+__all__ = [
+    "DatasetDelete",
+    "DatasetInsert",
+    "Downstream",
+    "JobDelete",
+    "JobInsert",
+    "JobRollback",
+    "Resource",
+    "ResourceDelete",
+    "ResourceInsert",
+    "RollbackContent",
+    "StoredResource",
+    "UnknownField",
+    "decode_dataset",
+    "decode_envelope",
+    "decode_job",
+    "decode_resource",
+    "decode_stored",
+    "unknown_fields",
+    "unknown_spec_fields",
+]
+
 
 class DatasetInsert(msgspec.Struct, frozen=True, kw_only=True):
     """A dataset was created or re-sent; `raw` is its canonical JSON (sorted keys)."""

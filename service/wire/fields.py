@@ -14,6 +14,35 @@ import msgspec
 from service.errors import InvalidMessage
 from service.wire.base import MAX_URL_CHARS
 
+__all__ = [
+    "CLOCK_TIME_PATTERN",
+    "DATASET_FORMAT_PATTERN",
+    "DNS_LABEL_PATTERN",
+    "DNS_SUBDOMAIN_PATTERN",
+    "LIFELONG_KIND_PATTERN",
+    "METRIC_PATTERN",
+    "NUMERIC_STRING_PATTERN",
+    "OWNER_KINDS",
+    "OWNER_KIND_PATTERN",
+    "STORAGE_URL_PATTERN",
+    "ClockTime",
+    "Count",
+    "DatasetFormat",
+    "DnsLabel",
+    "DnsSubdomain",
+    "JsonObject",
+    "MetricName",
+    "NumericString",
+    "Operator",
+    "OwnerKind",
+    "PeriodSeconds",
+    "Probability",
+    "ReportedStatus",
+    "StorageUrl",
+    "WorkerKind",
+    "WorkerStatus",
+]
+
 # Python's `$` also matches before one final newline, ECMA's (JSON Schema's) does not; the
 # lookahead makes both dialects agree that "name\n" is not a name.
 _END = r"$(?!\n)"

@@ -38,6 +38,42 @@ from service.wire.fields import (
     invalid,
 )
 
+__all__ = [
+    "CREDENTIAL_ANNOTATION",
+    "DEPLOY_TRIGGER_ANNOTATION",
+    "MAX_TRIGGER_ANNOTATION_BYTES",
+    "MINUTES_PER_DAY",
+    "SEDNA_API_VERSION",
+    "Condition",
+    "Dataset",
+    "DatasetSpec",
+    "DeploySpec",
+    "DeployTrigger",
+    "Envelope",
+    "EvalSpec",
+    "FederatedLearningJob",
+    "FederatedLearningJobSpec",
+    "Header",
+    "JobCondition",
+    "JobDatasetRef",
+    "JobResourceStatus",
+    "JobSpec",
+    "JointInferenceService",
+    "JointInferenceServiceSpec",
+    "LifelongLearningJob",
+    "LifelongLearningJobSpec",
+    "ModelResource",
+    "ModelSpec",
+    "ObjectMeta",
+    "Timer",
+    "TrainSpec",
+    "Trigger",
+    "gate_spec",
+    "job_gate",
+    "job_spec",
+    "parse_hhmm",
+]
+
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
 #: The deploy gate of a job, as an annotation (`{"condition": {operator, threshold, metric}}`,
 #: JSON or YAML): Sedna's CRD and its GM drop `deploySpec.trigger`, annotations reach the node.

@@ -16,6 +16,24 @@ from service.wire.base import REJECTION_PAYLOAD_BYTES, Wire
 from service.wire.fields import Count, JsonObject, ReportedStatus, WorkerKind, WorkerStatus
 from service.wire.resources import Header
 
+__all__ = [
+    "DatasetStatus",
+    "GateResult",
+    "JobInput",
+    "JobOutput",
+    "JobStatus",
+    "ModelRef",
+    "Presence",
+    "PresenceState",
+    "Rejection",
+    "ReportOutput",
+    "ReportStatus",
+    "RollbackResult",
+    "UpstreamEnvelope",
+    "make_rejection",
+    "rfc3339_utc",
+]
+
 
 class ModelRef(Wire, frozen=True, kw_only=True):
     """A model handed to a worker as input."""

@@ -33,6 +33,13 @@ from service.wire.fields import (
     invalid,
 )
 
+__all__ = [
+    "STATUS_OPTIONAL_KIND",
+    "Model",
+    "WorkerMessage",
+    "decode_worker_message",
+]
+
 
 class Model(Wire, frozen=True, kw_only=True):
     """One model a worker reports; only built from results that pass `usable_models`."""
