@@ -193,7 +193,7 @@ encode_state = _states.encode
 
 
 def decode_state(data: bytes) -> State:
-    """A stored state. A job's stored before its spec was the wire's own (`_SpecBefore`) is
+    """A stored state. A job's stored before its spec was the wire's own (`SpecBefore`) is
     read in that form and given the spec it stands for."""
     try:
         return _states.decode(data)
@@ -231,8 +231,9 @@ class _GateBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     metric: str
 
 
-class _SpecBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A job's spec as job states stored it before it was the wire's `JobSpec`."""
+class SpecBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A job's spec as job states (and job inserts in the ingress streams) held it before it
+    was the wire's `JobSpec`; `now()` is the spec it stands for."""
 
     dataset: str
     train_prob: float
@@ -254,7 +255,7 @@ def _condition(rule: _TriggerBefore | _GateBefore | None) -> Condition | None:
 
 
 class _JobBefore(JobState, frozen=True, kw_only=True, tag="job"):
-    spec: _SpecBefore  # type: ignore[assignment]
+    spec: SpecBefore  # type: ignore[assignment]
 
 
 _job_before = msgspec.msgpack.Decoder(_JobBefore).decode

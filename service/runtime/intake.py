@@ -85,7 +85,7 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.paths import DataRoots
-from service.core.state import GmView, ModelInfo, decode_state
+from service.core.state import GmView, ModelInfo, SpecBefore, decode_state
 from service.errors import InvalidMessage, StoreUnavailable
 from service.heartbeat import Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
@@ -227,7 +227,31 @@ def encode_accepted(accepted: Accepted) -> bytes:
 
 
 def decode_accepted(data: bytes) -> Accepted:
-    return _decoder.decode(data)
+    """An accepted event from a shard's ingress stream. A job insert an older replica took in,
+    before a job's spec was the wire's own, is read in that form and given the spec it stands
+    for, so an upgrade loses none waiting in the streams."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as error:
+        try:
+            before = _decode_before(data)
+        except msgspec.ValidationError:
+            raise error from None
+    event = before.event
+    applied = {name: getattr(event, name) for name in JobApplied.__struct_fields__}
+    accepted = {name: getattr(before, name) for name in Accepted.__struct_fields__}
+    return Accepted(**{**accepted, "event": JobApplied(**{**applied, "spec": event.spec.now()})})
+
+
+class _JobAppliedBefore(JobApplied, frozen=True, kw_only=True, tag="job-applied"):
+    spec: SpecBefore  # type: ignore[assignment]
+
+
+class _AcceptedBefore(Accepted, frozen=True, kw_only=True, omit_defaults=True):
+    event: _JobAppliedBefore
+
+
+_decode_before = msgspec.msgpack.Decoder(_AcceptedBefore).decode
 
 
 def target_of(event: Event) -> str:

@@ -8,13 +8,20 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 
 from service.core import reports
 from service.core.events import JobApplied, WorkerReported
 from service.core.paths import DataRoots
 from service.errors import InvalidMessage
-from service.runtime.intake import accept_downstream, accept_report, target_of, worker_topic_levels
+from service.runtime.intake import (
+    accept_downstream,
+    accept_report,
+    decode_accepted,
+    target_of,
+    worker_topic_levels,
+)
 from service.wire import make_rejection
 
 JOB: dict[str, Any] = {
@@ -214,3 +221,52 @@ def test_paths_within_the_data_roots_and_s3_pass_intake() -> None:
     assert accept_downstream("t", envelope(JOB), 0, data_roots=mounted)
     with pytest.raises(InvalidMessage, match="system directory /etc"):
         accept_downstream("t", dataset_envelope("/etc/shadow"), 0, data_roots=mounted)
+
+
+def test_a_job_insert_an_older_replica_queued_is_read_with_its_spec() -> None:
+    """A rolling upgrade: a job insert taken in before a job's spec was the wire's own sits in
+    an ingress stream in that older layout (spelled out here field by field, as it was
+    written); it is read, not quarantined, and its spec is the one it stood for."""
+    older = msgspec.msgpack.encode(
+        {
+            "event": {
+                "type": "job-applied",
+                "namespace": "default",
+                "name": "j1",
+                "spec": {
+                    "dataset": "ds",
+                    "train_prob": 0.8,
+                    "trigger": {
+                        "check_period_s": 30,
+                        "window": [60, 330],
+                        "operator": ">",
+                        "threshold": 100.0,
+                        "metric": "num_of_samples",
+                    },
+                    "output_dir": "/data/out/j1",
+                    "gate": {"operator": ">", "threshold": 0.01, "metric": "accuracy_delta[0]"},
+                },
+                "digest": "e0c51c88",
+            },
+            "topic": "sedna/edge/downstream",
+            "received_ms": 1_700_000_000_000,
+        }
+    )
+    accepted = decode_accepted(older)
+    event = accepted.event
+    assert isinstance(event, JobApplied)
+    assert (event.name, event.digest, accepted.topic) == ("j1", "e0c51c88", "sedna/edge/downstream")
+    assert event.spec.dataset == "ds" and event.spec.output_dir == "/data/out/j1"
+    trigger = event.spec.trigger
+    assert trigger.check_period_seconds == 30
+    assert trigger.timer is not None and (trigger.timer.start, trigger.timer.end) == (
+        "01:00",
+        "05:30",
+    )
+    assert trigger.condition is not None and trigger.condition.metric == "num_of_samples"
+    assert event.spec.gate is not None and event.spec.gate.metric == "accuracy_delta[0]"
+
+
+def test_an_ingress_entry_of_neither_layout_keeps_its_own_error() -> None:
+    with pytest.raises(msgspec.ValidationError, match="event"):
+        decode_accepted(msgspec.msgpack.encode({"event": {"type": "job-applied", "name": 1}}))
