@@ -1,4 +1,8 @@
-"""Thread heartbeats and the watchdog that reads them: no thread of a replica stalls silently.
+"""Time in a replica: its clock, the thread heartbeats read against it, and the watchdog that
+reads them: no thread of a replica stalls silently.
+
+`Clock` is the one source of time for a replica's collaborators (`SystemClock` in service),
+so tests can move it instead of sleeping.
 
 Each long-lived thread of a replica holds a `Beat` (`Heartbeats.watch`) and beats it every
 time round its loop; every blocking call in such a loop has a timeout well under half the
@@ -28,16 +32,40 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    """Wall time for the lifecycle (timers, windows, periods) and a monotonic time for the
+    replica's own deadlines (lease renewal, sweeps, redelivery timeouts)."""
+
+    def now_ms(self) -> int: ...
+
+    def minute_of_day(self) -> int: ...
+
+    def monotonic_s(self) -> float: ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def minute_of_day(self) -> int:
+        local = time.localtime()
+        return local.tm_hour * 60 + local.tm_min
+
+    def monotonic_s(self) -> float:
+        return time.monotonic()
 
 #: The watchdog looks this many times per stall limit, so a stall is seen within a quarter
 #: of the limit after it began.

@@ -2,6 +2,6 @@
 transition -> commit -> effects -> ack, one collaborator per responsibility, wired by
 `replica.Replica`."""
 
-from service.runtime.replica import Clock, Replica, SystemClock, Tuning
+from service.runtime.replica import Replica, Tuning
 
-__all__ = ["Clock", "Replica", "SystemClock", "Tuning"]
+__all__ = ["Replica", "Tuning"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -61,17 +60,13 @@ from service.errors import (
     StoreUnavailable,
     TransientError,
 )
-from service.heartbeat import Heartbeats, progress
+from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import dataset_key, job_key, parse_rkey, shard_of
 from service.logs import redact
 from service.metrics import Metrics
 from service.runtime.intake import Accepted, encode_accepted
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
-
-if TYPE_CHECKING:
-    from service.runtime.replica import Clock
-
 
 #: How many stale holders one claim takes over before it gives up and names the next.
 _MAX_TAKEOVERS = 8

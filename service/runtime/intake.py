@@ -57,7 +57,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import msgspec
 
@@ -87,7 +87,7 @@ from service.core.events import (
 from service.core.paths import DataRoots
 from service.core.state import GmView, ModelInfo, SpecBefore, decode_state
 from service.errors import InvalidMessage, StoreUnavailable
-from service.heartbeat import Heartbeats, progress
+from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.leases import LeaseKeeper
@@ -95,10 +95,6 @@ from service.runtime.outbox import GmSink
 from service.runtime.rejections import Rejections
 from service.wire import unknown_spec_fields
 from service.wire.workers import STATUS_REQUIRED
-
-if TYPE_CHECKING:
-    from service.runtime.replica import Clock
-
 
 log = logging.getLogger(__name__)
 

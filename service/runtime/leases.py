@@ -29,19 +29,15 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from service import wire
 from service.adapters.mqtt import PublishTicket
 from service.adapters.redis_store import Leases
 from service.config import Config
 from service.errors import StoreUnavailable
+from service.heartbeat import Clock
 from service.keys import NUM_SHARDS
 from service.runtime.rejections import Publisher
-
-if TYPE_CHECKING:
-    from service.runtime.replica import Clock
-
 
 log = logging.getLogger(__name__)
 

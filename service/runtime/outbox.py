@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -42,13 +42,9 @@ from service.config import Config
 from service.core.effects import Forward, Publish
 from service.core.passthrough import gm_accepts
 from service.errors import ServiceError, StoreUnavailable
-from service.heartbeat import Heartbeats, progress
+from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import NUM_SHARDS, parse_rkey
 from service.runtime.rejections import Publisher, Rejections
-
-if TYPE_CHECKING:
-    from service.runtime.replica import Clock
-
 
 log = logging.getLogger(__name__)
 

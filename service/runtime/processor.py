@@ -26,13 +26,13 @@ The stages, in this module's order:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -66,7 +66,7 @@ from service.core.events import Event, JobApplied, Tick
 from service.core.rounds import encode_round
 from service.core.state import DatasetState, JobState, State, decode_state, encode_state
 from service.errors import LeaseLost, RejectCode, StoreUnavailable
-from service.heartbeat import progress
+from service.heartbeat import Clock, progress
 from service.history import HistoryRecord, worth_keeping
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
@@ -84,10 +84,6 @@ from service.runtime.rejections import (
     last_delete,
     rejection_record,
 )
-
-if TYPE_CHECKING:
-    from service.runtime.replica import Clock, DatasetHealth
-
 
 log = logging.getLogger(__name__)
 
@@ -778,3 +774,54 @@ def _remember(states: dict[str, bytes | None], commit: Commit) -> None:
         states[commit.rkey] = None
     elif not commit.keep_state:
         states[commit.rkey] = commit.state
+
+
+class DatasetHealth:
+    """Follows committed dataset states into gauges; used by the processor's thread only."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._shown: dict[str, tuple[str, str]] = {}  # dataset rkey -> (namespace, name)
+
+    def committed(
+        self, rkey: str, state: State | None, unreadable: Sequence[DatasetUnreadable]
+    ) -> None:
+        """A commit of `rkey` applied, leaving `state` (None: deleted)."""
+        for report in unreadable:
+            log.warning(
+                "dataset %s/%s cannot be read: %s",
+                report.namespace,
+                report.name,
+                report.reason,
+                extra={"dataset": f"{report.namespace}/{report.name}"},
+            )
+            labels = {"namespace": report.namespace, "name": report.name}
+            self._metrics.dataset_unreadable_reports.labels(**labels).inc()
+        if parse_rkey(rkey).kind != "dataset":
+            return
+        if not isinstance(state, DatasetState):
+            self._forget(rkey)
+            return
+        labels = {"namespace": state.namespace, "name": state.name}
+        self._shown[rkey] = (state.namespace, state.name)
+        if state.num_samples >= 0:
+            self._metrics.dataset_samples.labels(**labels).set(state.num_samples)
+        if state.unreadable is not None:
+            self._metrics.dataset_unreadable.labels(**labels).set(1)
+        else:
+            with contextlib.suppress(KeyError):
+                self._metrics.dataset_unreadable.remove(state.namespace, state.name)
+
+    def keep_only(self, shards: Collection[int]) -> None:
+        """Drop the gauges of datasets on shards no longer held."""
+        for rkey in [r for r in self._shown if shard_of(r) not in shards]:
+            self._forget(rkey)
+
+    def _forget(self, rkey: str) -> None:
+        """Remove the dataset's series, whether or not this replica showed them (a shard's
+        first commit here may be the dataset's deletion)."""
+        self._shown.pop(rkey, None)
+        key = parse_rkey(rkey)
+        for gauge in (self._metrics.dataset_samples, self._metrics.dataset_unreadable):
+            with contextlib.suppress(KeyError):
+                gauge.remove(key.namespace, key.name)

@@ -1,6 +1,5 @@
 """The composition root: one `Replica` per process builds the adapters, wires the
-collaborators and supervises their threads; with the replica's clock, its durable timers
-and its dataset gauges.
+collaborators and supervises their threads; with the replica's durable timers.
 
     intake    MQTT messages (while holding the ingress lease) -> durable ingress, then ack
     leases    heartbeat, renew, rebalance shards, hold or give up the ingress lease
@@ -12,12 +11,7 @@ and its dataset gauges.
     watchdog  every thread above beats a heartbeat; a silent one is logged with its stack,
               counted, and past the lease fails /healthz and costs the replica its leases
 
-- `Clock` is the one source of time for a replica, so tests can move it instead of
-  sleeping.
-- `DatasetHealth`: what the metrics say about datasets: how many samples each holds and
-  which cannot be read now, for the datasets of the shards this replica holds (a shard's
-  next owner takes over its gauges), and a count of every report of an unreadable dataset.
-- `Timers`: durable timers: due trigger checks and dataset polls move into the ingress
+`Timers`: due trigger checks and dataset polls move into the ingress
   streams.
 
 Nothing here decides anything about a job or a dataset: that is `service.core`.
@@ -25,16 +19,13 @@ Nothing here decides anything about a job or a dataset: that is `service.core`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
 import socket
 import threading
-import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from service.adapters.blobs import BlobStore
 from service.adapters.dataset_sources import DatasetReader
@@ -44,12 +35,10 @@ from service.adapters.mqtt import Inbound, MqttClient, MqttSettings
 from service.adapters.redis_store import Ingress, RedisStore
 from service.adapters.s3 import S3Clients
 from service.config import Config
-from service.core.effects import DatasetUnreadable
 from service.core.lifecycle import transition
-from service.core.state import DatasetState, State
 from service.errors import ServiceError, StoreUnavailable
-from service.heartbeat import Heartbeats
-from service.keys import Keys, parse_rkey, shard_of
+from service.heartbeat import Clock, Heartbeats, SystemClock
+from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner, Executor
 from service.runtime.intake import (
@@ -62,85 +51,10 @@ from service.runtime.intake import (
 )
 from service.runtime.leases import LeaseKeeper, Presence, presence_payload
 from service.runtime.outbox import OutboxPublisher
-from service.runtime.processor import Journal, Processor, Transition
+from service.runtime.processor import DatasetHealth, Journal, Processor, Transition
 from service.runtime.rejections import Rejections
 
-
-class Clock(Protocol):
-    """Wall time for the lifecycle (timers, windows, periods) and a monotonic time for the
-    replica's own deadlines (lease renewal, sweeps, redelivery timeouts)."""
-
-    def now_ms(self) -> int: ...
-
-    def minute_of_day(self) -> int: ...
-
-    def monotonic_s(self) -> float: ...
-
-
-class SystemClock:
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-    def minute_of_day(self) -> int:
-        local = time.localtime()
-        return local.tm_hour * 60 + local.tm_min
-
-    def monotonic_s(self) -> float:
-        return time.monotonic()
-
-
 log = logging.getLogger(__name__)
-
-
-class DatasetHealth:
-    """Follows committed dataset states into gauges; used by the processor's thread only."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        self._shown: dict[str, tuple[str, str]] = {}  # dataset rkey -> (namespace, name)
-
-    def committed(
-        self, rkey: str, state: State | None, unreadable: Sequence[DatasetUnreadable]
-    ) -> None:
-        """A commit of `rkey` applied, leaving `state` (None: deleted)."""
-        for report in unreadable:
-            log.warning(
-                "dataset %s/%s cannot be read: %s",
-                report.namespace,
-                report.name,
-                report.reason,
-                extra={"dataset": f"{report.namespace}/{report.name}"},
-            )
-            labels = {"namespace": report.namespace, "name": report.name}
-            self._metrics.dataset_unreadable_reports.labels(**labels).inc()
-        if parse_rkey(rkey).kind != "dataset":
-            return
-        if not isinstance(state, DatasetState):
-            self._forget(rkey)
-            return
-        labels = {"namespace": state.namespace, "name": state.name}
-        self._shown[rkey] = (state.namespace, state.name)
-        if state.num_samples >= 0:
-            self._metrics.dataset_samples.labels(**labels).set(state.num_samples)
-        if state.unreadable is not None:
-            self._metrics.dataset_unreadable.labels(**labels).set(1)
-        else:
-            with contextlib.suppress(KeyError):
-                self._metrics.dataset_unreadable.remove(state.namespace, state.name)
-
-    def keep_only(self, shards: Collection[int]) -> None:
-        """Drop the gauges of datasets on shards no longer held."""
-        for rkey in [r for r in self._shown if shard_of(r) not in shards]:
-            self._forget(rkey)
-
-    def _forget(self, rkey: str) -> None:
-        """Remove the dataset's series, whether or not this replica showed them (a shard's
-        first commit here may be the dataset's deletion)."""
-        self._shown.pop(rkey, None)
-        key = parse_rkey(rkey)
-        for gauge in (self._metrics.dataset_samples, self._metrics.dataset_unreadable):
-            with contextlib.suppress(KeyError):
-                gauge.remove(key.namespace, key.name)
 
 
 #: How often the owned shards' timer sets are checked.

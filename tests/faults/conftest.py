@@ -23,9 +23,10 @@ from service.config import Config
 from service.core.lifecycle import transition
 from service.core.state import JobState, decode_state
 from service.embedded.processes import Server, free_port, wait_port
+from service.heartbeat import Clock
 from service.history import decode_records
 from service.keys import NUM_SHARDS, Keys, job_key
-from service.runtime import Clock, Replica, Tuning
+from service.runtime import Replica, Tuning
 from service.runtime.processor import Transition
 from tests.harness import NODE, Cloud, Controller, lines, model_file, samples_file, wait_ingress
 from tests.servers import pipe, redis_server

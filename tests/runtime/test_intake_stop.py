@@ -10,10 +10,10 @@ from typing import Any, cast
 from service.adapters.mqtt import Inbound, MqttClient
 from service.adapters.redis_store import Ingress
 from service.config import Config
+from service.heartbeat import SystemClock
 from service.runtime.intake import Admission, Intake
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
-from service.runtime.replica import SystemClock
 from tests.wait import wait_until
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from service.adapters.redis_store import Leases, RedisStore
 from service.errors import StoreUnavailable
+from service.heartbeat import SystemClock
 from service.keys import Keys
 from service.runtime.leases import LeaseKeeper, fair_share, plan
-from service.runtime.replica import SystemClock
 from tests.servers import Server
 from tests.wait import wait_until
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 
 from service.adapters.mqtt import MqttClient, MqttSettings, PublishTicket
 from service.adapters.redis_store import Commit, OutboxEntry, Outboxes, Records, RedisStore
+from service.heartbeat import SystemClock
 from service.keys import Keys, rkey, shard_of
 from service.metrics import Metrics
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.rejections import Publisher, Rejections
-from service.runtime.replica import SystemClock
 from tests.servers import Server
 
 JOB = rkey("job", "default", "outbox-job")

@@ -7,8 +7,7 @@ from service.core.state import DatasetState
 from service.history import HistoryRecord
 from service.keys import dataset_key, shard_of
 from service.metrics import Metrics
-from service.runtime.processor import Journal
-from service.runtime.replica import DatasetHealth
+from service.runtime.processor import DatasetHealth, Journal
 
 RKEY = dataset_key("default", "ds")
 STATE = DatasetState(
