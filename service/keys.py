@@ -102,6 +102,15 @@ def parse_rkey(text: str) -> ResourceKey:
     raise ValueError(f"unknown resource kind in {text!r}")
 
 
+def rkey_path(text: str) -> str:
+    """``<namespace>/<name>`` of a resource key, as logs and the CLI show it (the key as it
+    is, should it not parse)."""
+    try:
+        return parse_rkey(text).path
+    except ValueError:
+        return text
+
+
 def shard_of(resource_key: str) -> int:
     """The shard that owns a resource key: stable across processes and versions."""
     return zlib.crc32(resource_key.encode()) % NUM_SHARDS

@@ -159,14 +159,23 @@ class Quarantine:
 CLUSTER_BLOCK_MS = 50
 
 
-class Ingress:
-    """Appends to, reads and fires timers into the shards' ingress streams."""
+class _StreamReads:
+    """What the readers of the shards' streams share: the commands, and what bounds a
+    blocking read (on a Cluster one read cannot span shards; a block must end within the
+    socket timeout)."""
 
     def __init__(self, redis: Commands, *, cluster: bool, socket_timeout_s: float) -> None:
         self._redis = redis
         self.keys = redis.keys
         self._cluster = cluster
         self._socket_timeout_s = socket_timeout_s
+
+
+class Ingress(_StreamReads):
+    """Appends to, reads and fires timers into the shards' ingress streams."""
+
+    def __init__(self, redis: Commands, *, cluster: bool, socket_timeout_s: float) -> None:
+        super().__init__(redis, cluster=cluster, socket_timeout_s=socket_timeout_s)
         self._rotation = 0
 
     def ensure_groups(self) -> None:
@@ -540,14 +549,8 @@ def _outcome(results: list[Any], firsts: list[int]) -> list[list[str]] | LeaseLo
     return [[as_str(i) for i in replies[f]] if isinstance(replies[f], list) else [] for f in firsts]
 
 
-class Outboxes:
+class Outboxes(_StreamReads):
     """The outbox, the GM outbox and the effect intents of every shard."""
-
-    def __init__(self, redis: Commands, *, cluster: bool, socket_timeout_s: float) -> None:
-        self._redis = redis
-        self.keys = redis.keys
-        self._cluster = cluster
-        self._socket_timeout_s = socket_timeout_s
 
     def outbox_read(
         self,

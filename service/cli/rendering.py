@@ -32,7 +32,7 @@ from service.core.gate import DELTA_SUFFIX, Metrics
 from service.core.rounds import RoundRecord
 from service.core.state import DatasetState, JobState, ModelRef, ResourceState
 from service.history import HistoryRecord, last_change_ms
-from service.keys import parse_rkey
+from service.keys import rkey_path
 from service.logs import escape_controls, redact
 from service.runtime.intake import GmLinkRecord
 from service.wire import LifelongLearningJob, StoredResource, rfc3339_utc
@@ -305,7 +305,7 @@ def describe_dataset(
     """`describe dataset`: source, whether it can be read, sample count, the jobs using it."""
     changed = last_change_ms(records)
     since = "-" if changed is None else f"{format_age(now_ms - changed)} ago"
-    jobs = ", ".join(_key_path(u) for u in users) or "-"
+    jobs = ", ".join(rkey_path(u) for u in users) or "-"
     return [
         _field("Name", state.name),
         _field("Namespace", state.namespace),
@@ -415,14 +415,6 @@ def _pod_line(template: dict[str, Any]) -> str:
     images = [c.get("image") for c in pod.get("containers") or [] if isinstance(c, dict)]
     named = ", ".join(i for i in images if isinstance(i, str)) or "-"
     return f"node {node if isinstance(node, str) and node else '-'}; image {named}"
-
-
-def _key_path(resource_key: str) -> str:
-    """`namespace/name` of a resource key (the key as it is, should it not parse)."""
-    try:
-        return parse_rkey(resource_key).path
-    except ValueError:
-        return resource_key
 
 
 def history_lines(records: Sequence[HistoryRecord], now_ms: int) -> list[str]:

@@ -61,7 +61,7 @@ from service.errors import (
     TransientError,
 )
 from service.heartbeat import Clock, Heartbeats, progress
-from service.keys import dataset_key, job_key, parse_rkey, shard_of
+from service.keys import dataset_key, job_key, parse_rkey, rkey_path, shard_of
 from service.logs import redact
 from service.metrics import Metrics
 from service.runtime.intake import Accepted, encode_accepted
@@ -111,20 +111,13 @@ class OutputDirs:
     def _described(self, directory: str, holder: str, held: str) -> str:
         """The holder as `namespace/name`, and how its outputDir meets this one when it is
         not the same directory (paths as workers see them)."""
-        name = _named(holder)
+        name = rkey_path(holder)
         if held == directory:
             return name
         shown = paths.trim_prefix(self._prefix, held)
         if paths.is_beneath(directory, held):
             return f"{name}, whose outputDir {shown} contains it"
         return f"{name}, whose outputDir {shown} lies inside it"
-
-
-def _named(rkey: str) -> str:
-    try:
-        return parse_rkey(rkey).path
-    except ValueError:
-        return rkey
 
 
 log = logging.getLogger(__name__)

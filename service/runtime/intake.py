@@ -149,7 +149,6 @@ class GmBridge:
         heartbeats: Heartbeats,
         settings: GmLinkSettings | None = None,
     ) -> None:
-        self._address = address
         self._replica = replica
         self._leases = leases
         self._inbound = inbound

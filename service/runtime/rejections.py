@@ -145,11 +145,11 @@ class Rejections:
         errors_topic: str,
         metrics: Metrics,
     ) -> None:
+        self._log = LogLimiter()
         self._dead_letters = dead_letters
         self._publisher = publisher
         self._errors_topic = errors_topic
         self._metrics = metrics
-        self._log = LogLimiter()
 
     def flush_log(self) -> None:
         """Log the "N more like this" lines that are due (`LogLimiter.flush`)."""

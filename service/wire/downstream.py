@@ -80,40 +80,43 @@ __all__ = [
 ]
 
 
-class DatasetInsert(msgspec.Struct, frozen=True, kw_only=True):
+class _Insert(msgspec.Struct, frozen=True, kw_only=True):
+    """A resource was created or re-sent: the decoded resource, and `raw`, its canonical
+    JSON (sorted keys)."""
+
+    raw: bytes
+
+    def __repr__(self) -> str:
+        """Leave `raw` out: it may hold the credential annotation."""
+        shown = [f"{f}={getattr(self, f)!r}" for f in self.__struct_fields__ if f != "raw"]
+        return f"{type(self).__name__}({', '.join(shown)}, raw=<{len(self.raw)} bytes>)"
+
+
+class _Delete(msgspec.Struct, frozen=True, kw_only=True):
+    """A resource was deleted: its namespace and name."""
+
+    namespace: str
+    name: str
+
+
+class DatasetInsert(_Insert, frozen=True, kw_only=True):
     """A dataset was created or re-sent; `raw` is its canonical JSON (sorted keys)."""
 
     dataset: Dataset
-    raw: bytes
-
-    def __repr__(self) -> str:
-        """Leave `raw` out: it may hold the credential annotation."""
-        return f"DatasetInsert(dataset={self.dataset!r}, raw=<{len(self.raw)} bytes>)"
 
 
-class DatasetDelete(msgspec.Struct, frozen=True, kw_only=True):
+class DatasetDelete(_Delete, frozen=True, kw_only=True):
     """A dataset was deleted."""
 
-    namespace: str
-    name: str
 
-
-class JobInsert(msgspec.Struct, frozen=True, kw_only=True):
+class JobInsert(_Insert, frozen=True, kw_only=True):
     """A job was created, updated or re-sent; `raw` is its canonical JSON (sorted keys)."""
 
     job: LifelongLearningJob
-    raw: bytes
-
-    def __repr__(self) -> str:
-        """Leave `raw` out: it may hold the credential annotation."""
-        return f"JobInsert(job={self.job!r}, raw=<{len(self.raw)} bytes>)"
 
 
-class JobDelete(msgspec.Struct, frozen=True, kw_only=True):
+class JobDelete(_Delete, frozen=True, kw_only=True):
     """A job was deleted."""
-
-    namespace: str
-    name: str
 
 
 class RollbackContent(Wire, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -137,21 +140,16 @@ StoredResource = ModelResource | JointInferenceService | FederatedLearningJob
 Resource = Dataset | LifelongLearningJob | StoredResource
 
 
-class ResourceInsert(msgspec.Struct, frozen=True, kw_only=True):
+class ResourceInsert(_Insert, frozen=True, kw_only=True):
     """A Model, joint-inference service or federated-learning job was created or re-sent;
     `raw` is its canonical JSON (sorted keys, without the status Sedna's GM sends)."""
 
     resource: StoredResource
-    raw: bytes
 
     @property
     def kind(self) -> str:
         """The resource's kind as an envelope header carries it (`model`, ...)."""
         return self.resource.kind.lower()
-
-    def __repr__(self) -> str:
-        """Leave `raw` out: it may hold the credential annotation."""
-        return f"ResourceInsert(resource={self.resource!r}, raw=<{len(self.raw)} bytes>)"
 
 
 class ResourceDelete(msgspec.Struct, frozen=True, kw_only=True):
