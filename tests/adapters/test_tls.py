@@ -205,16 +205,10 @@ def tls_servers(tmp_path: Path) -> Iterator[TlsServers]:
 
 @dataclass
 class TlsStack(Stack):
-    mqtt: str = ""
-    store: str = ""
+    """A stack whose URLs are given (with their TLS options) rather than derived."""
 
-    @property
-    def mqtt_url(self) -> str:
-        return self.mqtt
-
-    @property
-    def redis_url(self) -> str:
-        return self.store
+    mqtt_url: str = ""
+    redis_url: str = ""
 
 
 # ------------------------------------------------------------------------------ tests
@@ -234,9 +228,9 @@ def test_round_over_mqtts_and_rediss(tmp_path: Path, tls_servers: TlsServers) ->
         servers.broker,
         servers.redis,
         cloud,
-        mqtt=f"mqtts://lifelong:{servers.passwords['lifelong']}@127.0.0.1:{servers.broker.port}"
+        mqtt_url=f"mqtts://lifelong:{servers.passwords['lifelong']}@127.0.0.1:{servers.broker.port}"
         f"?ca={ca}",
-        store=f"rediss://127.0.0.1:{servers.redis.port}/0?ssl_ca_certs={ca}",
+        redis_url=f"rediss://127.0.0.1:{servers.redis.port}/0?ssl_ca_certs={ca}",
     )
     try:
         data = tmp_path / "data" / "train.txt"
