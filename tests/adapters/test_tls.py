@@ -31,8 +31,6 @@ from service.embedded.processes import Server, find_binary, free_port, redis_ser
 from tests.harness import (
     Cloud,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
     wait_ingress,
     worker_message,
@@ -239,8 +237,8 @@ def test_round_over_mqtts_and_rediss(tmp_path: Path, tls_servers: TlsServers) ->
         out = tmp_path / "out"
         controller = stack.controller()
         wait_ingress(controller, cloud)
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(JOB, DATASET, out)
         ready = cloud.wait_status(JOB, "train", "ready")
         assert ready["content"]["input"]["outputDir"] == f"{out}/train/1"
         assert (out / "data" / "train" / "1" / "data.txt").read_text().splitlines() == lines(0, 8)
