@@ -945,8 +945,8 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
 def test_stop_while_broker_down_ends_retries(
     mosquitto: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, "service.mqtt")
     changes: list[bool] = []
+    caplog.set_level(logging.DEBUG, "service.mqtt")
     client = MqttClient(
         MqttSettings(
             url=url_of(mosquitto),
