@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
 import pytest
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 
 from tests import rabbitmq
 from tests.servers import (
-    ClusterTopology,
-    SentinelTopology,
     Server,
     cluster_topology,
     mosquitto_server,
@@ -29,31 +28,25 @@ from tests.servers import (
 )
 from tests.stack import Stack, stack_on
 
-
-@pytest.fixture
-def mosquitto(tmp_path: Path) -> Iterator[Server]:
-    with running(mosquitto_server(tmp_path / "mosquitto")) as server:
-        yield server
+T = TypeVar("T")
 
 
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[Server]:
-    with running(redis_server(tmp_path / "redis")) as server:
-        yield server
+def per_test(name: str, start: Callable[[Path], AbstractContextManager[T]]) -> Any:
+    """A fixture called `name`: what `start(tmp_path)` runs, stopped when the test ends."""
+
+    def fixture(tmp_path: Path) -> Iterator[T]:
+        with start(tmp_path) as running_thing:
+            yield running_thing
+
+    return pytest.fixture(fixture, name=name)
 
 
-@pytest.fixture
-def sentinel(tmp_path: Path) -> Iterator[SentinelTopology]:
-    """A Redis master and one replica watched by three sentinels (down after 1 s)."""
-    with running_topology(sentinel_topology(tmp_path / "sentinel")) as topology:
-        yield topology
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterTopology]:
-    """A Redis Cluster of three masters with one replica each (node timeout 1 s)."""
-    with running_topology(cluster_topology(tmp_path / "cluster")) as topology:
-        yield topology
+mosquitto = per_test("mosquitto", lambda tmp: running(mosquitto_server(tmp / "mosquitto")))
+redis_proc = per_test("redis_proc", lambda tmp: running(redis_server(tmp / "redis")))
+#: A Redis master and one replica watched by three sentinels (down after 1 s).
+sentinel = per_test("sentinel", lambda tmp: running_topology(sentinel_topology(tmp / "sentinel")))
+#: A Redis Cluster of three masters with one replica each (node timeout 1 s).
+cluster = per_test("cluster", lambda tmp: running_topology(cluster_topology(tmp / "cluster")))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -394,6 +395,20 @@ def http_get(
             return int(e.code), e.read().decode()
     except (urllib.error.URLError, OSError):
         return 0, ""
+
+
+def still_open(client: socket.socket) -> bool:
+    """True while the server has neither answered nor closed this connection."""
+    client.setblocking(False)
+    try:
+        client.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        client.setblocking(True)
+    return False
 
 
 def model_file(path: Path, content: bytes) -> str:

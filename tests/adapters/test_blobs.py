@@ -249,26 +249,19 @@ def test_copy_model_missing_source(
     store: BlobStore, bucket: str, cred: Cred, tmp_path: Path, tmp_dir: Path
 ) -> None:
     dst = tmp_path / "deploy" / "index.pkl"
-    for src, src_cred, output_dir in (
-        (str(tmp_path / "none.pkl"), None, str(tmp_path)),
-        (f"s3://{bucket}/none.pkl", cred, None),
+    for src, src_cred, to, dst_cred, output_dir in (
+        (str(tmp_path / "none.pkl"), None, dst, None, str(tmp_path)),
+        (f"s3://{bucket}/none.pkl", cred, dst, None, None),
+        (f"s3://{bucket}/none.pkl", cred, f"s3://{bucket}/d.pkl", cred, f"s3://{bucket}"),
     ):
         with pytest.raises(PermanentError, match=r"none\.pkl"):
             store.copy_model(
                 src_url=src,
-                dst_url=str(dst),
+                dst_url=str(to),
                 output_dir=output_dir,
                 src_cred=src_cred,
-                dst_cred=None,
+                dst_cred=dst_cred,
             )
-    with pytest.raises(PermanentError, match=r"none\.pkl"):
-        store.copy_model(
-            src_url=f"s3://{bucket}/none.pkl",
-            dst_url=f"s3://{bucket}/d.pkl",
-            output_dir=f"s3://{bucket}",
-            src_cred=cred,
-            dst_cred=cred,
-        )
     assert files_under(dst.parent, tmp_dir) == set()
 
 

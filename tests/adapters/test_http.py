@@ -22,6 +22,7 @@ import requests
 from service.adapters.http_server import HttpServer
 from service.errors import ConfigError
 from service.metrics import Metrics
+from tests.harness import still_open
 from tests.wait import wait_until
 
 TIMEOUT_S = 5.0
@@ -506,18 +507,6 @@ def open_sockets() -> int:
     return count
 
 
-def still_waiting(client: socket.socket) -> bool:
-    """True while the server has neither answered nor closed this connection."""
-    client.setblocking(False)
-    try:
-        client.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
-    finally:
-        client.setblocking(True)
-    return False
-
-
 def test_200_slow_connections_hold_no_thread(make_server: ServerFactory) -> None:
     srv = make_server(
         max_connections=250, max_connections_per_client=250, head_timeout_s=60,
@@ -530,7 +519,7 @@ def test_200_slow_connections_hold_no_thread(make_server: ServerFactory) -> None
         status, body, _ = request(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"))
         assert (status, json.loads(body)["status"]) == (200, 200)
         assert threading.active_count() <= threads_before
-        assert all(still_waiting(client) for client in clients)
+        assert all(still_open(client) for client in clients)
     finally:
         for client in clients:
             client.close()
@@ -652,7 +641,7 @@ def test_one_address_holds_at_most_its_cap_of_connections(make_server: ServerFac
                 "status": 429,
                 "message": f"more than {cap} connections from your address: close one first",
             }
-        assert all(still_waiting(client) for client in held)
+        assert all(still_open(client) for client in held)
         # another address is served meanwhile, and a freed slot takes the next connection
         assert request(srv, "/sedna/workers/w-1/info", "POST", worker_body("w-1"))[0] == 200
         held.pop().close()

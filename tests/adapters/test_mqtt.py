@@ -32,7 +32,7 @@ from service.adapters.mqtt import (
     MqttSettings,
 )
 from service.errors import ConfigError
-from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, running
+from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, pipe, running
 from tests.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -277,8 +277,8 @@ class ConnectProxy:
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             self.sockets.append(upstream)
             upstream.sendall(first)
-            threading.Thread(target=self._pipe, args=(upstream, conn), daemon=True).start()
-            self._pipe(conn, upstream)
+            threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
+            pipe(conn, upstream)
 
     @staticmethod
     def _read_packet(conn: socket.socket) -> bytes:
@@ -291,14 +291,6 @@ class ConnectProxy:
                 raise OSError("closed")
             body += chunk
         return header + body
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager
@@ -953,8 +945,8 @@ def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Serve
 def test_stop_while_broker_down_ends_retries(
     mosquitto: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, "service.mqtt")
     changes: list[bool] = []
+    caplog.set_level(logging.DEBUG, "service.mqtt")
     client = MqttClient(
         MqttSettings(
             url=url_of(mosquitto),

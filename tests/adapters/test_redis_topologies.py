@@ -207,14 +207,30 @@ def test_flushed_scripts_are_reloaded_on_every_cluster_node(
         assert all(isinstance(o, list) for o in outcomes)
 
 
+@contextlib.contextmanager
+def before_a_kill(url: str) -> Iterator[tuple[RedisStore, dict[int, str]]]:
+    """A store on `url` with its groups made, every shard's lease taken and one round trip
+    ("before") on every shard: what a master kill must not lose."""
+    with store_on(url, "kill") as store:
+        store.ingress.ensure_groups()
+        tokens = take_all(store)
+        round_trip_every_shard(store, tokens, "before")
+        yield store, tokens
+
+
+def all_there_after_the_failover(store: RedisStore, tokens: dict[int, str]) -> None:
+    """What was confirmed by a replica before the kill is all there, and every shard takes a
+    round trip again (its scripts loaded on the new master)."""
+    loaded = retried("load", lambda: store.states.load(list(JOBS.values())))
+    assert loaded == {k: b"before-state" for k in JOBS.values()}
+    round_trip_every_shard(store, tokens, "after")
+
+
 @pytest.mark.soak  # make test keeps one failover per kind: faults/test_redis_failover.py
 def test_a_cluster_master_killed_is_an_outage_then_its_replica_serves(
     shared_cluster: ClusterTopology,
 ) -> None:
-    with store_on(shared_cluster.url, "kill") as store:
-        store.ingress.ensure_groups()
-        tokens = take_all(store)
-        round_trip_every_shard(store, tokens, "before")
+    with before_a_kill(shared_cluster.url) as (store, tokens):
         victim = shared_cluster.master_of(store.keys.ingress(4))
         victim.kill()
         with pytest.raises(StoreUnavailable):
@@ -222,20 +238,14 @@ def test_a_cluster_master_killed_is_an_outage_then_its_replica_serves(
         shared_cluster.wait_promoted(victim)
         victim.start()  # back as a replica of the promoted node
         shared_cluster.wait_healthy()
-        # what was confirmed by a replica before the kill is all there
-        loaded = retried("load", lambda: store.states.load(list(JOBS.values())))
-        assert loaded == {k: b"before-state" for k in JOBS.values()}
-        round_trip_every_shard(store, tokens, "after")
+        all_there_after_the_failover(store, tokens)
 
 
 @pytest.mark.soak  # as above
 def test_a_sentinel_master_killed_is_an_outage_then_the_replica_serves(
     shared_sentinel: SentinelTopology,
 ) -> None:
-    with store_on(shared_sentinel.url, "kill") as store:
-        store.ingress.ensure_groups()
-        tokens = take_all(store)
-        round_trip_every_shard(store, tokens, "before")
+    with before_a_kill(shared_sentinel.url) as (store, tokens):
         old = shared_sentinel.master()
         old.kill()
         with pytest.raises(StoreUnavailable):
@@ -243,9 +253,7 @@ def test_a_sentinel_master_killed_is_an_outage_then_the_replica_serves(
         shared_sentinel.wait_promoted(old)
         shared_sentinel.restart_as_replica(old)
         shared_sentinel.wait_synced()
-        loaded = retried("load", lambda: store.states.load(list(JOBS.values())))
-        assert loaded == {k: b"before-state" for k in JOBS.values()}
-        round_trip_every_shard(store, tokens, "after")  # scripts loaded on the new master
+        all_there_after_the_failover(store, tokens)
 
 
 @contextlib.contextmanager

@@ -31,8 +31,6 @@ from service.embedded.processes import Server, find_binary, free_port, redis_ser
 from tests.harness import (
     Cloud,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
     wait_ingress,
     worker_message,
@@ -205,16 +203,10 @@ def tls_servers(tmp_path: Path) -> Iterator[TlsServers]:
 
 @dataclass
 class TlsStack(Stack):
-    mqtt: str = ""
-    store: str = ""
+    """A stack whose URLs are given (with their TLS options) rather than derived."""
 
-    @property
-    def mqtt_url(self) -> str:
-        return self.mqtt
-
-    @property
-    def redis_url(self) -> str:
-        return self.store
+    mqtt_url: str = ""
+    redis_url: str = ""
 
 
 # ------------------------------------------------------------------------------ tests
@@ -234,9 +226,9 @@ def test_round_over_mqtts_and_rediss(tmp_path: Path, tls_servers: TlsServers) ->
         servers.broker,
         servers.redis,
         cloud,
-        mqtt=f"mqtts://lifelong:{servers.passwords['lifelong']}@127.0.0.1:{servers.broker.port}"
+        mqtt_url=f"mqtts://lifelong:{servers.passwords['lifelong']}@127.0.0.1:{servers.broker.port}"
         f"?ca={ca}",
-        store=f"rediss://127.0.0.1:{servers.redis.port}/0?ssl_ca_certs={ca}",
+        redis_url=f"rediss://127.0.0.1:{servers.redis.port}/0?ssl_ca_certs={ca}",
     )
     try:
         data = tmp_path / "data" / "train.txt"
@@ -245,8 +237,8 @@ def test_round_over_mqtts_and_rediss(tmp_path: Path, tls_servers: TlsServers) ->
         out = tmp_path / "out"
         controller = stack.controller()
         wait_ingress(controller, cloud)
-        cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
-        cloud.downstream("lifelonglearningjob", "insert", job_resource(JOB, DATASET, str(out)))
+        cloud.insert_dataset(DATASET, data)
+        cloud.insert_job(JOB, DATASET, out)
         ready = cloud.wait_status(JOB, "train", "ready")
         assert ready["content"]["input"]["outputDir"] == f"{out}/train/1"
         assert (out / "data" / "train" / "1" / "data.txt").read_text().splitlines() == lines(0, 8)

@@ -13,8 +13,6 @@ from tests.harness import (
     NODE,
     PREFIX,
     append_lines,
-    dataset_resource,
-    job_resource,
     lines,
     wait_ingress,
     worker_message,
@@ -30,11 +28,10 @@ def test_a_failing_job_shows_why_and_when_it_tries_again(stack: Stack, tmp_path:
     append_lines(data, lines(0, 10))
     cloud = stack.cloud
     wait_ingress(stack.controller(), cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(data)))
+    cloud.insert_dataset(DATASET, data)
     trigger = {"checkPeriodSeconds": 600, "condition": {"operator": ">", "threshold": 0,
                                                         "metric": "num_of_samples"}}  # fmt: skip
-    job = job_resource(JOB, DATASET, str(tmp_path / "out"), trigger=trigger)
-    cloud.downstream("lifelonglearningjob", "insert", job)
+    cloud.insert_job(JOB, DATASET, tmp_path / "out", trigger=trigger)
     cloud.wait_status(JOB, "train", "ready")
 
     # what `lifelong worker` reports when the command exits 3
@@ -62,7 +59,7 @@ def test_an_unreadable_dataset_is_shown_with_its_reason(stack: Stack, tmp_path: 
     missing = tmp_path / "no-such-file.txt"
     cloud = stack.cloud
     wait_ingress(stack.controller(), cloud)
-    cloud.downstream("dataset", "insert", dataset_resource(DATASET, str(missing)))
+    cloud.insert_dataset(DATASET, missing)
     env = cli_env(stack.mqtt_url, stack.redis_url)
     rows = wait_rows(env, "datasets", lambda r: [d["status"] for d in r] == ["unreadable"])
     assert rows[0]["samples"] is None

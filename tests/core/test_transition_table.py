@@ -11,6 +11,7 @@ every other pair leaves it alone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 import pytest
@@ -122,57 +123,38 @@ EVENTS: dict[str, Callable[[Driver], Event]] = {
 W, TP, TR = ("train", "waiting"), ("train", "preparing"), ("train", "running")
 EP, ER, DC = ("eval", "preparing"), ("eval", "running"), ("deploy", "copying")
 
-#: (sub-state, event) -> sub-state after. Pairs not listed leave the state unchanged.
-EXPECTED: dict[tuple[tuple[str, str], str], tuple[str, str]] = {
-    (W, "tick"): W,
-    (TP, "train-written"): TR,
-    (TP, "train-write-failed"): W,
-    (TR, "train/completed"): EP,
-    (TR, "train/completed-no-model"): W,
-    (TR, "train/failed"): W,
-    (EP, "eval-written"): ER,
-    (EP, "eval-write-failed"): W,
-    (ER, "eval/completed"): DC,
-    (ER, "eval/completed-no-model"): W,
-    (ER, "eval/failed"): W,
-    (DC, "model-copied"): W,
-    (DC, "copy-failed"): W,
-}
 
-#: the effect types each moving pair must produce (besides worker forwards and notes)
-EXPECTED_EFFECTS: dict[tuple[tuple[str, str], str], set[type]] = {
-    (W, "tick"): {ScheduleCheck},
-    (TP, "train-written"): {Publish},
-    (TP, "train-write-failed"): {Publish, ScheduleCheck},
-    (TR, "train/completed"): {WriteRound},
-    (TR, "train/completed-no-model"): {Publish, ScheduleCheck},
-    (TR, "train/failed"): {ScheduleCheck},
-    (EP, "eval-written"): {Publish},
-    (EP, "eval-write-failed"): {Publish, ScheduleCheck},
-    (ER, "eval/completed"): {CopyModel},
-    (ER, "eval/completed-no-model"): {Publish, ScheduleCheck},
-    (ER, "eval/failed"): {ScheduleCheck},
-    (DC, "model-copied"): {Publish},
-    (DC, "copy-failed"): {Publish, ScheduleCheck},
-}
+class Move(NamedTuple):
+    after: tuple[str, str]
+    #: the effect types it must produce (besides worker forwards and notes)
+    effects: set[type]
+    #: it fails the round: counts a failure and backs off
+    fails: bool = False
 
-#: the pairs that fail the round: each counts a failure and backs off
-FAILING = {
-    (TP, "train-write-failed"),
-    (TR, "train/completed-no-model"),
-    (TR, "train/failed"),
-    (EP, "eval-write-failed"),
-    (ER, "eval/completed-no-model"),
-    (ER, "eval/failed"),
-    (DC, "copy-failed"),
+
+#: (sub-state, event) -> the move it makes. Pairs not listed leave the state unchanged.
+MOVES: dict[tuple[tuple[str, str], str], Move] = {
+    (W, "tick"): Move(W, {ScheduleCheck}),
+    (TP, "train-written"): Move(TR, {Publish}),
+    (TP, "train-write-failed"): Move(W, {Publish, ScheduleCheck}, fails=True),
+    (TR, "train/completed"): Move(EP, {WriteRound}),
+    (TR, "train/completed-no-model"): Move(W, {Publish, ScheduleCheck}, fails=True),
+    (TR, "train/failed"): Move(W, {ScheduleCheck}, fails=True),
+    (EP, "eval-written"): Move(ER, {Publish}),
+    (EP, "eval-write-failed"): Move(W, {Publish, ScheduleCheck}, fails=True),
+    (ER, "eval/completed"): Move(DC, {CopyModel}),
+    (ER, "eval/completed-no-model"): Move(W, {Publish, ScheduleCheck}, fails=True),
+    (ER, "eval/failed"): Move(W, {ScheduleCheck}, fails=True),
+    (DC, "model-copied"): Move(W, {Publish}),
+    (DC, "copy-failed"): Move(W, {Publish, ScheduleCheck}, fails=True),
 }
 EARLIER_FAILURES = 2
 
 
 def test_the_examples_are_moves_the_table_declares() -> None:
-    for (substate, event_name), after in EXPECTED.items():
+    for (substate, event_name), move in MOVES.items():
         event = EVENTS[event_name](reach(*substate))
-        assert JOB_TABLE.allows("/".join(substate), event_key(event), "/".join(after))
+        assert JOB_TABLE.allows("/".join(substate), event_key(event), "/".join(move.after))
 
 
 #: Events any job may be sent besides `EVENTS`: inserts (from the cloud, or copies from
@@ -260,7 +242,7 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
     effects = d.apply(event)
     after = d.state
     assert isinstance(after, JobState)
-    expected = EXPECTED.get((substate, event_name))
+    move = MOVES.get((substate, event_name))
     is_report = event_name.count("/") == 1
     forwards = [e for e in effects if isinstance(e, Publish) and "output" in content(e)]
     stage = event_name.split("/", maxsplit=1)[0]
@@ -272,7 +254,7 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
     if is_report:
         assert len(forwards) == 1, "every worker message for a known job is forwarded"
         assert content(forwards[0])["phase"] == event_name.split("/", maxsplit=1)[0]
-    if expected is None:
+    if move is None:
         # illegal or informational: state unchanged (a tick only forgets its timer)
         assert msgspec.structs.replace(after, next_check_ms=before.next_check_ms) == before
         if event_name.endswith(("/running", "/ready")) or event_name.startswith(
@@ -282,12 +264,11 @@ def test_every_phase_step_event_pair(substate: tuple[str, str], event_name: str)
         elif event_name != "tick":
             assert any(isinstance(e, Note) for e in effects), "an ignored event yields a reason"
         return
-    assert (after.phase, after.step) == expected
-    moved = expected != substate
+    assert (after.phase, after.step) == move.after
+    moved = move.after != substate
     assert after.phase_since_ms == (d.now_ms if moved else before.phase_since_ms)
-    wanted = EXPECTED_EFFECTS.get((substate, event_name), set())
     got = {type(e) for e in effects if e not in forwards}
-    assert wanted <= got, f"missing {wanted - got}"
+    assert move.effects <= got, f"missing {move.effects - got}"
     _assert_backoff(d, (substate, event_name), before, after, effects)
 
 
@@ -298,7 +279,7 @@ def _assert_backoff(
     after: JobState,
     effects: tuple[object, ...],
 ) -> None:
-    if pair in FAILING:
+    if MOVES[pair].fails:
         failures = EARLIER_FAILURES + 1
         due_ms = d.now_ms + retry_delay_ms(after.spec.trigger.check_period_seconds, failures)
         assert after.consecutive_failures == failures

@@ -23,26 +23,20 @@ from service.runtime.intake import (
     worker_topic_levels,
 )
 from service.wire import make_rejection
+from tests.harness import job_resource, worker_message
 
-JOB: dict[str, Any] = {
-    "apiVersion": "sedna.io/v1alpha1",
-    "kind": "LifelongLearningJob",
-    "metadata": {"name": "job-a", "namespace": "default", "resourceVersion": "1"},
-    "spec": {
-        "dataset": {"name": "ds", "trainProb": 0.8},
-        "trainSpec": {
-            "template": {"spec": {"containers": [{"name": "w", "image": "x"}]}},
-            "trigger": {
-                "checkPeriodSeconds": 30,
-                "timer": {"start": "22:00", "end": "02:00"},
-                "condition": {"operator": ">=", "threshold": "500", "metric": "num_of_samples"},
-            },
-        },
-        "evalSpec": {"template": {}},
-        "deploySpec": {"template": {}},
-        "outputDir": "/output",
+#: A job as the GM sends it, with a trigger of its own (the tests read it back).
+JOB = job_resource(
+    "job-a",
+    "ds",
+    "/output",
+    trigger={
+        "checkPeriodSeconds": 30,
+        "timer": {"start": "22:00", "end": "02:00"},
+        "condition": {"operator": ">=", "threshold": "500", "metric": "num_of_samples"},
     },
-}
+)
+JOB["metadata"]["resourceVersion"] = "1"
 
 
 def envelope(resource: dict[str, Any]) -> bytes:
@@ -109,15 +103,8 @@ def test_unset_condition_means_no_condition() -> None:
 
 
 def test_worker_report_without_usable_model_says_why() -> None:
-    report = {
-        "name": "w1",
-        "namespace": "default",
-        "ownerName": "job-a",
-        "ownerKind": "lifelonglearningjob",
-        "kind": "train",
-        "status": "completed",
-        "results": [{"format": "pkl"}, {"url": 3}],
-    }
+    report = worker_message("job-a", "train", "completed", worker="w1")
+    report["results"] = [{"format": "pkl"}, {"url": 3}]
     event = accept_report("t", "w1", json.dumps(report).encode(), 0).event
     assert isinstance(event, WorkerReported)
     assert reports.model_refs(event) == ()
@@ -125,10 +112,7 @@ def test_worker_report_without_usable_model_says_why() -> None:
 
 
 def test_worker_name_must_match_the_topic_or_path() -> None:
-    report = {
-        "name": "w1", "namespace": "default", "ownerName": "job-a",
-        "ownerKind": "lifelonglearningjob", "kind": "train", "status": "running",
-    }  # fmt: skip
+    report = worker_message("job-a", "train", "running", worker="w1")
     with pytest.raises(InvalidMessage) as caught:
         accept_report("t", "w2", json.dumps(report).encode(), 0)
     assert caught.value.path == "$.name" and caught.value.code == "name_mismatch"

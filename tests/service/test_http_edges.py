@@ -10,7 +10,7 @@ import socket
 import threading
 import urllib.request
 
-from tests.harness import Controller, worker_message
+from tests.harness import Controller, still_open, worker_message
 from tests.stack import Stack
 
 FLOOD = 250
@@ -33,20 +33,6 @@ def trickler(port: int) -> socket.socket | None:
         client.close()
         return None
     return client
-
-
-def still_open(client: socket.socket) -> bool:
-    """True while the server has neither answered nor closed this connection."""
-    client.setblocking(False)
-    try:
-        client.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        client.setblocking(True)
-    return False
 
 
 def test_health_is_answered_while_one_client_floods_and_reports_hang(stack: Stack) -> None:

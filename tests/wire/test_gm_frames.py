@@ -27,21 +27,27 @@ STATUS_HEADER = {
 }
 
 
-def test_status_frame_is_what_go_writes() -> None:
-    frame = encode_frame(STATUS_HEADER, b'{"numberOfSamples":42}')
-    assert frame == (
-        '{"header":{"namespace":"default","resourceKind":"dataset","resourceName":"ds-1",'
-        '"operation":"status","id":"s1-17-0"},"content":"eyJudW1iZXJPZlNhbXBsZXMiOjQyfQ=="}\n'
-    )
-
-
-def test_header_fields_go_in_gos_order_whatever_the_mapping_order() -> None:
-    shuffled = {"id": "x", "operation": "status", "resourceName": "j", "namespace": "ns"}
-    frame = encode_frame(shuffled, b"{}")
-    assert frame == (
-        '{"header":{"namespace":"ns","resourceKind":"","resourceName":"j",'
-        '"operation":"status","id":"x"},"content":"e30="}\n'
-    )
+@pytest.mark.parametrize(
+    ("header", "content", "expected"),
+    [
+        pytest.param(
+            STATUS_HEADER,
+            b'{"numberOfSamples":42}',
+            '{"header":{"namespace":"default","resourceKind":"dataset","resourceName":"ds-1",'
+            '"operation":"status","id":"s1-17-0"},"content":"eyJudW1iZXJPZlNhbXBsZXMiOjQyfQ=="}\n',
+            id="status-frame",
+        ),
+        pytest.param(
+            {"id": "x", "operation": "status", "resourceName": "j", "namespace": "ns"},
+            b"{}",
+            '{"header":{"namespace":"ns","resourceKind":"","resourceName":"j",'
+            '"operation":"status","id":"x"},"content":"e30="}\n',
+            id="header-fields-in-gos-order-whatever-the-mapping-order",
+        ),
+    ],
+)
+def test_frames_are_what_go_writes(header: dict[str, str], content: bytes, expected: str) -> None:
+    assert encode_frame(header, content) == expected
 
 
 def test_nil_and_empty_content_are_null_and_empty_string() -> None:

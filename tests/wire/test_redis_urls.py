@@ -15,89 +15,65 @@ BASE = {"LIFELONG_NODE_NAME": "edge-1"}
 
 
 @pytest.mark.parametrize(
-    ("url", "expected"),
+    "expected",
     [
-        (
-            "redis://r:6380/2",
-            RedisTarget(url="redis://r:6380/2", topology="single", hosts=(("r", 6380),), db=2),
+        RedisTarget(url="redis://r:6380/2", topology="single", hosts=(("r", 6380),), db=2),
+        RedisTarget(
+            url="rediss://r/0?ssl_ca_certs=/ca.pem",
+            topology="single",
+            tls=True,
+            hosts=(("r", 6379),),
         ),
-        (
-            "rediss://r/0?ssl_ca_certs=/ca.pem",
-            RedisTarget(
-                url="rediss://r/0?ssl_ca_certs=/ca.pem",
-                topology="single",
-                tls=True,
-                hosts=(("r", 6379),),
+        RedisTarget(url="unix:///run/redis.sock", topology="single"),
+        RedisTarget(
+            url="redis+sentinel://s1:26379,s2,[::1]:26381/mymaster",
+            topology="sentinel",
+            hosts=(("s1", 26379), ("s2", 26379), ("::1", 26381)),
+            master="mymaster",
+        ),
+        RedisTarget(
+            url="redis+sentinel://app:p%40ss@s1:5000/main/3",
+            topology="sentinel",
+            hosts=(("s1", 5000),),
+            master="main",
+            db=3,
+            username="app",
+            password="p@ss",
+        ),
+        RedisTarget(
+            url="rediss+sentinel://:secret@s1/main?ssl_ca_certs=/ca.pem"
+            "&ssl_check_hostname=no&ssl_cert_reqs=REQUIRED",
+            topology="sentinel",
+            tls=True,
+            hosts=(("s1", 26379),),
+            master="main",
+            password="secret",
+            tls_options=(
+                ("ssl_ca_certs", "/ca.pem"),
+                ("ssl_check_hostname", False),
+                ("ssl_cert_reqs", "required"),
             ),
         ),
-        ("unix:///run/redis.sock", RedisTarget(url="unix:///run/redis.sock", topology="single")),
-        (
-            "redis+sentinel://s1:26379,s2,[::1]:26381/mymaster",
-            RedisTarget(
-                url="redis+sentinel://s1:26379,s2,[::1]:26381/mymaster",
-                topology="sentinel",
-                hosts=(("s1", 26379), ("s2", 26379), ("::1", 26381)),
-                master="mymaster",
-            ),
+        RedisTarget(
+            url="redis+cluster://n1:7000,n2:7001,n3",
+            topology="cluster",
+            hosts=(("n1", 7000), ("n2", 7001), ("n3", 6379)),
         ),
-        (
-            "redis+sentinel://app:p%40ss@s1:5000/main/3",
-            RedisTarget(
-                url="redis+sentinel://app:p%40ss@s1:5000/main/3",
-                topology="sentinel",
-                hosts=(("s1", 5000),),
-                master="main",
-                db=3,
-                username="app",
-                password="p@ss",
-            ),
+        RedisTarget(
+            url="REDISS+CLUSTER://u:p@n1:7000/0?ssl_certfile=/c.pem&ssl_keyfile=/k.pem",
+            topology="cluster",
+            tls=True,
+            hosts=(("n1", 7000),),
+            username="u",
+            password="p",
+            tls_options=(("ssl_certfile", "/c.pem"), ("ssl_keyfile", "/k.pem")),
         ),
-        (
-            "rediss+sentinel://:secret@s1/main?ssl_ca_certs=/ca.pem&ssl_check_hostname=no"
-            "&ssl_cert_reqs=REQUIRED",
-            RedisTarget(
-                url="rediss+sentinel://:secret@s1/main?ssl_ca_certs=/ca.pem"
-                "&ssl_check_hostname=no&ssl_cert_reqs=REQUIRED",
-                topology="sentinel",
-                tls=True,
-                hosts=(("s1", 26379),),
-                master="main",
-                password="secret",
-                tls_options=(
-                    ("ssl_ca_certs", "/ca.pem"),
-                    ("ssl_check_hostname", False),
-                    ("ssl_cert_reqs", "required"),
-                ),
-            ),
-        ),
-        (
-            "redis+cluster://n1:7000,n2:7001,n3",
-            RedisTarget(
-                url="redis+cluster://n1:7000,n2:7001,n3",
-                topology="cluster",
-                hosts=(("n1", 7000), ("n2", 7001), ("n3", 6379)),
-            ),
-        ),
-        (
-            "REDISS+CLUSTER://u:p@n1:7000/0?ssl_certfile=/c.pem&ssl_keyfile=/k.pem",
-            RedisTarget(
-                url="REDISS+CLUSTER://u:p@n1:7000/0?ssl_certfile=/c.pem&ssl_keyfile=/k.pem",
-                topology="cluster",
-                tls=True,
-                hosts=(("n1", 7000),),
-                username="u",
-                password="p",
-                tls_options=(("ssl_certfile", "/c.pem"), ("ssl_keyfile", "/k.pem")),
-            ),
-        ),
-        (
-            "redis+cluster://n1:7000?",
-            RedisTarget(url="redis+cluster://n1:7000?", topology="cluster", hosts=(("n1", 7000),)),
-        ),
+        RedisTarget(url="redis+cluster://n1:7000?", topology="cluster", hosts=(("n1", 7000),)),
     ],
+    ids=lambda target: target.url,
 )
-def test_good_urls(url: str, expected: RedisTarget) -> None:
-    assert parse_redis_url(url) == expected
+def test_good_urls(expected: RedisTarget) -> None:
+    assert parse_redis_url(expected.url) == expected
 
 
 @pytest.mark.parametrize(
