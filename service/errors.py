@@ -8,7 +8,6 @@ Adapters translate their library's exceptions into these at the boundary
 (``raise StoreUnavailable(...) from e``) so nothing above them sees redis, paho or botocore.
 """
 
-from __future__ import annotations
 
 from typing import Literal
 

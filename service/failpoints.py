@@ -18,7 +18,6 @@ Points (docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
 ``blob-mid-write``, ``blob-mid-copy``.
 """
 
-from __future__ import annotations
 
 import os
 import sys

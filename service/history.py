@@ -6,7 +6,6 @@ what it costs in Redis), read back from msgpack maps and JSON too (the forms rec
 before).
 """
 
-from __future__ import annotations
 
 from collections.abc import Iterable
 

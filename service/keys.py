@@ -10,7 +10,6 @@ carry no tag: each is only ever used alone, one key per command or transaction, 
 slot is its own.
 """
 
-from __future__ import annotations
 
 import hashlib
 import zlib

@@ -13,7 +13,6 @@ record's traceback follows on lines that each start with two spaces, so every li
 with a timestamp is a record of its own.
 """
 
-from __future__ import annotations
 
 import json
 import logging

@@ -8,7 +8,6 @@ The health gauges carry the node's name so that alerts can ask "does any replica
 node hold the ingress" however the scraper labels its targets.
 """
 
-from __future__ import annotations
 
 import contextlib
 import threading

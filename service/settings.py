@@ -11,7 +11,6 @@ never echoes a secret. `Config.__post_init__` runs the same parsers on the typed
 Config built directly is as sound as a parsed one.
 """
 
-from __future__ import annotations
 
 import math
 import re

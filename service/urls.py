@@ -1,7 +1,6 @@
 """URL helpers shared by configuration, adapters and the CLI: the one redactor, and the one
 parser of Redis URLs (configuration validates with it, the store builds its client from it)."""
 
-from __future__ import annotations
 
 import re
 from dataclasses import dataclass

@@ -36,7 +36,6 @@ reports over MQTT or HTTP; and the runner's loop. `lifelong worker` on the comma
 `service.cli.running`'s.
 """
 
-from __future__ import annotations
 
 import contextlib
 import hashlib

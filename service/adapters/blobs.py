@@ -28,7 +28,6 @@ model bigger than the cap (``LIFELONG_MAX_MODEL_BYTES``) is ``Refused``; a sourc
 not exist is ``SourceMissing``.
 """
 
-from __future__ import annotations
 
 import contextlib
 import errno

@@ -16,7 +16,6 @@ raised as the caller's `ConfigError`, made by its ``fail`` function, so the mess
 the URL the way the caller shows it.
 """
 
-from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass

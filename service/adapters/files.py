@@ -37,7 +37,6 @@ Missing components raise ``FileNotFoundError`` and other OS errors pass through 
 the callers translate them (missing source, transient or permanent failure).
 """
 
-from __future__ import annotations
 
 import ctypes
 import errno

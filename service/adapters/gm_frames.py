@@ -16,7 +16,6 @@ Received frames are not parsed here: `GmFrame` carries their bytes to the caller
 and `GmRejected` says why the link could not take one.
 """
 
-from __future__ import annotations
 
 import base64
 import json

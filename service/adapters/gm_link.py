@@ -46,7 +46,6 @@ frame to it and waits for the write. Library errors never leave this module: the
 ``False`` from `GmLink.send` and the ``last_error`` of `GmLink.state`.
 """
 
-from __future__ import annotations
 
 import asyncio
 import concurrent.futures

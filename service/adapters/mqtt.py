@@ -83,7 +83,6 @@ whatever the protocol:
   DISCONNECT.
 """
 
-from __future__ import annotations
 
 import contextlib
 import logging

@@ -40,7 +40,6 @@ The values they take and give (`Commit`, `Quarantine`, `IngressEntry`, `OutboxEn
 `Unreadable`) are plain frozen dataclasses, defined first.
 """
 
-from __future__ import annotations
 
 import contextlib
 import time

@@ -11,7 +11,6 @@ memory stays at a few blocks whatever the file size: a line longer than the line
 one-line file cannot make the controller hold the line.
 """
 
-from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass

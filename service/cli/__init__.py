@@ -6,7 +6,6 @@ Failures print one clear line and exit non-zero, never a traceback. Exit codes: 
 needs is unreachable.
 """
 
-from __future__ import annotations
 
 import argparse
 import sys

@@ -4,7 +4,6 @@ Argument types raise `argparse.ArgumentTypeError`, which argparse turns into one
 and exit code 2. Names are checked with the controller's own rules, so CLI and service agree.
 """
 
-from __future__ import annotations
 
 import argparse
 from typing import TypeAlias

@@ -21,7 +21,6 @@ heartbeat in the replicas' registry has not expired); and every replica publishe
 presence again periodically, so one overwritten on its own topic is put right.
 """
 
-from __future__ import annotations
 
 import argparse
 import contextlib

@@ -24,7 +24,6 @@ with the same field of a known-good document and the document checked again, unt
 or a problem cannot be patched; `validate` thus reports every problem it can find.
 """
 
-from __future__ import annotations
 
 import copy
 import json

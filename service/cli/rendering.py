@@ -15,7 +15,6 @@ version and its main metric). The main metric is the deploy condition's (without
 the quantity it compares, `name[i]` kept), else the first metric the rounds report.
 """
 
-from __future__ import annotations
 
 import json
 import math

@@ -2,7 +2,6 @@
 optionally on its own broker and Redis), `lifelong worker` (the reference worker runner of
 `service.worker`) and `lifelong demo` (the end-to-end demo of `service.demo`)."""
 
-from __future__ import annotations
 
 import argparse
 import contextlib

@@ -21,7 +21,6 @@ slip past.
 `lifelong validate`: manifests checked offline, with the controller's own rules.
 """
 
-from __future__ import annotations
 
 import argparse
 import contextlib

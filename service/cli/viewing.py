@@ -8,7 +8,6 @@ and federated-learning jobs.
 `lifelong watch`: upstream status and rejections as they happen.
 """
 
-from __future__ import annotations
 
 import argparse
 import json

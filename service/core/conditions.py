@@ -37,7 +37,6 @@ waiting of the train, eval and deploy phases, and dataset statuses; everything e
 `running` reports, inference and deploy-worker reports) goes to the MQTT upstream topic only.
 """
 
-from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any

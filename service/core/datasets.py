@@ -5,7 +5,6 @@ with its reason and reported once per change of condition, not on every poll; th
 that reads it clears it.
 """
 
-from __future__ import annotations
 
 import msgspec
 

@@ -21,7 +21,6 @@ deploy copy that becomes due while a rollback's copy is in flight waits for it i
 deploy/waiting, so the two never race for the file.
 """
 
-from __future__ import annotations
 
 import json
 from typing import Any

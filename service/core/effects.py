@@ -9,7 +9,6 @@ until done; `Publish`, `Forward`, `Reject`, `Refused`, `DatasetUnreadable`, `Rec
 own.
 """
 
-from __future__ import annotations
 
 from typing import Literal
 

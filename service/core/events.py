@@ -2,7 +2,6 @@
 results of effects (and, for the resources it only stores, their inserts, deletes and the
 reports of their workers). Tagged msgspec structs, stored in the ingress streams as msgpack."""
 
-from __future__ import annotations
 
 from typing import Any, Literal
 

@@ -15,7 +15,6 @@ new model's result), there is nothing to beat: a condition on `m_delta` holds as
 new model's own `m` is there to read, and one on `m` is evaluated as usual.
 """
 
-from __future__ import annotations
 
 import math
 import re

@@ -82,7 +82,6 @@ docs/lifecycle.md in step with them; `python -m tests.core.test_lifecycle_docs` 
     stored --deleted--> none  # forgotten
 """
 
-from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable, Iterable, Mapping

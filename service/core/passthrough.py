@@ -25,7 +25,6 @@ learning) plus five random characters, names that say nothing of the owner; over
 ACL a worker publishes only under its own name, so the name is what ties it to its owner.
 """
 
-from __future__ import annotations
 
 import re
 from collections.abc import Mapping

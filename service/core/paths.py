@@ -11,7 +11,6 @@ used at intake (a resource naming such a path is rejected) and again by the file
 before it touches the disk. Everything here is string work: no I/O.
 """
 
-from __future__ import annotations
 
 import posixpath
 from collections.abc import Sequence

@@ -31,7 +31,6 @@ refused with the reason, changes nothing and is not forwarded upstream:
   round: one with the job's namespace and name, reporting while the stage runs, is heard.
 """
 
-from __future__ import annotations
 
 import re
 from collections.abc import Iterable

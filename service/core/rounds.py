@@ -6,7 +6,6 @@ A round's record is built in the job's state while the round runs and handed to 
 deploy gate, or failed. A rollback gets a record of its own.
 """
 
-from __future__ import annotations
 
 from typing import Literal
 

@@ -5,7 +5,6 @@ a handful of ranges whatever the dataset's size: its size depends on how fragmen
 pending set is (bounded by the number of batches pending), not on the number of samples.
 """
 
-from __future__ import annotations
 
 from collections.abc import Iterable
 from fractions import Fraction

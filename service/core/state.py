@@ -1,7 +1,6 @@
 """The states of jobs, datasets and stored resources (Models, joint-inference services,
 federated-learning jobs): small frozen typed values, stored in Redis as msgpack."""
 
-from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar

@@ -6,7 +6,6 @@ A failed round backs off: the n-th failure in a row waits checkPeriodSeconds x 2
 a worker that always fails cannot make its job spin; a completed round resets the count.
 """
 
-from __future__ import annotations
 
 import msgspec
 

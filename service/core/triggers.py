@@ -6,7 +6,6 @@ the local minute of the day, so no clock is read. The trigger is the job spec's 
 (`service.wire.Trigger`): this module is what its condition and window mean.
 """
 
-from __future__ import annotations
 
 import math
 import re

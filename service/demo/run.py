@@ -2,7 +2,6 @@
 the worker and the feed up, then follow upstream until done.
 """
 
-from __future__ import annotations
 
 import contextlib
 import json

@@ -18,7 +18,6 @@ period), kills, freezes and thaws it. What settings a replica runs with is its c
 business: the demo's, the tests' and the benchmarks' differ.
 """
 
-from __future__ import annotations
 
 import contextlib
 import os

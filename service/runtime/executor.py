@@ -27,7 +27,6 @@ jobs from writing to one directory.
   intents after it still run.
 """
 
-from __future__ import annotations
 
 import logging
 import threading

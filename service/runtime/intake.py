@@ -47,7 +47,6 @@ module's order:
   trip, then acknowledged.
 """
 
-from __future__ import annotations
 
 import hashlib
 import logging

@@ -22,7 +22,6 @@ every `REPUBLISH_LEASES` lease times while it holds: a retained message anyone a
 the topic left there (a spoofed `offline`, garbage) does not last.
 """
 
-from __future__ import annotations
 
 import logging
 import math

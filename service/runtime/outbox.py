@@ -25,7 +25,6 @@ that dies mid-write, with the header's `id` to tell copies apart (Sedna's GM app
 job status it reads to the job's conditions, copies included).
 """
 
-from __future__ import annotations
 
 import logging
 import threading

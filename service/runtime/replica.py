@@ -17,7 +17,6 @@ collaborators and supervises their threads; with the replica's durable timers.
 Nothing here decides anything about a job or a dataset: that is `service.core`.
 """
 
-from __future__ import annotations
 
 import logging
 import os

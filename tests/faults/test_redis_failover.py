@@ -81,4 +81,4 @@ def test_a_replica_slower_than_the_wait_changes_nothing(
         finally:
             replica.thaw()
         fleet.finish_round()
-        fleet.check(sentinel.url)
+        fleet.check(sentinel.url, report_refusals=True)
