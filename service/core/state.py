@@ -191,18 +191,31 @@ _states: Codec[State] = Codec(State)
 encode_state = _states.encode
 
 
+Older = TypeVar("Older")
+
+
+def decode_or_older(
+    data: bytes, decode: Callable[[bytes], T], older: Callable[[bytes], Older]
+) -> T | Older:
+    """`decode(data)`, or, where that fails, `older(data)`: the layout written before a
+    change (an upgrade meets it in what was stored or queued); neither: `decode`'s error."""
+    try:
+        return decode(data)
+    except msgspec.ValidationError as error:
+        try:
+            return older(data)
+        except msgspec.ValidationError:
+            raise error from None
+
+
 def decode_state(data: bytes) -> State:
     """A stored state. A job's stored before its spec was the wire's own (`SpecBefore`) is
     read in that form and given the spec it stands for."""
-    try:
-        return _states.decode(data)
-    except msgspec.ValidationError as error:
-        try:
-            before = _job_before(data)
-        except msgspec.ValidationError:
-            raise error from None
-    fields = {name: getattr(before, name) for name in JobState.__struct_fields__}
-    return JobState(**{**fields, "spec": before.spec.now()})
+    state = decode_or_older(data, _states.decode, _job_before)
+    if not isinstance(state, _JobBefore):
+        return state
+    fields = {name: getattr(state, name) for name in JobState.__struct_fields__}
+    return JobState(**{**fields, "spec": state.spec.now()})
 
 
 class _TriggerBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -84,7 +84,7 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.paths import DataRoots
-from service.core.state import GmView, ModelInfo, SpecBefore, decode_state
+from service.core.state import GmView, ModelInfo, SpecBefore, decode_or_older, decode_state
 from service.errors import InvalidMessage, StoreUnavailable
 from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
@@ -224,13 +224,9 @@ def decode_accepted(data: bytes) -> Accepted:
     """An accepted event from a shard's ingress stream. A job insert an older replica took in,
     before a job's spec was the wire's own, is read in that form and given the spec it stands
     for, so an upgrade loses none waiting in the streams."""
-    try:
-        return _decoder.decode(data)
-    except msgspec.ValidationError as error:
-        try:
-            before = _decode_before(data)
-        except msgspec.ValidationError:
-            raise error from None
+    before = decode_or_older(data, _decoder.decode, _decode_before)
+    if not isinstance(before, _AcceptedBefore):
+        return before
     event = before.event
     applied = {name: getattr(event, name) for name in JobApplied.__struct_fields__}
     accepted = {name: getattr(before, name) for name in Accepted.__struct_fields__}
