@@ -8,7 +8,7 @@ that first compares the shard's lease with the caller's token, so a replica whos
 expired or was taken can never write again (fencing). Every script touches one hash slot: a
 shard's keys share the tag ``{s<N>}``, the ingress lease and its fence ``{ingress}``.
 
-The hot path per batch is exactly three round trips: ``Ingress.read_ingress``,
+The hot path per batch is exactly three round trips: ``Ingress.read``,
 ``States.load`` and ``States.commit`` (on a Cluster an idle read takes a second one, to
 block on one shard).
 
@@ -215,7 +215,7 @@ class Ingress(_StreamReads):
         results = self._redis.eval(calls, what="append", confirm=self._redis.confirm)
         return [None if r is None else as_str(r) for r in results]
 
-    def append_ingress(
+    def append(
         self,
         shard: int,
         event: bytes,
@@ -245,7 +245,7 @@ class Ingress(_StreamReads):
         args = (event, "1" if dup else "0", dedupe_ttl_ms, token)
         return self._redis.call("append_ingress", keys, args)
 
-    def read_ingress(
+    def read(
         self, shards: Sequence[int], *, count: int, block_ms: int, pending: bool
     ) -> list[IngressEntry]:
         """Read the owned shards' ingress in one round trip.
@@ -288,7 +288,7 @@ class Ingress(_StreamReads):
             commands.append(
                 Routed(streams[0], (*args, *blocking, "STREAMS", *streams, *[start] * len(group)))
             )
-        with store_errors("read_ingress"):
+        with store_errors("ingress.read"):
             replies = self._redis.link.run(commands)
             if any(isinstance(r, ResponseError) and str(r).startswith("NOGROUP") for r in replies):
                 self.ensure_groups()
@@ -421,7 +421,7 @@ class States:
         outbox in Redis for it to redo and send).
 
         Per batch, in order: the outbox stream ids of each commit's entries (for
-        ``outbox_done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
+        ``Outboxes.done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
         by its token. With replicas required, returns only once they hold every commit,
         else raises ``StoreUnavailable`` (the commits' fate then unknown to the caller). A
         ``Quarantine`` has no outbox entries (its ids are empty); a commit that clears its
@@ -551,7 +551,7 @@ def _outcome(results: list[Any], firsts: list[int]) -> list[list[str]] | LeaseLo
 class Outboxes(_StreamReads):
     """The outbox, the GM outbox and the effect intents of every shard."""
 
-    def outbox_read(
+    def read(
         self,
         shards: Sequence[int],
         count: int = 1000,
@@ -573,7 +573,7 @@ class Outboxes(_StreamReads):
                 Routed(k, ("XRANGE", k, first, last, "COUNT", count))
                 for k, (_, (first, last)) in zip(keys, ranges, strict=True)
             ],
-            what="outbox_read",
+            what="outboxes.read",
             confirm=self._redis.barrier,
         )
         read: dict[int, list[tuple[str, OutboxEntry | Unreadable]]] = {s: [] for s in shards}
@@ -583,7 +583,7 @@ class Outboxes(_StreamReads):
             ]
         return read
 
-    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None:
+    def done(self, done: Mapping[int, Sequence[str]]) -> None:
         """Forget published messages (after the broker's PUBACK), every shard's in one round
         trip."""
         commands = [
@@ -591,26 +591,26 @@ class Outboxes(_StreamReads):
             for key, stream_ids in ((self.keys.outbox(s), ids) for s, ids in done.items() if ids)
         ]
         if commands:
-            self._redis.run(commands, what="outbox_done")
+            self._redis.run(commands, what="outboxes.done")
 
-    def gm_outbox_read(
+    def read_gm(
         self, shards: Sequence[int], count: int = 100
     ) -> dict[int, list[tuple[str, GmMessage | Unreadable]]]:
         """Per shard, upstream messages not yet sent to the GM, oldest first, with their
         stream ids; all shards in one round trip. With replicas required, only once they hold
         all of it. An entry that is not an upstream message comes as `Unreadable`, in its
         place."""
-        read = self._read(self.keys.gm_outbox, shards, count, "gm_outbox_read")
+        read = self._read(self.keys.gm_outbox, shards, count, "outboxes.read_gm")
         return {
             shard: [(stream_id, _gm_message(f)) for stream_id, f in entries]
             for shard, entries in read.items()
         }
 
-    def gm_outbox_done(self, shard: int, stream_ids: Sequence[str]) -> None:
+    def done_gm(self, shard: int, stream_ids: Sequence[str]) -> None:
         """Forget messages the GM link sent."""
-        self._delete(self.keys.gm_outbox(shard), stream_ids, "gm_outbox_done")
+        self._delete(self.keys.gm_outbox(shard), stream_ids, "outboxes.done_gm")
 
-    def gm_outbox_wait(self, shards: Sequence[int], block_ms: int) -> bool:
+    def wait_gm(self, shards: Sequence[int], block_ms: int) -> bool:
         """Return once a GM outbox of ``shards`` holds a message, or after ``block_ms`` (kept
         under half the socket timeout): a commit on any replica ends the wait at once.
         False, at once, where no such wait exists: the caller waits its own way.
@@ -625,7 +625,7 @@ class Outboxes(_StreamReads):
         command: tuple[str | int, ...] = (
             "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *keys, *["0"] * len(keys)
         )  # fmt: skip
-        self._redis.run([Routed(keys[0], command)], what="gm_outbox_wait")
+        self._redis.run([Routed(keys[0], command)], what="outboxes.wait_gm")
         return True
 
     def _read(

@@ -331,7 +331,7 @@ class Executor:
 
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
-        self._ingress.append_ingress(shard_of(rkey), encode_accepted(accepted))
+        self._ingress.append(shard_of(rkey), encode_accepted(accepted))
 
 
 def unreadable(url: str) -> str:

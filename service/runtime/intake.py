@@ -640,7 +640,7 @@ class WorkerEndpoint:
                 refusal = reports.refusal(state, event, self._volume_prefix)
             if refusal is not None:
                 raise InvalidMessage(refusal.reason, "$.ownerName", code=refusal.code)
-            self._ingress.append_ingress(shard_of(job), encode_accepted(accepted))
+            self._ingress.append(shard_of(job), encode_accepted(accepted))
         except InvalidMessage as e:
             self._rejections.refuse(topic, e.code, e.detail, body, now_ms, publish=False)
             return 400, e.detail

@@ -183,7 +183,7 @@ class OutboxPublisher:
         for shard, stream_id in acked:
             by_shard.setdefault(shard, []).append(stream_id)
         try:
-            self._outboxes.outbox_done(by_shard)
+            self._outboxes.done(by_shard)
         except ServiceError:
             with self._lock:  # deleted on the next round; sent again at worst
                 self._acked[:0] = acked
@@ -230,7 +230,7 @@ class OutboxPublisher:
             return
         unreadable: dict[int, list[str]] = {}
         with self._mqtt.batch():
-            for shard, entries in self._outboxes.outbox_read(sorted(shards), skip=skip).items():
+            for shard, entries in self._outboxes.read(sorted(shards), skip=skip).items():
                 for stream_id, entry in entries:
                     if isinstance(entry, Unreadable):
                         self._rejections.unreadable(
@@ -240,7 +240,7 @@ class OutboxPublisher:
                         unreadable.setdefault(shard, []).append(stream_id)
                     else:
                         self._publish((shard, stream_id), entry, now)
-        self._outboxes.outbox_done(unreadable)
+        self._outboxes.done(unreadable)
 
 
 class GmSink:
@@ -289,7 +289,7 @@ class GmSink:
                     self._stop.wait(POLL_S)
                 elif (sent := self._send_pending()) is None:
                     self._stop.wait(POLL_S)  # the link refused: it is going down
-                elif not sent and not self._outboxes.gm_outbox_wait(range(NUM_SHARDS), POLL_MS):
+                elif not sent and not self._outboxes.wait_gm(range(NUM_SHARDS), POLL_MS):
                     self._stop.wait(POLL_S)  # no blocking read here (Redis Cluster)
             except StoreUnavailable as e:
                 log.warning("GM outbox waits for redis: %s", e)
@@ -303,7 +303,7 @@ class GmSink:
         link refused a message (the rest then waits, in order). An entry that is not an
         upstream envelope is set aside and the next one goes on."""
         sent_any = False
-        for shard, entries in self._outboxes.gm_outbox_read(range(NUM_SHARDS), BATCH).items():
+        for shard, entries in self._outboxes.read_gm(range(NUM_SHARDS), BATCH).items():
             done: list[str] = []
             refused = False
             for stream_id, message in entries:
@@ -317,7 +317,7 @@ class GmSink:
                     refused = True
                     break
                 done.append(stream_id)
-            self._outboxes.gm_outbox_done(shard, done)
+            self._outboxes.done_gm(shard, done)
             sent_any = sent_any or bool(done)
             if refused:
                 return None

@@ -572,7 +572,7 @@ class Processor:
         if fresh:
             self._recover(fresh)
             return
-        entries = self._ingress.read_ingress(
+        entries = self._ingress.read(
             sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
         )
         self._apply(entries)
@@ -631,7 +631,7 @@ class Processor:
                 progress()
                 # only shards still ours: a lost one's entries stay pending for its new owner
                 readable = [s for s in self._still_ours(shards) if s not in stuck]
-                entries = self._ingress.read_ingress(
+                entries = self._ingress.read(
                     readable, count=READ_BATCH, block_ms=0, pending=True
                 )
                 if not entries:

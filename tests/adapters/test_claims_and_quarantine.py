@@ -114,9 +114,9 @@ def test_quarantine_marks_are_fenced_and_listed(store: RedisStore, redis_proc: S
     keys = store.keys
     token = store.leases.acquire(keys.lease(shard), keys.fence(shard), "r1", 10_000)
     assert token is not None
-    entry = store.ingress.append_ingress(shard, b"\xc1garbage")
+    entry = store.ingress.append(shard, b"\xc1garbage")
     assert entry is not None
-    store.ingress.read_ingress([shard], count=10, block_ms=0, pending=False)
+    store.ingress.read([shard], count=10, block_ms=0, pending=False)
     op = Quarantine(rkey=A, ack_ids=(entry,), mark=b'{"cause":"state"}', retry_at_ms=5)
     [outcome] = store.states.commit([(shard, "r1:999", [op])])
     assert isinstance(outcome, LeaseLost) and store.states.quarantined() == {}
@@ -124,7 +124,7 @@ def test_quarantine_marks_are_fenced_and_listed(store: RedisStore, redis_proc: S
     assert outcome == [[]]
     assert store.states.quarantined() == {A: b'{"cause":"state"}'}
     assert store.states.quarantine_mark(A) == b'{"cause":"state"}'
-    assert store.ingress.read_ingress([shard], count=10, block_ms=0, pending=True) == []
+    assert store.ingress.read([shard], count=10, block_ms=0, pending=True) == []
     client = redis.Redis(port=redis_proc.port)
     try:
         assert client.zscore(keys.timers(shard), A) == 5

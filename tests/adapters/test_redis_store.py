@@ -69,7 +69,7 @@ def lapsed(store: RedisStore, shard: int) -> None:
 
 
 def appended(store: RedisStore, event: bytes, shard: int = SHARD) -> str:
-    entry_id = store.ingress.append_ingress(shard, event)
+    entry_id = store.ingress.append(shard, event)
     assert entry_id is not None
     return entry_id
 
@@ -131,7 +131,7 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
 ) -> None:
     token = take_shard(store)
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
-    read = store.ingress.read_ingress([SHARD], count=10, block_ms=100, pending=False)
+    read = store.ingress.read([SHARD], count=10, block_ms=100, pending=False)
     assert [e.entry_id for e in read] == ids
     assert [e.event for e in read] == [b"ev-0", b"ev-1", b"ev-2"]
     assert pending_ids(raw, store) == set(ids)
@@ -148,10 +148,10 @@ def test_commit_writes_everything_and_acks_exactly_its_entries(
     assert store.outboxes.pending_effects([SHARD])[SHARD] == {"e-1": b"write samples"}
     assert store.states.history(JOB) == [b"h-1", b"h-2"]
     assert store.states.rounds(JOB) == [b"r-1"]
-    [(stream_id, entry)] = store.outboxes.outbox_read([SHARD])[SHARD]
+    [(stream_id, entry)] = store.outboxes.read([SHARD])[SHARD]
     assert entry == OutboxEntry("m-1", "sedna/n/upstream", b'{"a":1}')
-    store.outboxes.outbox_done({SHARD: [stream_id]})
-    assert store.outboxes.outbox_read([SHARD])[SHARD] == []
+    store.outboxes.done({SHARD: [stream_id]})
+    assert store.outboxes.read([SHARD])[SHARD] == []
 
 
 def test_outbox_read_leaves_out_a_span_and_done_deletes_every_shards_at_once(
@@ -169,13 +169,13 @@ def test_outbox_read_leaves_out_a_span_and_done_deletes_every_shards_at_once(
         if shard_of(rkey("job", "default", f"j{i}")) == other
     )  # fmt: skip
     [other_ids] = commit(store, other, other_token, [Commit(other_job, b"s", outbox=entries[:2])])
-    read = store.outboxes.outbox_read([SHARD, other], skip={SHARD: (ids[1], ids[3])})
+    read = store.outboxes.read([SHARD, other], skip={SHARD: (ids[1], ids[3])})
     assert [stream_id for stream_id, _ in read[SHARD]] == [ids[0], ids[4], ids[5]]
     assert [stream_id for stream_id, _ in read[other]] == other_ids
-    assert store.outboxes.outbox_read([SHARD], skip={SHARD: (ids[0], ids[5])}) == {SHARD: []}
-    store.outboxes.outbox_done({SHARD: ids[:5], other: other_ids})
-    assert [i for i, _ in store.outboxes.outbox_read([SHARD, other])[SHARD]] == [ids[5]]
-    assert store.outboxes.outbox_read([other]) == {other: []}
+    assert store.outboxes.read([SHARD], skip={SHARD: (ids[0], ids[5])}) == {SHARD: []}
+    store.outboxes.done({SHARD: ids[:5], other: other_ids})
+    assert [i for i, _ in store.outboxes.read([SHARD, other])[SHARD]] == [ids[5]]
+    assert store.outboxes.read([other]) == {other: []}
 
 
 def test_keep_state_leaves_state_and_timer_cancel(
@@ -184,7 +184,7 @@ def test_keep_state_leaves_state_and_timer_cancel(
     token = take_shard(store)
     commit(store, SHARD, token, [full_commit()])
     entry_id = appended(store, b"rejected")
-    store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     commit(
         store,
         SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
@@ -209,14 +209,14 @@ def test_delete_removes_everything_of_the_resource(store: RedisStore) -> None:
 def test_commit_with_stale_token_writes_nothing(store: RedisStore, raw: redis.Redis[bytes]) -> None:
     token = take_shard(store)
     entry_id = appended(store, b"ev")
-    store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     other = rkey("job", "default", "other")
     batch = [full_commit(ack_ids=(entry_id,))]
     batch += [Commit(other, b"x")] if shard_of(other) == SHARD else []
     with pytest.raises(LeaseLost):
         commit(store, SHARD, token + "0", batch)
     assert store.states.load([JOB, other]) == {JOB: None, other: None}
-    assert store.outboxes.outbox_read([SHARD])[SHARD] == []
+    assert store.outboxes.read([SHARD])[SHARD] == []
     assert store.outboxes.pending_effects([SHARD])[SHARD] == {}
     assert store.ingress.next_timer_ms(SHARD) is None
     assert store.states.history(JOB) == []
@@ -292,30 +292,30 @@ def test_new_owner_reads_the_previous_owners_unacked_entries(
 ) -> None:
     old = take_shard(store, replica="r1", ttl_ms=200)
     ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
-    assert len(store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)) == 3
+    assert len(store.ingress.read([SHARD], count=10, block_ms=0, pending=False)) == 3
     commit(store, SHARD, old, [Commit(JOB, b"v1", ack_ids=(ids[0],))])
     lapsed(store, SHARD)
 
     successor = RedisStore(url_of(redis_proc), Keys("t"))
     try:
         take_shard(successor, replica="r2")
-        pending = successor.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=True)
+        pending = successor.ingress.read([SHARD], count=10, block_ms=0, pending=True)
         assert [(e.entry_id, e.event) for e in pending] == [(ids[1], b"ev-1"), (ids[2], b"ev-2")]
-        assert successor.ingress.read_ingress([SHARD], count=10, block_ms=50, pending=False) == []
+        assert successor.ingress.read([SHARD], count=10, block_ms=50, pending=False) == []
     finally:
         successor.close()
 
 
 def test_read_ingress_spans_shards_and_blocks_until_an_entry(store: RedisStore) -> None:
     a, b = SHARD, (SHARD + 1) % NUM_SHARDS
-    store.ingress.append_ingress(b, b"on-b")
-    got = store.ingress.read_ingress([a, b], count=10, block_ms=100, pending=False)
+    store.ingress.append(b, b"on-b")
+    got = store.ingress.read([a, b], count=10, block_ms=100, pending=False)
     assert [(e.shard, e.event) for e in got] == [(b, b"on-b")]
     start = time.monotonic()
-    assert store.ingress.read_ingress([a, b], count=10, block_ms=200, pending=False) == []
+    assert store.ingress.read([a, b], count=10, block_ms=200, pending=False) == []
     assert time.monotonic() - start >= 0.15
     with pytest.raises(ValueError):
-        store.ingress.read_ingress([a], count=1, block_ms=5_000, pending=False)
+        store.ingress.read([a], count=1, block_ms=5_000, pending=False)
 
 
 def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
@@ -325,7 +325,7 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
     before its block (a minute here) would end it."""
     store = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=120.0)
     waiter = threading.Thread(
-        target=store.outboxes.gm_outbox_wait, args=(range(NUM_SHARDS), 60_000), daemon=True
+        target=store.outboxes.wait_gm, args=(range(NUM_SHARDS), 60_000), daemon=True
     )
     try:
         waiter.start()
@@ -335,24 +335,24 @@ def test_gm_outbox_wait_ends_when_a_message_is_or_becomes_there(
         waiter.join(30)
         assert not waiter.is_alive(), "a new message ends the wait"
         # one waits: returns at once
-        assert store.outboxes.gm_outbox_wait(range(NUM_SHARDS), 60_000)
+        assert store.outboxes.wait_gm(range(NUM_SHARDS), 60_000)
     finally:
         store.close()
 
 
 def test_append_ingress_dedupe(store: RedisStore, raw: redis.Redis[bytes]) -> None:
-    first = store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1")
+    first = store.ingress.append(SHARD, b"m", dedupe="mid-1")
     assert first is not None
-    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1", dup=True) is None
-    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-1", dup=False) is not None
-    assert store.ingress.append_ingress(SHARD, b"m", dedupe="mid-2", dup=True) is not None
-    assert store.ingress.append_ingress(SHARD, b"m", dup=True) is not None  # no key: no dedupe
+    assert store.ingress.append(SHARD, b"m", dedupe="mid-1", dup=True) is None
+    assert store.ingress.append(SHARD, b"m", dedupe="mid-1", dup=False) is not None
+    assert store.ingress.append(SHARD, b"m", dedupe="mid-2", dup=True) is not None
+    assert store.ingress.append(SHARD, b"m", dup=True) is not None  # no key: no dedupe
     # the marker expires
-    assert store.ingress.append_ingress(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
+    assert store.ingress.append(SHARD, b"n", dedupe="mid-3", dedupe_ttl_ms=50) is not None
     seen = store.keys.seen(SHARD, "mid-3")
     wait_until(lambda: not raw.exists(seen), 10, "the dedupe marker of mid-3 to expire")
-    assert store.ingress.append_ingress(SHARD, b"n", dedupe="mid-3", dup=True) is not None
-    got = store.ingress.read_ingress([SHARD], count=100, block_ms=0, pending=False)
+    assert store.ingress.append(SHARD, b"n", dedupe="mid-3", dup=True) is not None
+    got = store.ingress.read([SHARD], count=100, block_ms=0, pending=False)
     assert len(got) == 6
 
     results = store.ingress.append_many(
@@ -384,7 +384,7 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
     assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 1}
     assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_000_200) == {SHARD: 0}
     assert store.ingress.next_timer_ms(SHARD) == 1_700_000_000_300
-    [fired] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    [fired] = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     assert (fired.event, fired.timer_rkey, fired.timer_due_ms) == (None, JOB, 1_700_000_000_100)
     # one round trip for several shards: a fenced one moves nothing, the others fire
     other_shard = (SHARD + 1) % NUM_SHARDS
@@ -393,7 +393,7 @@ def test_timers_fire_exactly_once_into_ingress(store: RedisStore) -> None:
     assert fired == {SHARD: None, other_shard: 0}
     assert store.ingress.fire_due_timers({SHARD: token}, now_ms=1_700_000_001_000) == {SHARD: 1}
     assert store.ingress.next_timer_ms(SHARD) is None
-    [second] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    [second] = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     assert second.timer_rkey == other
 
 
@@ -407,7 +407,7 @@ def test_complete_effect_moves_an_intent_to_ingress_exactly_once(store: RedisSto
     assert not store.outboxes.complete_effect(SHARD, token, "e-1", b"result-1")
     assert store.outboxes.complete_effect(SHARD, token, "e-2", None)  # no event to report
     assert store.outboxes.pending_effects([SHARD])[SHARD] == {}
-    got = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    got = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     assert [e.event for e in got] == [b"result-1"]
 
 
@@ -535,8 +535,8 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
         lambda: store.leases.acquire(
             store.keys.lease(SHARD), store.keys.fence(SHARD), "r1", TTL_MS
         ),
-        lambda: store.ingress.read_ingress([SHARD], count=1, block_ms=0, pending=False),
-        lambda: store.ingress.append_ingress(SHARD, b"x"),
+        lambda: store.ingress.read([SHARD], count=1, block_ms=0, pending=False),
+        lambda: store.ingress.append(SHARD, b"x"),
         lambda: store.leases.heartbeat("r1", 0, 1),
     ]
     for call in calls:
@@ -547,8 +547,8 @@ def test_redis_stopped_is_store_unavailable_and_restart_recovers(
     redis_proc.start()  # empty: no scripts, no streams, no groups
     assert store.ping()
     token = take_shard(store)
-    entry_id = store.ingress.append_ingress(SHARD, b"after")  # stream re-created without a group
-    [entry] = store.ingress.read_ingress([SHARD], count=10, block_ms=0, pending=False)
+    entry_id = store.ingress.append(SHARD, b"after")  # stream re-created without a group
+    [entry] = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     assert entry.entry_id == entry_id
     commit(store, SHARD, token, [Commit(JOB, b"after", ack_ids=(entry.entry_id,))])
     assert store.states.load([JOB]) == {JOB: b"after"}
@@ -631,9 +631,9 @@ def test_a_message_taken_in_by_another_holder_is_dropped(redis_proc: Server) -> 
     (token A), frozen past its lease, still appends its own copy as a first delivery."""
     store = RedisStore(f"redis://127.0.0.1:{redis_proc.port}/0", Keys())
     store.ingress.ensure_groups()
-    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is not None
-    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=False, token="A") is None
+    assert store.ingress.append(3, b"e", dedupe="m1", dup=True, token="B") is not None
+    assert store.ingress.append(3, b"e", dedupe="m1", dup=False, token="A") is None
     # the same holder may take in a distinct message that happens to share the key
-    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=False, token="B") is not None
+    assert store.ingress.append(3, b"e", dedupe="m1", dup=False, token="B") is not None
     # and a redelivery is dropped whoever holds the ingress
-    assert store.ingress.append_ingress(3, b"e", dedupe="m1", dup=True, token="B") is None
+    assert store.ingress.append(3, b"e", dedupe="m1", dup=True, token="B") is None

@@ -78,10 +78,10 @@ def take_all(store: RedisStore, replica: str = "r1") -> dict[int, str]:
 def round_trip_every_shard(store: RedisStore, tokens: dict[int, str], tag: str) -> None:
     """Append, read, commit (state, outbox, effect, history, timer) on every shard at once."""
     for shard in range(NUM_SHARDS):
-        assert store.ingress.append_ingress(
+        assert store.ingress.append(
             shard, f"{tag}-{shard}".encode(), dedupe=f"{tag}{shard}"
         )
-    read = store.ingress.read_ingress(
+    read = store.ingress.read(
         list(range(NUM_SHARDS)), count=100, block_ms=100, pending=False
     )
     assert sorted(e.event or b"" for e in read) == sorted(
@@ -113,7 +113,7 @@ def round_trip_every_shard(store: RedisStore, tokens: dict[int, str], tag: str) 
         k: f"{tag}-state".encode() for k in JOBS.values()
     }
     assert (
-        store.ingress.read_ingress(list(range(NUM_SHARDS)), count=100, block_ms=0, pending=True)
+        store.ingress.read(list(range(NUM_SHARDS)), count=100, block_ms=0, pending=True)
         == []
     )
 
@@ -131,23 +131,23 @@ def test_every_operation_on_a_cluster(shared_cluster: ClusterTopology) -> None:
         assert store.ingress.fire_due_timers(tokens, now_ms=10) == dict.fromkeys(
             range(NUM_SHARDS), 1
         )
-        fired = store.ingress.read_ingress(
+        fired = store.ingress.read(
             list(range(NUM_SHARDS)), count=100, block_ms=0, pending=False
         )
         assert sorted(e.timer_rkey or "" for e in fired) == sorted(JOBS.values())
-        outbox = store.outboxes.outbox_read(list(range(NUM_SHARDS)))
+        outbox = store.outboxes.read(list(range(NUM_SHARDS)))
         assert {s: [e.id for _, e in entries] for s, entries in outbox.items()} == {
             s: [f"a-m{s}"] for s in range(NUM_SHARDS)
         }
-        store.outboxes.outbox_done(
+        store.outboxes.done(
             {shard: [stream_id for stream_id, _ in entries] for shard, entries in outbox.items()}
         )
-        assert store.outboxes.outbox_read([0, 7]) == {0: [], 7: []}
+        assert store.outboxes.read([0, 7]) == {0: [], 7: []}
         effects = store.outboxes.pending_effects(list(range(NUM_SHARDS)))
         assert effects == {s: {f"a-e{s}": b"intent"} for s in range(NUM_SHARDS)}
         assert store.outboxes.complete_effect(5, tokens[5], "a-e5", b"result")
         assert not store.outboxes.complete_effect(5, tokens[5], "a-e5", b"result")
-        [result] = store.ingress.read_ingress([5], count=10, block_ms=0, pending=False)
+        [result] = store.ingress.read([5], count=10, block_ms=0, pending=False)
         assert result.event == b"result"
 
         lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
@@ -188,10 +188,10 @@ def test_a_cluster_read_blocks_and_wakes(shared_cluster: ClusterTopology) -> Non
         store.ingress.ensure_groups()
         shards = list(range(NUM_SHARDS))
         started = time.monotonic()
-        assert store.ingress.read_ingress(shards, count=10, block_ms=200, pending=False) == []
+        assert store.ingress.read(shards, count=10, block_ms=200, pending=False) == []
         assert time.monotonic() - started >= 0.04  # it waited rather than spin
-        store.ingress.append_ingress(11, b"late")
-        got = store.ingress.read_ingress(shards, count=10, block_ms=200, pending=False)
+        store.ingress.append(11, b"late")
+        got = store.ingress.read(shards, count=10, block_ms=200, pending=False)
         assert [(e.shard, e.event) for e in got] == [(11, b"late")]
 
 
@@ -277,18 +277,18 @@ def test_a_write_no_replica_confirms_is_not_done(shared_sentinel: SentinelTopolo
         [replica] = [s for s in shared_sentinel.data if s is not shared_sentinel.master()]
         with frozen(replica):
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.ingress.append_ingress(3, b"unconfirmed")
+                store.ingress.append(3, b"unconfirmed")
             with pytest.raises(StoreUnavailable, match="replica"):
                 store.states.commit([(3, tokens[3], [Commit(JOBS[3], b"v2")])])
             with pytest.raises(StoreUnavailable, match="replica"):
                 store.outboxes.pending_effects([3])  # nothing is acted on before replicas hold it
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.outboxes.outbox_read([3])
+                store.outboxes.read([3])
             lease, fence = store.keys.ingress_lease(), store.keys.ingress_fence()
             with pytest.raises(StoreUnavailable, match="replica"):
                 store.leases.acquire(lease, fence, "r1", TTL_MS)
             assert store.leases.lease_holder(lease) is None  # the unconfirmed lease was given back
-            assert hasty.ingress.append_ingress(3, b"hasty") is not None  # 0 required: not waited
+            assert hasty.ingress.append(3, b"hasty") is not None  # 0 required: not waited
         shared_sentinel.wait_synced()
         assert store.states.commit([(3, tokens[3], [Commit(JOBS[3], b"v3")])]) == [[[]]]
         assert store.outboxes.pending_effects([3]) == {3: {"e": b"i"}}
@@ -306,9 +306,9 @@ def test_cluster_waits_on_the_node_that_took_the_write(shared_cluster: ClusterTo
         )  # fmt: skip
         replica = replica_of(shared_cluster, slow_master)
         with frozen(replica):
-            assert store.ingress.append_ingress(other, b"fine") is not None
+            assert store.ingress.append(other, b"fine") is not None
             with pytest.raises(StoreUnavailable, match="replica"):
-                store.ingress.append_ingress(2, b"unconfirmed")
+                store.ingress.append(2, b"unconfirmed")
             for items in ([(other, b"a", None, False), (2, b"b", None, False)],
                           [(2, b"c", None, False), (other, b"d", None, False)]):  # fmt: skip
                 with pytest.raises(StoreUnavailable, match="replica"):

@@ -65,7 +65,7 @@ class Probe:
         return Counter(record.event for record in decode_records(history))
 
     def outbox_depth(self) -> int:
-        return sum(map(len, self.store.outboxes.outbox_read(range(NUM_SHARDS)).values()))
+        return sum(map(len, self.store.outboxes.read(range(NUM_SHARDS)).values()))
 
     def pending_effects(self) -> int:
         return sum(map(len, self.store.outboxes.pending_effects(range(NUM_SHARDS)).values()))

@@ -58,7 +58,7 @@ def executor(store: RedisStore) -> Executor:
 
 def delivered(store: RedisStore) -> list[tuple[int, object]]:
     """Every event appended to any shard's ingress, with its shard."""
-    entries = store.ingress.read_ingress(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
+    entries = store.ingress.read(range(NUM_SHARDS), count=100, block_ms=0, pending=False)
     return [(e.shard, decode_accepted(e.event or b"").event) for e in entries]
 
 

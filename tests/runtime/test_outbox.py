@@ -61,9 +61,9 @@ def test_finish_forgets_what_the_broker_acknowledged(
         outbox.send([(SHARD, [(stream_id, entry) for stream_id in ids])])
         assert inbound.get(timeout=5).payload == entry.payload
         # acknowledged, but no outbox thread ran to delete it: a stop now would leave it
-        assert [i for i, _ in store.outboxes.outbox_read([SHARD])[SHARD]] == ids
+        assert [i for i, _ in store.outboxes.read([SHARD])[SHARD]] == ids
         outbox.finish(5.0)
-        assert store.outboxes.outbox_read([SHARD])[SHARD] == []
+        assert store.outboxes.read([SHARD])[SHARD] == []
     finally:
         cloud.stop()
         publisher.stop()
@@ -94,12 +94,12 @@ class _OneEntryOutbox(Outboxes):
     def __init__(self, entry: OutboxEntry) -> None:
         self.entry = entry
 
-    def outbox_read(
+    def read(
         self, shards: list[int], skip: object = None
     ) -> dict[int, list[tuple[str, OutboxEntry]]]:
         return {shard: [("1-0", self.entry)] for shard in shards}
 
-    def outbox_done(self, done: object) -> None:
+    def done(self, done: object) -> None:
         return None
 
 
@@ -143,7 +143,7 @@ class _Recording(Outboxes):
         self.reads: list[dict[int, tuple[str, str] | None]] = []
         self.deletes: list[dict[int, list[str]]] = []
 
-    def outbox_read(
+    def read(
         self,
         shards: Sequence[int],
         count: int = 1000,
@@ -153,7 +153,7 @@ class _Recording(Outboxes):
         self.reads.append({shard: spans.get(shard) for shard in shards})
         return {shard: self.stream.get(shard, []) for shard in shards}
 
-    def outbox_done(self, done: Mapping[int, Sequence[str]]) -> None:
+    def done(self, done: Mapping[int, Sequence[str]]) -> None:
         self.deletes.append({shard: list(ids) for shard, ids in done.items() if ids})
 
 

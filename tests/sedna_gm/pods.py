@@ -55,10 +55,13 @@ class Behaviour:
     """How one worker run goes. ``exit_code`` non-zero fails it (after a ``failed`` report
     when ``report_failed``); ``metrics`` are an eval worker's, one per model it was given
     (missing ones get `DEFAULT_METRICS`); ``start_delay_s`` keeps the pod Pending,
-    ``run_s`` is how long the work takes."""
+    ``run_s`` is how long the work takes. ``outlasts_delivery``: the work also lasts until
+    the node's controller took one of its `running` reports (posted again until then), as a
+    real run outlasts the job's way to a node the GM sends it to only once the pod runs."""
 
     start_delay_s: float = 0.0
     run_s: float = 0.0
+    outlasts_delivery: bool = False
     exit_code: int = 0
     report_failed: bool = True
     metrics: tuple[Mapping[str, list[float]], ...] = ()
@@ -209,6 +212,10 @@ class Kubelet:
         self._report(record, env, "running")
         if stop.wait(behaviour.run_s):
             return 1
+        while behaviour.outlasts_delivery and record.reports[-1].answer != 200:
+            if stop.wait(0.1):
+                return 1
+            self._report(record, env, "running")
         if behaviour.exit_code != 0:
             if behaviour.report_failed:
                 self._report(record, env, "failed")

@@ -93,7 +93,7 @@ def upstream_flushed(stack: Stack, cloud: Cloud, marker_peer: Peer) -> None:
     store = RedisStore(stack.redis_url, Keys())
     try:
         wait_until(
-            lambda: not any(store.outboxes.outbox_read(range(NUM_SHARDS)).values()),
+            lambda: not any(store.outboxes.read(range(NUM_SHARDS)).values()),
             10,
             "the controller's outbox to drain",
         )

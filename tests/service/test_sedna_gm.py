@@ -205,9 +205,10 @@ def test_the_link_holder_killed_mid_round(stack: Stack, sedna_gm: GmFactory) -> 
 
 
 def test_workers_on_a_second_node(stack: Stack, sedna_gm: GmFactory) -> None:
-    # The job reaches the worker node only once the GM saw the pod run (Train/Running):
-    # a worker's `running` report may come before it, so the work takes a while here.
-    gm = sedna_gm(lag=(0.0, 0.05), behaviour=lambda _i: Behaviour(run_s=1.0))
+    # The job reaches the worker node only once the GM saw the pod run (Train/Running): a
+    # worker's first `running` report may come before it, and its work lasts until the
+    # node's controller took one (a report refused for an unknown job is not sent again).
+    gm = sedna_gm(lag=(0.0, 0.05), behaviour=lambda _i: Behaviour(outlasts_delivery=True))
     linked(stack, gm, "home", NODE, LIFELONG_KEY_PREFIX="home")
     linked(stack, gm, "worker", OTHER_NODE, LIFELONG_KEY_PREFIX="worker")
     _, feeder = apply(gm, stack, train_node=OTHER_NODE)

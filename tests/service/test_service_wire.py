@@ -519,7 +519,7 @@ def upstream_flushed(stack: Stack, store: RedisStore) -> None:
     cloud), then a marker the test publishes to the upstream topic reaches the cloud, which
     the broker delivers after whatever it routed there before."""
     wait_until(
-        lambda: not any(store.outboxes.outbox_read(range(NUM_SHARDS)).values()),
+        lambda: not any(store.outboxes.read(range(NUM_SHARDS)).values()),
         10,
         "the outbox to drain",
     )
