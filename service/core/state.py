@@ -3,7 +3,7 @@ federated-learning jobs): small frozen typed values, stored in Redis as msgpack.
 
 
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -212,10 +212,24 @@ def decode_state(data: bytes) -> State:
     """A stored state. A job's stored before its spec was the wire's own (`SpecBefore`) is
     read in that form and given the spec it stands for."""
     state = decode_or_older(data, _states.decode, _job_before)
-    if not isinstance(state, _JobBefore):
-        return state
-    fields = {name: getattr(state, name) for name in JobState.__struct_fields__}
-    return JobState(**{**fields, "spec": state.spec.now()})
+    return with_spec_now(JobState, state) if isinstance(state, _JobBefore) else state
+
+
+class HoldsSpecBefore(Protocol):
+    """A struct of an older layout whose `spec` is a `SpecBefore`."""
+
+    @property
+    def spec(self) -> "SpecBefore": ...
+
+
+Upgraded = TypeVar("Upgraded", bound=msgspec.Struct)
+
+
+def with_spec_now(kind: type[Upgraded], before: HoldsSpecBefore) -> Upgraded:
+    """`before`, read in an older layout, as a `kind`: its fields, its spec the one it
+    stands for."""
+    fields = {name: getattr(before, name) for name in kind.__struct_fields__}
+    return kind(**{**fields, "spec": before.spec.now()})
 
 
 class _TriggerBefore(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -84,7 +84,14 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.paths import DataRoots
-from service.core.state import GmView, ModelInfo, SpecBefore, decode_or_older, decode_state
+from service.core.state import (
+    GmView,
+    ModelInfo,
+    SpecBefore,
+    decode_or_older,
+    decode_state,
+    with_spec_now,
+)
 from service.errors import InvalidMessage, StoreUnavailable
 from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
@@ -227,10 +234,8 @@ def decode_accepted(data: bytes) -> Accepted:
     before = decode_or_older(data, _decoder.decode, _decode_before)
     if not isinstance(before, _AcceptedBefore):
         return before
-    event = before.event
-    applied = {name: getattr(event, name) for name in JobApplied.__struct_fields__}
     accepted = {name: getattr(before, name) for name in Accepted.__struct_fields__}
-    return Accepted(**{**accepted, "event": JobApplied(**{**applied, "spec": event.spec.now()})})
+    return Accepted(**{**accepted, "event": with_spec_now(JobApplied, before.event)})
 
 
 class _JobAppliedBefore(JobApplied, frozen=True, kw_only=True, tag="job-applied"):
