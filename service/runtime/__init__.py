@@ -1,6 +1,7 @@
-"""The imperative shell around the pure core: decode -> ingress -> lease -> load ->
-transition -> commit -> effects -> ack, one collaborator per responsibility, wired by
-`replica.Replica`."""
+"""The imperative shell around the pure core, one module per stage of an event's path:
+intake (decode -> durable ingress -> ack), processor (lease -> load -> transition -> fenced
+commit), executor (effects), outbox (upstream, to MQTT and the GM), with rejections and
+leases beside them, wired by `replica.Replica`."""
 
 from service.runtime.replica import Replica, Tuning
 
