@@ -132,7 +132,7 @@ class SednaGm(Started):
         self.store = Store()
         self.kubelet = Kubelet(
             self.store, self.lc_servers.get, behaviour or (lambda _info: Behaviour()),
-            token=http_token, restart_backoff_s=restart_backoff_s,
+            admitted=self._seen_starting, token=http_token, restart_backoff_s=restart_backoff_s,
         )  # fmt: skip
         self.standin = GmStandIn(port, on_frame=self._on_frame)
         self.sent: list[Sent] = []
@@ -168,6 +168,36 @@ class SednaGm(Started):
         self.stop()
         self.kubelet.close()
         self.standin.close()
+
+    def _seen_starting(self, pod: dict[str, Any]) -> bool:
+        """Whether the GM's job cache holds the condition its sync wrote after creating
+        ``pod`` (or the job or the GM process is gone). A real pod takes seconds to be
+        scheduled and started, far longer than an informer's lag; a pod that ended before
+        would meet the GM's stale-copy bug (a sync on a copy still at Ready finds its pod
+        ended and creates another), which no local controller causes."""
+        process = self._process
+        if process is None:
+            return True
+        owner = pod["metadata"]["ownerReferences"][0]
+        job = process.jobs.get(pod["metadata"]["namespace"], owner["name"])
+        return (job is None or job["metadata"]["uid"] != owner["uid"]
+                or len(job["status"]["conditions"] or []) > pod["conditionCount"])  # fmt: skip
+
+    def seen_running(self, info: PodInfo) -> Callable[[], bool] | None:
+        """A train or eval worker's `Behaviour.until`: the GM wrote its stage's Running
+        after the stage's latest Ready (so the GM annotated the job with the pod's node).
+        None for an inference worker, which runs until its pod is deleted anyway."""
+        stage = {"train": "Train", "eval": "Eval"}.get(info.type)
+        if stage is None:
+            return None
+
+        def seen() -> bool:
+            conditions = [(c["stage"], c["type"]) for c in
+                          self.job(info.job)["status"]["conditions"] or []]  # fmt: skip
+            ready = max(i for i, c in enumerate(conditions) if c == (stage, "Ready"))
+            return (stage, "Running") in conditions[ready:]
+
+        return seen
 
     # -- kubectl --------------------------------------------------------------------------
 
@@ -545,7 +575,8 @@ class _Process:
     def _new_pod(self, job: dict[str, Any], type_: str, env: dict[str, str],
                  template: dict[str, Any], *, ready: int, restart: str) -> None:  # fmt: skip
         """CreatePodWithTemplate; the pod keeps its environment as a map (``env``), its
-        creation order (``seq``) and the Ready it answers (``readyNumber``) beside it."""
+        creation order (``seq``), the Ready it answers (``readyNumber``) and how many
+        conditions the job had then (``conditionCount``) beside it."""
         meta = job["metadata"]
         pod_spec = template["spec"] or {}
         name = f"{meta['name']}-{type_}-{_suffix()}"
@@ -557,7 +588,7 @@ class _Process:
                      "restartPolicy": pod_spec.get("restartPolicy") or restart},
             "status": {"phase": "Pending"},
             "env": env, "seq": next(self.gm.pod_sequence),
-            "readyNumber": ready,
+            "readyNumber": ready, "conditionCount": len(job["status"]["conditions"]),
         })  # fmt: skip
 
     # -- upstream -------------------------------------------------------------------------

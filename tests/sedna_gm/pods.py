@@ -1,12 +1,12 @@
 """The pods the GM creates, and a kubelet that runs each as a real worker.
 
 A pod is a `Store` object of kind ``pod``; `Kubelet` watches the store and runs every new
-pod in a thread: ``Pending`` for the behaviour's start delay, then ``Running`` while its
-worker runs, then ``Succeeded`` (exit 0) or, under restartPolicy Never, ``Failed``; under
-OnFailure (what the GM sets on train and eval pods unless the template says otherwise) or
-Always a failed worker is started again after the kubelet's back-off and the pod stays
-``Running``. Deleting the pod stops it. Each phase change is a store update, which the GM's
-pod informer sees.
+pod in a thread: ``Pending`` until admitted and for the behaviour's start delay, then
+``Running`` while its worker runs, then ``Succeeded`` (exit 0) or, under restartPolicy
+Never, ``Failed``; under OnFailure (what the GM sets on train and eval pods unless the
+template says otherwise) or Always a failed worker is started again after the kubelet's
+back-off and the pod stays ``Running``. Deleting the pod stops it. Each phase change is a
+store update, which the GM's pod informer sees.
 
 The workers behave as Sedna's worker library does: they read the environment the GM gave
 them (paths are used as they are: the worker runs on this host, where a pod would see the
@@ -57,11 +57,14 @@ class Behaviour:
     (missing ones get `DEFAULT_METRICS`); ``start_delay_s`` keeps the pod Pending,
     ``run_s`` is how long the work takes. ``outlasts_delivery``: the work also lasts until
     the node's controller took one of its `running` reports (posted again until then), as a
-    real run outlasts the job's way to a node the GM sends it to only once the pod runs."""
+    real run outlasts the job's way to a node the GM sends it to only once the pod runs.
+    ``until``: the work also lasts until this holds (a fact of the test's choosing, such as
+    the GM having seen the pod run)."""
 
     start_delay_s: float = 0.0
     run_s: float = 0.0
     outlasts_delivery: bool = False
+    until: Callable[[], bool] | None = None
     exit_code: int = 0
     report_failed: bool = True
     metrics: tuple[Mapping[str, list[float]], ...] = ()
@@ -95,12 +98,14 @@ class PodRecord:
 @dataclass(eq=False)
 class Kubelet:
     """Runs the store's pods; ``lc_server(node)`` is the URL a node's pods post to (None: the
-    node does not exist and its pods stay Pending). Watches the store from the start."""
+    node does not exist and its pods stay Pending); a pod stays Pending until
+    ``admitted(pod)``. Watches the store from the start."""
 
     store: Store
     lc_server: Callable[[str], str | None]
     behaviour: Callable[[PodInfo], Behaviour]
     _: KW_ONLY
+    admitted: Callable[[dict[str, Any]], bool] = lambda _pod: True
     token: str = ""
     restart_backoff_s: float = 10.0
     post_retry_s: float = 30.0
@@ -163,6 +168,9 @@ class Kubelet:
               stop: threading.Event) -> None:  # fmt: skip
         if self.lc_server(record.node) is None:
             return  # no such node: Pending for good
+        while not self.admitted(pod):
+            if stop.wait(0.01):
+                return
         env = record.env
         attempt = 1
         behaviour = self.behaviour(PodInfo(record.job, record.type, number, attempt, record.node))
@@ -216,6 +224,9 @@ class Kubelet:
             if stop.wait(0.1):
                 return 1
             self._report(record, env, "running")
+        while behaviour.until is not None and not behaviour.until():
+            if stop.wait(0.01):
+                return 1
         if behaviour.exit_code != 0:
             if behaviour.report_failed:
                 self._report(record, env, "failed")

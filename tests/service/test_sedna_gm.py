@@ -8,7 +8,6 @@ conditions are in order with one pod per Ready, and the GM refused no status.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -35,11 +34,6 @@ OTHER_NODE = "edge-node-b"
 GATE = '{"condition":{"operator":">","threshold":0.01,"metric":"accuracy_delta[0]"}}'
 
 GmFactory = Callable[..., SednaGm]
-#: The shortest a worker runs here. Real pods take seconds; a worker done before the GM's
-#: informer shows its pod's Starting meets the GM's own bug: a sync on a stale copy still at
-#: Ready finds the pod ended and creates another. That is no controller's doing, so workers
-#: run longer than the informer lag (at most 50 ms in these tests).
-MIN_RUN_S = 0.2
 
 
 @pytest.fixture
@@ -48,15 +42,7 @@ def sedna_gm() -> Iterator[GmFactory]:
     with contextlib.ExitStack() as closing:
 
         def make(**options: Any) -> SednaGm:
-            chosen: Callable[[PodInfo], Behaviour] = options.pop(
-                "behaviour", lambda _i: Behaviour()
-            )
-
-            def behaviour(info: PodInfo) -> Behaviour:
-                run = chosen(info)
-                return dataclasses.replace(run, run_s=max(run.run_s, MIN_RUN_S))
-
-            gm = SednaGm(behaviour=behaviour, **options)
+            gm = SednaGm(**options)
             closing.callback(gm.close)
             gm.start()
             return gm
