@@ -31,6 +31,7 @@ _SCHEMA_TYPES: Mapping[str, Any] = {
     "envelope.json": wire.Envelope,
     "dataset.json": wire.Dataset,
     "lifelonglearningjob.json": wire.LifelongLearningJob,
+    "incrementallearningjob.json": wire.IncrementalLearningJob,
     "model.json": wire.ModelResource,
     "jointinferenceservice.json": wire.JointInferenceService,
     "federatedlearningjob.json": wire.FederatedLearningJob,
@@ -72,8 +73,8 @@ class _Topic(NamedTuple):
 _CHANNELS: Mapping[str, _Topic] = {
     "downstream": _Topic(
         "{prefix}/{node}/downstream",
-        "Datasets, lifelong-learning jobs, Models, joint-inference services and "
-        "federated-learning jobs from the cloud: insert or delete, content inline or base64; "
+        "Datasets, lifelong- and incremental-learning jobs, Models, joint-inference services "
+        "and federated-learning jobs from the cloud: insert or delete, content inline or base64; "
         "and a job's rollback (operation `rollback`, content `{\"version\": V}` or none for "
         "the previously deployed version), refused on the errors topic with the reason.",
         "downstreamEnvelope",
@@ -81,8 +82,8 @@ _CHANNELS: Mapping[str, _Topic] = {
     ),
     "workerInfo": _Topic(
         "{prefix}/{node}/workers/{worker}/info",
-        "Worker reports of lifelong-learning jobs, joint-inference services and "
-        "federated-learning jobs, by ownerKind (also accepted as POST "
+        "Worker reports of lifelong- and incremental-learning jobs, joint-inference services "
+        "and federated-learning jobs, by ownerKind (also accepted as POST "
         "/sedna/workers/{worker}/info).",
         "workerMessage",
         "worker-message.json",
@@ -207,7 +208,7 @@ def _rollback_envelope_schema() -> dict[str, Any]:
                     {
                         "properties": {
                             "operation": {"pattern": "^[rR][oO][lL][lL][bB][aA][cC][kK]$"},
-                            "resourceKind": {"pattern": wire.LIFELONG_KIND_PATTERN},
+                            "resourceKind": {"pattern": wire.JOB_KIND_PATTERN},
                         }
                     },
                 ]

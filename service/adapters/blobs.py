@@ -529,6 +529,16 @@ class BlobStore:
         except SourceMissing as e:
             raise PermanentError(f"model {src_url} does not exist") from e
 
+    def write_file(self, url: str, data: bytes, cred: S3CredentialLike | None) -> None:
+        """Replace ``url`` whole with ``data`` (a reader sees the old bytes or the new, never
+        a part), retrying transient failures."""
+
+        def once() -> None:
+            with self._staging.staged(url, cred) as out, io_errors(f"writing {url}"):
+                out.write(data)
+
+        self._retry(once)
+
     def prune_rounds(self, data_url: str, keep: Callable[[int], bool]) -> list[int]:
         """Remove the local data files of the rounds beside the round file ``data_url`` (its
         phase's ``<out>/data/{train|eval}``) whose version ``keep`` refuses; return those

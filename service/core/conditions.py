@@ -37,7 +37,6 @@ waiting of the train, eval and deploy phases, and dataset statuses; everything e
 `running` reports, inference and deploy-worker reports) goes to the MQTT upstream topic only.
 """
 
-
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -205,6 +204,8 @@ def advance(job: JobState, out: Recorder) -> JobState:
     if where == ("train", "waiting"):
         if job.gm_rollback is not None:
             return _rollback_ready(job, out)
+        if _hot_update_running(job, out):
+            return _hot_update_done(job, out)
         return training.check_trigger(job, out, reschedule=False)
     if where == ("eval", "staged") and shows(job, out, "eval"):
         return training.start_eval(job, out)
@@ -212,6 +213,26 @@ def advance(job: JobState, out: Recorder) -> JobState:
         return deploys.decide(job, out)
     if job.step == "running" and caught_up(job):
         return _completed_elsewhere(job, out)
+    return job
+
+
+def _hot_update_running(job: JobState, out: Recorder) -> bool:
+    """Whether the GM holds an incremental-learning job with hot update at Deploy/Starting
+    or Deploy/Running: after a deploy `ready` it leaves the running inference worker alone
+    and never moves the stage on by itself."""
+    return (
+        job.spec.incremental is not None
+        and job.spec.incremental.hot_update_config is not None
+        and any(shows(job, out, "deploy", kind) for kind in ("starting", "running"))
+    )
+
+
+def _hot_update_done(job: JobState, out: Recorder) -> JobState:
+    """Tell the GM the deploy stage is over (the inference worker loads the deployed model
+    from its config file), so that it moves the job on to Train/Waiting."""
+    reason = "hot update: the inference worker loads the deployed model from its config file"
+    training.publish(job, out, JobStatus(phase="deploy", status="completed", reason=reason))
+    out.note(f"the GM shows the deploy of round {job.version} running: deploy completed sent")
     return job
 
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import msgspec
 
-from service.core import conditions, reports, samples, training
+from service.core import conditions, kinds, reports, samples, training
 from service.core.effects import CopyModel, Recorder, RecordRound, Refused, Reject
 from service.core.events import Event, ModelCopied, RollbackRequested, WorkerReported
 from service.core.gate import GateVerdict, judge, kept
-from service.core.paths import add_prefix, deploy_model
+from service.core.paths import add_prefix
 from service.core.rounds import Deployment, RoundRecord, Scores, remember
 from service.core.state import JobState, ModelRef
 from service.wire import GateResult, JobInput, JobOutput, JobStatus, RollbackResult
@@ -103,7 +103,7 @@ def _judge(
     gate = job.spec.gate
     assert gate is not None
     compared = _compared_version(job)
-    deploying = job.rollback or job.deployed  # what the deploy file holds once copies land
+    deploying = kinds.compared(job)  # what the deploy target holds once copies land
     now_deployed = deploying.version if deploying is not None else None
     if compared is not None and compared != now_deployed:
         reason = (
@@ -140,15 +140,18 @@ def _copy(
     rollback: Deployment | None = None,
 ) -> CopyModel:  # fmt: skip
     prefix = out.ctx.volume_prefix
+    target, hot_update = kinds.deploy_target(job, model.url, prefix)
     return CopyModel(
         id=out.next_id(),
         namespace=job.namespace,
         name=job.name,
         version=version,
         src_url=add_prefix(prefix, model.url),
-        dst_url=add_prefix(prefix, deploy_model(job.spec.output_dir)),
+        dst_url=target,
         rollback=rollback is not None,
         expect=rollback.digest if rollback is not None else None,
+        output_dir=add_prefix(prefix, job.spec.output_dir),
+        hot_update=hot_update,
     )
 
 
@@ -178,7 +181,7 @@ def model_copied(job: JobState, event: Event, out: Recorder) -> JobState:
     assert isinstance(event, ModelCopied)
     if training.stale_round(job, event, out):
         return job
-    models = JobInput(models=list(job.eval_models))
+    models = JobInput(models=kinds.deployed_models(job))
     gate = job.current.gate if job.current is not None else None
     job = replace(job, phase="train", step="waiting", next_check_ms=None)
     if event.error is not None:
@@ -247,7 +250,7 @@ def _unsafe(job: JobState) -> str | None:
     if job.phase == "deploy":
         doing = "in flight" if job.step == "copying" else "waiting to start"
         return f"round {job.version}'s deploy copy is {doing}; try again once it is done"
-    compared = training.compared(job)
+    compared = kinds.compared(job)
     if job.phase == "eval" and compared is not None:
         return (
             f"round {job.version} is in eval, comparing its model with the deployed version "

@@ -18,7 +18,7 @@ from service.core.rounds import ModelDigest, RoundRecord
 from service.core.samples import Ranges
 from service.core.state import Codec, DatasetInfo, RoundPhase, State
 from service.errors import RejectCode
-from service.wire import DatasetStatus, JobStatus, ReportStatus
+from service.wire import DatasetStatus, IncrementalSpec, JobStatus, ReportStatus
 
 #: The job statuses Sedna's GM takes in as conditions (it refuses others with an error log).
 GM_STATUSES = frozenset({"ready", "completed", "failed", "waiting"})
@@ -59,6 +59,9 @@ class Publish(_Addressed, frozen=True, kw_only=True, tag="publish"):
 
     status: JobStatus | DatasetStatus
     to_gm: bool = True
+    #: the resource's kind as the envelope names it (empty: its resource key's: a dataset's,
+    #: a lifelong-learning job's)
+    resource_kind: str = ""
 
 
 class Forward(_Addressed, frozen=True, kw_only=True, tag="forward"):
@@ -111,7 +114,9 @@ class ScheduleCheck(_Effect, frozen=True, kw_only=True, tag="schedule"):
 
 
 class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
-    """Stream the round's sample ranges from the dataset into the round's data files."""
+    """Stream the round's sample ranges from the dataset into the round's data files; for an
+    incremental-learning job's train round, also look up the Models `models` names (their
+    result comes back with `RoundWritten.models`; one missing fails the round)."""
 
     phase: RoundPhase
     version: int
@@ -125,18 +130,34 @@ class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
     #: versions whose data files stay however old they are: the deployed round's and those
     #: a rollback can restore
     keep: tuple[int, ...] = ()
+    models: IncrementalSpec | None = None
+
+
+class HotUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an inference worker with hot update finds its model: the model is copied to
+    `model_file` (beside its config file), then the config file `config` is rewritten whole
+    to name it as the worker's container sees it (`model_path`) with the time of the
+    update, which the worker's next poll picks up (disk paths: volume prefix added)."""
+
+    config: str
+    model_file: str
+    model_path: str
 
 
 class CopyModel(_Addressed, frozen=True, kw_only=True, tag="copy-model"):
     """Replace the deploy target whole with the model's file (round `version`'s model; for a
     rollback, `rollback` is set, and `expect` is what the copy read of that file when it was
-    deployed: a file that no longer matches is refused and the target left as it is)."""
+    deployed: a file that no longer matches is refused and the target left as it is). The
+    source must lie in `output_dir` (the job's, as on disk; empty in a copy queued before
+    the field: the deploy target's). `hot_update`: the inference worker is told too."""
 
     version: int
     src_url: str
     dst_url: str
     rollback: bool = False
     expect: ModelDigest | None = None
+    output_dir: str = ""
+    hot_update: HotUpdate | None = None
 
 
 class PollDataset(_Addressed, frozen=True, kw_only=True, tag="poll-dataset"):
@@ -257,11 +278,12 @@ class Recorder:
         status: JobStatus | DatasetStatus,
         *,
         to_gm: bool = True,
+        resource_kind: str = "",
     ) -> None:
         """An upstream status; Sedna's GM gets it too when it accepts it and `to_gm`."""
         publish = Publish(
             id=self.next_id(), namespace=namespace, name=name, status=status,
-            to_gm=to_gm and gm_accepts(status),
+            to_gm=to_gm and gm_accepts(status), resource_kind=resource_kind,
         )  # fmt: skip
         self.add(publish)
 

@@ -8,8 +8,8 @@ from typing import Any, Literal
 import msgspec
 
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, GmView, ModelInfo, RoundPhase
-from service.wire import JobSpec, ReportedStatus, WorkerKind, WorkerStatus
+from service.core.state import DatasetInfo, GmView, JobModels, ModelInfo, RoundPhase
+from service.wire import JobKind, JobSpec, ReportedStatus, WorkerKind, WorkerStatus
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -88,6 +88,8 @@ class WorkerReported(_Report, frozen=True, kw_only=True, tag="worker-reported"):
 
     kind: WorkerKind
     status: WorkerStatus
+    #: the kind of job the report says it is for (its `ownerKind`)
+    owner: JobKind = "lifelonglearningjob"
 
 
 class Tick(_Event, frozen=True, kw_only=True, tag="tick"):
@@ -98,11 +100,14 @@ class Tick(_Event, frozen=True, kw_only=True, tag="tick"):
 
 
 class RoundWritten(_Event, frozen=True, kw_only=True, tag="round-written"):
-    """The round `version`'s `phase` data is written (or failed: `error`)."""
+    """The round `version`'s `phase` data is written (or failed: `error`); an
+    incremental-learning job's train round also brings the Models its spec names, as they
+    are now (`models`)."""
 
     phase: RoundPhase
     version: int
     error: str | None = None
+    models: JobModels | None = None
 
 
 class ModelCopied(_Event, frozen=True, kw_only=True, tag="model-copied"):

@@ -71,6 +71,11 @@ docs/lifecycle.md in step with them; `python -m tests.core.test_lifecycle_docs` 
     train/running, eval/staged, eval/preparing, eval/running, deploy/staged, deploy/waiting,
         deploy/copying --GM copy--> train/waiting  # GM: it failed the stage; round failed
 
+    IncrementalLearningJob: the rows of LifelongLearningJob, and
+    eval/preparing --eval written--> train/waiting  # no trained model fits the Model: round
+        failed
+    train/waiting --GM copy--> (stays)  # GM: Deploy/Running (hot update): completed sent
+
     Dataset:
     none --applied--> present  # created; its first poll starts
     present --applied, polled, tick--> (stays)  # updated, counted, polled
@@ -132,6 +137,7 @@ replace = msgspec.structs.replace
 
 __all__ = [
     "DATASET_TABLE",
+    "INCREMENTAL_TABLE",
     "JOB_TABLE",
     "RESOURCE_TABLE",
     "Move",
@@ -186,11 +192,14 @@ class Rule(NamedTuple):
 
 
 class Table:
-    """One kind's lifecycle as data: the moves each (state, event) may make."""
+    """One kind's lifecycle as data: the moves each (state, event) may make; `extends`:
+    another kind's table whose rows this one has too, before its own."""
 
-    def __init__(self, kind: str, rules: Iterable[Rule]) -> None:
+    def __init__(self, kind: str, rules: Iterable[Rule], extends: "Table | None" = None) -> None:
         self.kind = kind
-        self.rules = tuple(rules)
+        self.extends = extends
+        self.own = tuple(rules)
+        self.rules: tuple[Rule, ...] = (extends.rules if extends is not None else ()) + self.own
         targets: dict[tuple[str, str], set[str]] = {}
         for rule in self.rules:
             for move in rule.moves:
@@ -212,8 +221,12 @@ class Table:
         return after == before or after in self.targets(before, event)
 
     def diagram(self) -> str:
-        """The table as text: its kind, then a line per row, in the order declared."""
-        return "\n".join([f"{self.kind}:", *(rule.text() for rule in self.rules)])
+        """The table as text: its kind, then a line per row, in the order declared (for a
+        table that extends another, that one's name and then only its own rows)."""
+        title = f"{self.kind}:"
+        if self.extends is not None:
+            title = f"{self.kind}: the rows of {self.extends.kind}, and"
+        return "\n".join([title, *(rule.text() for rule in self.own)])
 
 
 def _rules(text: str) -> list[Rule]:
@@ -278,6 +291,19 @@ deploy/copying | GM copy | train/waiting | GM: it failed the stage; round failed
     ),
 )
 
+#: The lifecycle of an IncrementalLearningJob: a lifelong-learning job's, where models come
+#: from Models and go to one (`service.core.kinds`), and these rows besides.
+INCREMENTAL_TABLE = Table(
+    "IncrementalLearningJob",
+    _rules(
+        """
+eval/preparing | eval written | train/waiting | no trained model fits the Model: round failed
+train/waiting  | GM copy      | =             | GM: Deploy/Running (hot update): completed sent
+"""
+    ),
+    extends=JOB_TABLE,
+)
+
 #: The lifecycle of a Dataset: it exists or not; its count and its polls change inside.
 DATASET_TABLE = Table(
     "Dataset",
@@ -306,7 +332,16 @@ stored | deleted           | none   | forgotten
 
 def diagram() -> str:
     """Every lifecycle table as text (the end of this module's docstring)."""
-    return "\n\n".join(t.diagram() for t in (JOB_TABLE, DATASET_TABLE, RESOURCE_TABLE))
+    tables = (JOB_TABLE, INCREMENTAL_TABLE, DATASET_TABLE, RESOURCE_TABLE)
+    return "\n\n".join(t.diagram() for t in tables)
+
+
+def job_table(state: State | None, event: Event) -> Table:
+    """The table of the job an event is for: its kind's (an insert's, for a new job)."""
+    spec = state.spec if isinstance(state, JobState) else None
+    if spec is None and isinstance(event, JobApplied):
+        spec = event.spec
+    return INCREMENTAL_TABLE if spec is not None and spec.incremental else JOB_TABLE
 
 
 def where(state: State | None) -> str:
@@ -372,7 +407,7 @@ def _absent(event: Event, out: Recorder) -> JobState | None:
 
 
 def _fits(job: JobState, event: Event) -> bool:
-    return JOB_TABLE.fits(where(job), event_key(event))
+    return job_table(job, event).fits(where(job), event_key(event))
 
 
 def _job_deleted(state: JobState | None, event: JobDeleted, out: Recorder) -> JobState | None:
@@ -586,7 +621,7 @@ def transition(state: State | None, event: Event, ctx: Context) -> Outcome:
     elif isinstance(event, StoredEvent):
         table, result = RESOURCE_TABLE, passthrough.apply(state, event, out)
     else:
-        table, result = JOB_TABLE, apply(state, event, out)
+        table, result = job_table(state, event), apply(state, event, out)
     key, before, after = event_key(event), where(state), where(result)
     if not table.allows(before, key, after):
         problem = (

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from service.core import paths
+from service.core import kinds, paths
 from service.core.effects import Reject
 from service.core.events import OwnerReported, WorkerReported
 from service.core.state import JobState, ModelRef, State
@@ -49,6 +49,8 @@ _STORAGE_URL = re.compile(STORAGE_URL_PATTERN)
 #: How many of a report's models a job keeps (TensorFlow workers report two, a deploy gate's
 #: eval two): the job's state is rewritten on every event, and the next ready carries them.
 MAX_MODELS_KEPT = 16
+#: The most device SoC versions kept of a model (Sedna's models name one or a few).
+MAX_DEVICES = 8
 #: The longest model format kept (formats are short names: pkl, pb, ckpt, onnx...).
 MAX_FORMAT_CHARS = 64
 #: How much of a failed worker's stderr (its tail) and stated reason a job keeps.
@@ -82,6 +84,12 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
     """
     if not isinstance(state, JobState):
         return unknown_owner(report, "job")
+    if report.owner != state.spec.kind:
+        reason = (
+            f"unknown {report.owner} {report.namespace}/{report.name}: the job of that name "
+            f"is a {state.spec.kind}"
+        )
+        return Reject(code="unknown_job", reason=reason)
     if not worker_named_for(report):
         levels = " or ".join(f"'{report.name}-{k}-<suffix>'" for k in _NAME_KINDS[report.kind])
         return foreign_worker(
@@ -197,7 +205,7 @@ def _outside_round(job: JobState, report: WorkerReported, volume_prefix: str) ->
     trained = paths.round_output_dir(out, "train", version)
     given = {paths.deploy_model(out)} | {
         paths.trim_prefix(volume_prefix, deployment.model.url)
-        for deployment in (job.deployed, job.rollback)
+        for deployment in (job.deployed, job.rollback, kinds.compared(job))
         if deployment is not None
     }
     for i, model in enumerate(usable_models(report.results)):
@@ -234,7 +242,7 @@ def usable_models(results: Iterable[dict[str, Any]]) -> tuple[Model, ...]:
 def model_refs(report: WorkerReported) -> tuple[ModelRef, ...]:
     """The usable models of a report, as the job keeps them: the first `MAX_MODELS_KEPT`."""
     models = usable_models(report.results)[:MAX_MODELS_KEPT]
-    return tuple(ModelRef(format=m.format, url=m.url) for m in models)
+    return tuple(ModelRef(format=m.format, url=m.url, devices=m.devices) for m in models)
 
 
 def models_left_out(report: WorkerReported) -> str | None:
@@ -302,6 +310,12 @@ def _model_of(result: object) -> Model | None:
         return None
     if not _STORAGE_URL.search(url):
         return None
+    devices = result.get("devices")
+    if not isinstance(devices, list) or not all(
+        isinstance(d, str) and 0 < len(d) <= MAX_FORMAT_CHARS for d in devices
+    ):
+        devices = []
     return Model(
-        format=model_format, url=url, metrics=metrics if isinstance(metrics, dict) else None
-    )
+        format=model_format, url=url, metrics=metrics if isinstance(metrics, dict) else None,
+        devices=devices[:MAX_DEVICES],
+    )  # fmt: skip

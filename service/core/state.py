@@ -29,6 +29,7 @@ __all__ = [
     "DatasetState",
     "GmSent",
     "GmView",
+    "JobModels",
     "JobState",
     "ModelInfo",
     "ModelRef",
@@ -80,6 +81,26 @@ class GmSent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     stage: Phase
     at_ms: int
     status: bytes
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a Model resource says: where the model is, its format, the device SoC versions it
+    runs on, and whether it names an S3 credential (the annotation; never kept here)."""
+
+    url: str
+    format: str = ""
+    devices: tuple[str, ...] = ()
+    credential: bool = False
+
+
+class JobModels(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The Models an incremental-learning job's spec names, as its latest train round found
+    them: the initial model its first round trains from, the model its evals compare with
+    while nothing is deployed, and the deploy model (where a deployed model goes)."""
+
+    initial: ModelInfo
+    compared: ModelInfo
+    deploy: ModelInfo
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job"):
@@ -134,6 +155,8 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     #: a rollback whose copy is done and whose deploy `ready` waits for the GM to show
     #: `Train/Waiting` (between rounds)
     gm_rollback: RollbackResult | None = None
+    #: an incremental-learning job's Models, as its latest train round found them
+    models: JobModels | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):
@@ -147,16 +170,6 @@ class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     polling: bool = False
     #: why the source cannot be read now (missing, permission, S3 403/404); None: it can
     unreadable: str | None = None
-
-
-class ModelInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What a Model resource says: where the model is, its format, the device SoC versions it
-    runs on, and whether it names an S3 credential (the annotation; never kept here)."""
-
-    url: str
-    format: str = ""
-    devices: tuple[str, ...] = ()
-    credential: bool = False
 
 
 class ResourceState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="resource"):

@@ -9,10 +9,10 @@ a worker that always fails cannot make its job spin; a completed round resets th
 
 import msgspec
 
-from service.core import conditions, paths, reports, samples
+from service.core import conditions, kinds, paths, reports, samples
 from service.core.effects import Recorder, RecordRound, WriteRound
 from service.core.events import Event, ModelCopied, RoundWritten, WorkerReported
-from service.core.rounds import Deployment, RoundOutcome, RoundRecord
+from service.core.rounds import RoundOutcome, RoundRecord
 from service.core.state import JobState, ModelRef, RoundPhase
 from service.core.triggers import NUM_OF_SAMPLES, should_fire
 from service.wire import JobInput, JobStatus
@@ -28,7 +28,10 @@ def active(job: JobState) -> bool:
 
 
 def publish(job: JobState, out: Recorder, status: JobStatus, *, to_gm: bool = True) -> None:
-    out.publish(job.namespace, job.name, status, to_gm=to_gm)
+    """An upstream status of the job, under its kind (a lifelong-learning job's is its
+    resource key's)."""
+    kind = job.spec.kind if job.spec.incremental is not None else ""
+    out.publish(job.namespace, job.name, status, to_gm=to_gm, resource_kind=kind)
 
 
 # ================================================================= the train trigger
@@ -108,19 +111,20 @@ def write_round(
         index_url=None if index_url is None else paths.add_prefix(prefix, index_url),
         index_prefix=None if index_url is None else paths.index_prefix(dataset.url),
         keep=tuple(sorted({d.version for d in (job.deployed, *job.deployments) if d})),
+        models=job.spec.incremental if phase == "train" else None,
     )
 
 
 def round_input(job: JobState, phase: RoundPhase, models: tuple[ModelRef, ...]) -> JobInput:
     """The worker-visible `input` of a round's ready message (no volume prefix).
 
-    A gated job's eval also gets the deployed model, last in `models` and as
-    `deployedModel`: the worker scores both on the same data.
+    An eval that compares (`kinds.compared`) also gets the deployed model, last in `models`
+    and as `deployedModel`: the worker scores both on the same data.
     """
     assert job.dataset is not None
     out, version, fmt = job.spec.output_dir, job.version, job.dataset.format
     index = paths.needs_index(job.dataset.url, fmt)
-    deployment = compared(job) if phase == "eval" else None
+    deployment = kinds.compared(job) if phase == "eval" else None
     deployed = deployment.model if deployment is not None else None
     return JobInput(
         models=[*models, deployed] if deployed is not None else list(models),
@@ -131,16 +135,6 @@ def round_input(job: JobState, phase: RoundPhase, models: tuple[ModelRef, ...]) 
     )
 
 
-def compared(job: JobState) -> Deployment | None:
-    """The deployment a gated job's eval compares the new model with: the one deployed, or
-    the one a rollback in flight is restoring. Its model is named by the round's own file (a
-    fixed path, whatever the deploy file holds meanwhile). None without a gate or with
-    nothing deployed."""
-    if job.spec.gate is None:
-        return None
-    return job.rollback or job.deployed
-
-
 def stale_round(job: JobState, event: RoundWritten | ModelCopied, out: Recorder) -> bool:
     if event.version != job.version:
         out.note(f"result for round {event.version} while at round {job.version}: ignored")
@@ -149,18 +143,25 @@ def stale_round(job: JobState, event: RoundWritten | ModelCopied, out: Recorder)
 
 
 def data_written(job: JobState, event: Event, out: Recorder) -> JobState:
-    """A round's train or eval data is on disk: tell the worker (eval gets the train models,
-    and a gated job's eval the deployed one too)."""
+    """A round's train or eval data is on disk: tell the worker the models it starts from
+    (`kinds`: an incremental-learning job's train round gets its base model; an eval the
+    trained models and, when it compares, the deployed one)."""
     assert isinstance(event, RoundWritten)
     if stale_round(job, event, out):
         return job
-    if event.error is not None:
-        publish(job, out, JobStatus(phase=event.phase, status="failed", reason=event.error))
-        return back_to_train(job, out, event.error)
-    models = job.train_models if event.phase == "eval" else ()
+    if event.models is not None:
+        job = replace(job, models=event.models)
+    pick = kinds.eval_models if event.phase == "eval" else kinds.train_models
+    models, problem = pick(job)
+    error = event.error or (problem if event.phase == "eval" else None)
+    if error is not None:
+        publish(job, out, JobStatus(phase=event.phase, status="failed", reason=error))
+        return back_to_train(job, out, error)
+    if problem is not None:
+        out.note(problem)
     job_input = round_input(job, event.phase, models)
     publish(job, out, JobStatus(phase=event.phase, status="ready", input=job_input))
-    deployment = compared(job) if event.phase == "eval" else None
+    deployment = kinds.compared(job) if event.phase == "eval" else None
     if deployment is not None:
         current = job.current or RoundRecord(version=job.version)
         job = replace(job, current=replace(current, deployed_version=deployment.version))

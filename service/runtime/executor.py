@@ -28,9 +28,11 @@ jobs from writing to one directory.
 """
 
 
+import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -43,6 +45,7 @@ from service.core.effects import (
     AttachDataset,
     CopyModel,
     DetachDataset,
+    HotUpdate,
     NotifyJobs,
     PollDataset,
     ReleaseOutputDir,
@@ -51,7 +54,14 @@ from service.core.effects import (
     decode_work,
 )
 from service.core.events import DatasetPolled, Event, ModelCopied, RoundWritten
-from service.core.state import DatasetState, JobState, decode_state
+from service.core.state import (
+    DatasetState,
+    JobModels,
+    JobState,
+    ModelInfo,
+    ResourceState,
+    decode_state,
+)
 from service.errors import (
     InvalidMessage,
     LeaseLost,
@@ -60,7 +70,7 @@ from service.errors import (
     TransientError,
 )
 from service.heartbeat import Clock, Heartbeats, progress
-from service.keys import dataset_key, job_key, parse_rkey, rkey_path, shard_of
+from service.keys import MODEL_KIND, dataset_key, job_key, parse_rkey, rkey, rkey_path, shard_of
 from service.logs import redact
 from service.metrics import Metrics
 from service.runtime.intake import Accepted, encode_accepted
@@ -156,7 +166,7 @@ class Executor:
             case WriteRound():
                 return self._write_round(work)
             case CopyModel():
-                return self._copy_model(work)
+                return self._copy_model(work, now_ms)
             case PollDataset():
                 return self._poll(work)
             case NotifyJobs():
@@ -214,13 +224,48 @@ class Executor:
             error = redact(f"writing {work.phase} data of round {work.version} failed: {e}")
         else:
             self._prune(work)
+        models = None
+        if work.models is not None and error is None:
+            models, error = self._models(work.namespace, work.models)
         return RoundWritten(
             namespace=work.namespace,
             name=work.name,
             phase=work.phase,
             version=work.version,
             error=error,
+            models=models,
         )
+
+    def _models(
+        self, namespace: str, spec: wire.IncrementalSpec
+    ) -> tuple[JobModels | None, str | None]:
+        """The Models an incremental-learning job names, as stored now, or why not all are
+        there."""
+        names = {
+            "initialModel": spec.initial_model,
+            "evalSpec.initialEvalModel": spec.compared_model,
+            "deploySpec.model": spec.deploy_model,
+        }
+        keys = {role: rkey(MODEL_KIND, namespace, name) for role, name in names.items()}
+        raws = self._states.load(list(set(keys.values())))
+        found: dict[str, ModelInfo] = {}
+        for role, key in keys.items():
+            raw = raws[key]
+            try:
+                state = decode_state(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                state = None  # quarantined: as good as missing until it is applied again
+            if not isinstance(state, ResourceState) or state.model is None:
+                return None, (
+                    f"Model {namespace}/{names[role]} (the job's {role}) does not exist on "
+                    "this node: the round waits for it"
+                )
+            found[role] = state.model
+        models = JobModels(
+            initial=found["initialModel"], compared=found["evalSpec.initialEvalModel"],
+            deploy=found["deploySpec.model"],
+        )  # fmt: skip
+        return models, None
 
     def _prune(self, work: WriteRound) -> None:
         """Remove the data files of this phase's rounds older than the newest
@@ -235,20 +280,27 @@ class Executor:
                 extra={"job": f"{work.namespace}/{work.name}", "effect": "write-round"},
             )
 
-    def _copy_model(self, work: CopyModel) -> ModelCopied:
+    def _copy_model(self, work: CopyModel, now_ms: int) -> ModelCopied:
         error, digest = None, None
         cred = self._credential(job_key(work.namespace, work.name), work.src_url, work.dst_url)
+        output_dir = work.output_dir or paths.output_dir_of(work.dst_url)
+        target = work.dst_url
         try:
             digest = self._blobs.copy_model(
-                src_url=work.src_url,
-                dst_url=work.dst_url,
-                output_dir=paths.output_dir_of(work.dst_url),
-                src_cred=cred,
-                dst_cred=cred,
-                expect=work.expect,
-            )
+                src_url=work.src_url, dst_url=target, output_dir=output_dir, src_cred=cred,
+                dst_cred=cred, expect=work.expect,
+            )  # fmt: skip
+            hot = work.hot_update
+            if hot is not None:
+                target = hot.model_file
+                self._blobs.copy_model(
+                    src_url=work.src_url, dst_url=target, output_dir=output_dir,
+                    src_cred=cred, dst_cred=None, expect=digest,
+                )  # fmt: skip
+                target = hot.config
+                self._blobs.write_file(target, hot_update_config(hot, now_ms), None)
         except (PermanentError, TransientError) as e:
-            error = redact(f"copying model {work.src_url} to {work.dst_url} failed: {e}")
+            error = redact(f"copying model {work.src_url} to {target} failed: {e}")
         return ModelCopied(
             namespace=work.namespace, name=work.name, version=work.version, error=error,
             rollback=work.rollback, digest=digest,
@@ -332,6 +384,15 @@ class Executor:
     def _send(self, rkey: str, event: Event, now_ms: int) -> None:
         accepted = Accepted(event=event, received_ms=now_ms)
         self._ingress.append(shard_of(rkey), encode_accepted(accepted))
+
+
+def hot_update_config(hot: HotUpdate, now_ms: int) -> bytes:
+    """The inference worker's model config naming the model just deployed, with the time of
+    the update (which tells the worker's poll the model changed)."""
+    moment = datetime.fromtimestamp(now_ms / 1000, UTC)
+    config = {"model_config": {"model_path": hot.model_path,
+                               "model_update_time": wire.rfc3339_utc(moment)}}  # fmt: skip
+    return json.dumps(config, indent=1).encode()
 
 
 def unreadable(url: str) -> str:

@@ -55,7 +55,6 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Literal
 
 import msgspec
@@ -333,17 +332,23 @@ def digest(resource: wire.Resource) -> str:
 
 
 def check_paths(message: wire.Downstream, data_roots: DataRoots) -> None:
-    """Refuse a dataset url or outputDir where the controller may not read or write."""
+    """Refuse a dataset url, an outputDir or a hot-update config file where the controller
+    may not read or write."""
     match message:
         case wire.DatasetInsert(dataset=dataset):
-            field, url = "$.spec.url", dataset.spec.url
+            places = [("$.spec.url", dataset.spec.url)]
         case wire.JobInsert(job=job):
-            field, url = "$.spec.outputDir", job.spec.output_dir
+            places = [("$.spec.outputDir", job.spec.output_dir)]
+            incremental = wire.job_spec(job).incremental
+            config = incremental.hot_update_config if incremental is not None else None
+            if config is not None:
+                places.append((f"$.metadata.annotations[{wire.HOT_UPDATE_ANNOTATION!r}]", config))
         case _:
             return
-    problem = data_roots.problem(url)
-    if problem is not None:
-        raise InvalidMessage(problem, field, code="path_refused")
+    for field, url in places:
+        problem = data_roots.problem(url)
+        if problem is not None:
+            raise InvalidMessage(problem, field, code="path_refused")
 
 
 def downstream_event(
@@ -404,18 +409,9 @@ def model_info(model: wire.ModelResource) -> ModelInfo:
     )
 
 
-def gm_view(job: wire.LifelongLearningJob) -> GmView:
+def gm_view(job: wire.LearningJob) -> GmView:
     """What the GM's copy of a job shows (its status conditions)."""
     return view_of(job.status.conditions if job.status is not None else [])
-
-
-#: Why a report of an owner kind this controller does not manage yet is refused.
-NOT_MANAGED = MappingProxyType(
-    {
-        "incrementallearningjob": "incremental-learning jobs are not yet managed by this "
-        "controller (keep Sedna's local controller on nodes that run them)"
-    }
-)
 
 
 def report_event(
@@ -423,8 +419,6 @@ def report_event(
 ) -> WorkerReported | OwnerReported:
     """The event of a worker report, for its owner's kind (`ownerKind`)."""
     kind = report.owner_kind
-    if kind in NOT_MANAGED:
-        raise InvalidMessage(NOT_MANAGED[kind], "$.ownerKind")
     if kind not in STORED_KINDS:
         return worker_event(report, channel)
     return OwnerReported(
@@ -443,7 +437,7 @@ def report_event(
 def worker_event(
     report: wire.WorkerMessage, channel: Literal["mqtt", "http"] = "mqtt"
 ) -> WorkerReported:
-    """The event of a lifelong-learning job's worker report."""
+    """The event of a lifelong- or incremental-learning job's worker report."""
     if report.status is None:
         raise InvalidMessage(STATUS_REQUIRED, "$.status")
     owner_info = b"{}" if report.owner_info is None else bytes(report.owner_info)
@@ -456,6 +450,11 @@ def worker_event(
         results=tuple(report.results),
         owner_info=owner_info,
         channel=channel,
+        owner=(
+            "incrementallearningjob"
+            if report.owner_kind == "incrementallearningjob"
+            else "lifelonglearningjob"
+        ),
     )
 
 

@@ -348,9 +348,10 @@ def upstream_entry(rkey: str, effect: Publish | Forward, config: Config) -> Outb
     resource's kind, the header keeping the effect's stable id; for the GM link too when one
     is configured and the GM takes it (a status the core marked for it, a forwarded report
     of a kind and status the GM reads)."""
+    kind = effect.resource_kind if isinstance(effect, Publish) else ""
     header = wire.Header(
         namespace=effect.namespace,
-        resource_kind=parse_rkey(rkey).wire_kind,
+        resource_kind=kind or parse_rkey(rkey).wire_kind,
         resource_name=effect.name,
         operation="status",
         id=effect.id,

@@ -51,7 +51,9 @@ from service.wire.resources import (
     Envelope,
     FederatedLearningJob,
     Header,
+    IncrementalLearningJob,
     JointInferenceService,
+    LearningJob,
     LifelongLearningJob,
     ModelResource,
     ObjectMeta,
@@ -112,7 +114,7 @@ class DatasetDelete(_Delete, frozen=True, kw_only=True):
 class JobInsert(_Insert, frozen=True, kw_only=True):
     """A job was created, updated or re-sent; `raw` is its canonical JSON (sorted keys)."""
 
-    job: LifelongLearningJob
+    job: LearningJob
 
 
 class JobDelete(_Delete, frozen=True, kw_only=True):
@@ -137,7 +139,7 @@ class JobRollback(msgspec.Struct, frozen=True, kw_only=True):
 
 #: The resources the controller stores without running anything of them.
 StoredResource = ModelResource | JointInferenceService | FederatedLearningJob
-Resource = Dataset | LifelongLearningJob | StoredResource
+Resource = Dataset | LifelongLearningJob | IncrementalLearningJob | StoredResource
 
 
 class ResourceInsert(_Insert, frozen=True, kw_only=True):
@@ -185,18 +187,14 @@ _RESOURCE_KINDS: Mapping[str, _Kind] = MappingProxyType(
     {
         "dataset": _Kind("Dataset", Dataset),
         "lifelonglearningjob": _Kind("LifelongLearningJob", LifelongLearningJob),
+        "incrementallearningjob": _Kind("IncrementalLearningJob", IncrementalLearningJob),
         "model": _Kind("Model", ModelResource),
         "jointinferenceservice": _Kind("JointInferenceService", JointInferenceService),
         "federatedlearningjob": _Kind("FederatedLearningJob", FederatedLearningJob),
     }
 )
-#: A kind Sedna's local controller manages that this one does not run yet.
-_NOT_YET = MappingProxyType(
-    {
-        "incrementallearningjob": "incremental-learning jobs are not yet managed by this "
-        "controller (keep Sedna's local controller on nodes that run them)"
-    }
-)
+#: The job kinds, which the controller runs (a downstream `rollback` is theirs alone).
+_JOB_KINDS = frozenset({"lifelonglearningjob", "incrementallearningjob"})
 
 
 def decode_envelope(data: bytes) -> Downstream:
@@ -212,13 +210,13 @@ def decode_envelope(data: bytes) -> Downstream:
     if operation == "delete":
         if kind == "dataset":
             return DatasetDelete(namespace=header.namespace, name=header.resource_name)
-        if kind == "lifelonglearningjob":
+        if kind in _JOB_KINDS:
             return JobDelete(namespace=header.namespace, name=header.resource_name)
         return ResourceDelete(kind=kind, namespace=header.namespace, name=header.resource_name)
-    if operation == "rollback" and kind == "lifelonglearningjob":
+    if operation == "rollback" and kind in _JOB_KINDS:
         return _rollback(header, envelope.content)
     if operation != "insert":
-        rollback = kind == "lifelonglearningjob"
+        rollback = kind in _JOB_KINDS
         expected = "insert, delete or rollback" if rollback else "insert or delete"
         reason = f"unknown operation {quoted(header.operation)}; expected {expected}"
         raise InvalidMessage(reason, "$.header.operation")
@@ -230,7 +228,7 @@ def decode_envelope(data: bytes) -> Downstream:
         return DatasetInsert(dataset=resource, raw=canonical(content))
     # the status Sedna's GM sends grows with every round: read once, never stored
     raw = canonical({k: v for k, v in content.items() if k != "status"})
-    if isinstance(resource, LifelongLearningJob):
+    if isinstance(resource, LifelongLearningJob | IncrementalLearningJob):
         return JobInsert(job=resource, raw=raw)
     return ResourceInsert(resource=resource, raw=raw)
 
@@ -239,8 +237,6 @@ def _kind_of(text: str, path: str, field: str) -> str:
     """A kind named by an envelope's `resourceKind` or a manifest's `kind` (`field`), in lower
     case; refused when this controller does not take it, saying why."""
     kind = text.lower()
-    if kind in _NOT_YET:
-        raise InvalidMessage(_NOT_YET[kind], path)
     if kind not in _RESOURCE_KINDS:
         expected = ", ".join(_RESOURCE_KINDS)
         reason = f"unknown {field} {quoted(text)}; expected one of {expected}"
@@ -288,7 +284,7 @@ def decode_stored(data: bytes) -> StoredResource:
     """Decode a stored Model, joint-inference service or federated-learning job (the raw
     resource JSON kept beside its state)."""
     resource = decode_resource(data)
-    if isinstance(resource, Dataset | LifelongLearningJob):
+    if isinstance(resource, Dataset | LifelongLearningJob | IncrementalLearningJob):
         raise InvalidMessage(f"{resource.kind} is not a stored-only resource", "$.kind")
     return resource
 
@@ -418,9 +414,10 @@ def _check_matches_header(metadata: ObjectMeta, header: Header) -> None:
 _HINT_CUTOFF = 0.6
 #: The kinds whose spec the controller interprets, by `kind` in lower case (a joint-inference
 #: service's or federated-learning job's spec is stored and passed on, like a template).
-_RESOURCES: Mapping[str, type[Dataset] | type[LifelongLearningJob] | type[ModelResource]] = {
+_RESOURCES: Mapping[str, type[Dataset] | type[LearningJob] | type[ModelResource]] = {
     "dataset": Dataset,
     "lifelonglearningjob": LifelongLearningJob,
+    "incrementallearningjob": IncrementalLearningJob,
     "model": ModelResource,
 }
 

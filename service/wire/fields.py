@@ -19,7 +19,7 @@ __all__ = [
     "DATASET_FORMAT_PATTERN",
     "DNS_LABEL_PATTERN",
     "DNS_SUBDOMAIN_PATTERN",
-    "LIFELONG_KIND_PATTERN",
+    "JOB_KIND_PATTERN",
     "METRIC_PATTERN",
     "NUMERIC_STRING_PATTERN",
     "OWNER_KINDS",
@@ -70,7 +70,7 @@ def _any_case(word: str) -> str:
     return "".join(f"[{c}{c.upper()}]" for c in word)
 
 
-LIFELONG_KIND_PATTERN = "^" + _any_case("lifelonglearningjob") + _END
+JOB_KIND_PATTERN = "^(" + "|".join(map(_any_case, OWNER_KINDS[:2])) + ")" + _END
 OWNER_KIND_PATTERN = "^(" + "|".join(map(_any_case, OWNER_KINDS)) + ")" + _END
 #: A name another resource is referred to by, or empty (Sedna's GM sends an unset optional
 #: reference, such as a federated-learning job's `pretrainedModel`, as `{"name": ""}`).
@@ -91,7 +91,7 @@ _PATTERN_REASONS: Mapping[str, str] = MappingProxyType(
         OWNER_KIND_PATTERN: "must be one of "
         + ", ".join(repr(kind) for kind in OWNER_KINDS)
         + " (any case): the job kinds whose workers report to a local controller",
-        LIFELONG_KIND_PATTERN: "must be 'lifelonglearningjob' (any case)",
+        JOB_KIND_PATTERN: "must be 'lifelonglearningjob' or 'incrementallearningjob' (any case)",
         OPTIONAL_NAME_PATTERN: "must be empty or a DNS-1123 subdomain (lowercase letters, "
         "digits, '-' and '.', each part starting and ending with a letter or digit)",
     }

@@ -41,6 +41,8 @@ from service.wire.fields import (
 __all__ = [
     "CREDENTIAL_ANNOTATION",
     "DEPLOY_TRIGGER_ANNOTATION",
+    "HOT_UPDATE_ANNOTATION",
+    "HOT_UPDATE_CONTAINER_DIR",
     "MAX_TRIGGER_ANNOTATION_BYTES",
     "MINUTES_PER_DAY",
     "SEDNA_API_VERSION",
@@ -54,12 +56,19 @@ __all__ = [
     "FederatedLearningJob",
     "FederatedLearningJobSpec",
     "Header",
+    "IncrementalDeploySpec",
+    "IncrementalEvalSpec",
+    "IncrementalLearningJob",
+    "IncrementalLearningJobSpec",
+    "IncrementalSpec",
     "JobCondition",
     "JobDatasetRef",
+    "JobKind",
     "JobResourceStatus",
     "JobSpec",
     "JointInferenceService",
     "JointInferenceServiceSpec",
+    "LearningJob",
     "LifelongLearningJob",
     "LifelongLearningJobSpec",
     "ModelResource",
@@ -75,6 +84,13 @@ __all__ = [
 ]
 
 CREDENTIAL_ANNOTATION = "sedna.io/credential"
+#: Where the inference worker of an incremental-learning job with hot update reads which
+#: model to load: a host path Sedna's GM sets on the job (`model_config.json`, under
+#: `HOT_UPDATE_ROOT/<namespace>/incrementallearningjob/<name>/`), mounted into the worker's
+#: container at `HOT_UPDATE_CONTAINER_DIR`.
+HOT_UPDATE_ANNOTATION = "sedna.io/model-hot-update-config"
+HOT_UPDATE_ROOT = "/var/lib/sedna/model-hot-update"
+HOT_UPDATE_CONTAINER_DIR = "/model-hot-update"
 #: The deploy gate of a job, as an annotation (`{"condition": {operator, threshold, metric}}`,
 #: JSON or YAML): Sedna's CRD and its GM drop `deploySpec.trigger`, annotations reach the node.
 DEPLOY_TRIGGER_ANNOTATION = "lifelong.sedna.io/deploy-trigger"
@@ -281,17 +297,46 @@ class LifelongLearningJob(SednaObject, frozen=True, kw_only=True):
     status: JobResourceStatus | None = None
 
 
+#: The job kinds, as the wire spells them (`resourceKind`, `ownerKind`).
+JobKind = Literal["lifelonglearningjob", "incrementallearningjob"]
+
+
+class IncrementalSpec(Wire, frozen=True, kw_only=True):
+    """What an incremental-learning job adds to a job's spec: the Models it names (the
+    initial model its first round trains from, the one its evals compare with before
+    anything is deployed: `evalSpec.initialEvalModel`, else the deploy model; the deploy
+    model, whose url a deployed model is copied to) and, with hot update, the host path of
+    the inference worker's model config file (None: no hot update)."""
+
+    initial_model: DnsSubdomain
+    eval_model: DnsSubdomain | None = None
+    deploy_model: DnsSubdomain
+    hot_update_config: str | None = None
+
+    @property
+    def compared_model(self) -> str:
+        """The Model an eval compares the new model with while nothing is deployed."""
+        return self.eval_model or self.deploy_model
+
+
 class JobSpec(Wire, frozen=True, kw_only=True):
-    """What the lifecycle reads of a LifelongLearningJob, kept in the job's state: the
-    wire's own values, without the worker templates (the resource is stored beside the
-    state). `gate` is the deploy condition (`deploySpec.trigger.condition` or the
-    annotation's, its threshold a number; None: every evaluated model is deployed)."""
+    """What the lifecycle reads of a LifelongLearningJob or an IncrementalLearningJob, kept
+    in the job's state: the wire's own values, without the worker templates (the resource
+    is stored beside the state). `gate` is the deploy condition (`deploySpec.trigger
+    .condition` or the annotation's, its threshold a number; None: every evaluated model is
+    deployed); `incremental` is set for an incremental-learning job."""
 
     dataset: DnsSubdomain
     train_prob: Probability
     trigger: Trigger = msgspec.field(default_factory=Trigger)
     output_dir: StorageUrl
     gate: Condition | None = None
+    incremental: IncrementalSpec | None = None
+
+    @property
+    def kind(self) -> JobKind:
+        """The job's kind as the wire spells it (`resourceKind`, `ownerKind`)."""
+        return "incrementallearningjob" if self.incremental else "lifelonglearningjob"
 
 
 class ModelSpec(Wire, frozen=True, kw_only=True):
@@ -416,9 +461,69 @@ class FederatedLearningJob(SednaObject, frozen=True, kw_only=True):
     spec: FederatedLearningJobSpec
 
 
+class InitialEvalModel(Wire, frozen=True, kw_only=True):
+    """The Model an incremental-learning job's evals compare with before anything is
+    deployed (Sedna's `evalSpec.initialEvalModel`)."""
+
+    name: DnsSubdomain
+
+
+class IncrementalEvalSpec(Wire, frozen=True, kw_only=True):
+    """An incremental-learning job's eval worker template (opaque) and the Model its evals
+    compare with before anything is deployed (unset: the deploy model)."""
+
+    template: dict[str, Any] = {}
+    initial_model: InitialEvalModel | None = msgspec.field(default=None, name="initialEvalModel")
+
+
+class DeployModel(Wire, frozen=True, kw_only=True):
+    """The Model a deployed model is copied to; with hot update the inference worker polls
+    its config file every `pollPeriodSeconds` and loads the model it names."""
+
+    name: DnsSubdomain
+    hot_update_enabled: bool = False
+    poll_period_seconds: Count = 0
+
+
+class IncrementalDeploySpec(Wire, frozen=True, kw_only=True):
+    """An incremental-learning job's deploy: its Model, its deploy trigger (the gate), the
+    inference worker's hard-example mining and template (both passed on)."""
+
+    model: DeployModel
+    trigger: DeployTrigger | None = None
+    hard_example_mining: HardExampleMining | None = None
+    template: dict[str, Any] = {}
+
+
+class IncrementalLearningJobSpec(Wire, frozen=True, kw_only=True):
+    """What an incremental-learning job trains on, from which model, how, where its files
+    go, and where its deployed model goes."""
+
+    dataset: JobDatasetRef
+    initial_model: NameRef
+    train_spec: TrainSpec
+    eval_spec: IncrementalEvalSpec = msgspec.field(default_factory=IncrementalEvalSpec)
+    deploy_spec: IncrementalDeploySpec
+    output_dir: StorageUrl
+    credential_name: DnsSubdomain | None = None
+
+
+class IncrementalLearningJob(SednaObject, frozen=True, kw_only=True):
+    """Sedna's IncrementalLearningJob resource; `status` as Sedna's GM sends it (absent from
+    the cloud's MQTT envelopes)."""
+
+    kind: str = "IncrementalLearningJob"
+    spec: IncrementalLearningJobSpec
+    status: JobResourceStatus | None = None
+
+
+#: The job kinds the controller runs.
+LearningJob = LifelongLearningJob | IncrementalLearningJob
+
+
 # ================================================================= what the lifecycle reads
-def job_spec(job: LifelongLearningJob) -> JobSpec:
-    """The part of a LifelongLearningJob the lifecycle reads (its deploy gate: `job_gate`)."""
+def job_spec(job: LearningJob) -> JobSpec:
+    """The part of a job the lifecycle reads (its deploy gate: `job_gate`)."""
     spec = job.spec
     return JobSpec(
         dataset=spec.dataset.name,
@@ -426,6 +531,31 @@ def job_spec(job: LifelongLearningJob) -> JobSpec:
         trigger=spec.train_spec.trigger,
         output_dir=spec.output_dir,
         gate=job_gate(job),
+        incremental=_incremental(job) if isinstance(job, IncrementalLearningJob) else None,
+    )
+
+
+_HOT_UPDATE_FIELD = f"$.metadata.annotations[{HOT_UPDATE_ANNOTATION!r}]"
+
+
+def _incremental(job: IncrementalLearningJob) -> IncrementalSpec:
+    spec, meta = job.spec, job.metadata
+    config = None
+    if spec.deploy_spec.model.hot_update_enabled:
+        # Sedna's GM sets the annotation when it creates the inference worker; a job sent
+        # over MQTT without it gets the path the GM would have set
+        default = f"{HOT_UPDATE_ROOT}/{meta.namespace}/incrementallearningjob/{meta.name}"
+        config = meta.annotations.get(HOT_UPDATE_ANNOTATION, f"{default}/model_config.json".lower())
+        if not config.startswith("/") or ".." in config.split("/") or "\0" in config:
+            raise InvalidMessage(
+                "must be an absolute host path without '..'", _HOT_UPDATE_FIELD, code="invalid"
+            )
+    evaluated = spec.eval_spec.initial_model
+    return IncrementalSpec(
+        initial_model=spec.initial_model.name,
+        eval_model=evaluated.name if evaluated is not None else None,
+        deploy_model=spec.deploy_spec.model.name,
+        hot_update_config=config,
     )
 
 
@@ -434,7 +564,7 @@ MAX_TRIGGER_ANNOTATION_BYTES = 4096
 _ANNOTATION_FIELD = f"$.metadata.annotations[{DEPLOY_TRIGGER_ANNOTATION!r}]"
 
 
-def job_gate(job: LifelongLearningJob) -> Condition | None:
+def job_gate(job: LearningJob) -> Condition | None:
     """The deploy gate of a job: `deploySpec.trigger`, or the annotation
     `lifelong.sedna.io/deploy-trigger` (Sedna's CRD and GM drop the former, annotations reach
     the node). Both set and different: refused, saying which."""

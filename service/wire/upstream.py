@@ -36,10 +36,12 @@ __all__ = [
 
 
 class ModelRef(Wire, frozen=True, kw_only=True):
-    """A model handed to a worker as input."""
+    """A model handed to a worker as input; `devices`: the device SoC versions it runs on,
+    when its worker or its Model named any."""
 
     format: str
     url: str
+    devices: list[str] = []
 
 
 class JobInput(Wire, frozen=True, kw_only=True):

@@ -47,6 +47,7 @@ class Model(Wire, frozen=True, kw_only=True):
     format: str = ""
     url: str
     metrics: dict[str, Any] | None = None
+    devices: list[str] = []
 
 
 #: The owner kind whose reports may leave `status` out: Sedna's joint-inference worker

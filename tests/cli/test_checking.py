@@ -47,8 +47,8 @@ def test_an_unknown_kind_stops_at_one_problem() -> None:
     assert [(p.path, p.reason) for p in problems] == [
         (
             "$.kind",
-            "unknown kind 'Pod'; expected one of dataset, lifelonglearningjob, model, "
-            "jointinferenceservice, federatedlearningjob",
+            "unknown kind 'Pod'; expected one of dataset, lifelonglearningjob, "
+            "incrementallearningjob, model, jointinferenceservice, federatedlearningjob",
         )
     ]
 

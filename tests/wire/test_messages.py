@@ -423,7 +423,7 @@ def test_dataset_validation_names_the_field(
     [
         (envelope(JOB, namespace="Default"), "$.header.namespace"),
         (envelope(JOB, name="x/y"), "$.header.resourceName"),
-        (envelope(JOB, kind="incrementallearningjob"), "$.header.resourceKind"),
+        (envelope(JOB, kind="reidjob"), "$.header.resourceKind"),
         (envelope(JOB, operation="update"), "$.header.operation"),
         (envelope(42), "$.content"),
         (envelope("not base64!"), "$.content"),

@@ -21,6 +21,7 @@ EXPECTED_FILES = {
     "envelope.json",
     "dataset.json",
     "lifelonglearningjob.json",
+    "incrementallearningjob.json",
     "model.json",
     "jointinferenceservice.json",
     "federatedlearningjob.json",

@@ -125,10 +125,7 @@ def test_an_oversized_template_is_refused_and_a_large_one_passes() -> None:
     assert accept_downstream("t", envelope("FederatedLearningJob", "insert", job), 0)
 
 
-def test_incremental_learning_jobs_and_unknown_kinds_are_refused_with_the_reason() -> None:
-    error = refused(envelope("IncrementalLearningJob", "delete", None, name="il"))
-    assert error.path == "$.header.resourceKind"
-    assert "incremental-learning jobs are not yet managed" in error.reason
+def test_unknown_kinds_are_refused_with_the_reason() -> None:
     error = refused(envelope("ReidJob", "delete", None, name="r"))
     assert "unknown resourceKind 'ReidJob'" in error.reason
     assert "jointinferenceservice" in error.reason
@@ -168,7 +165,6 @@ def test_only_a_joint_inference_report_may_leave_its_status_out() -> None:
 @pytest.mark.parametrize(
     ("owner_kind", "reason"),
     [
-        ("incrementallearningjob", "incremental-learning jobs are not yet managed"),
         ("dataset", "must be one of 'lifelonglearningjob', 'incrementallearningjob', "
                     "'jointinferenceservice', 'federatedlearningjob' (any case)"),
         ("reidjob", "must be one of"),
