@@ -4,8 +4,9 @@ Sedna's global manager turns every train/eval "ready" status into a pod. Without
 something else has to: this runner listens upstream, and for each ready message runs the
 user's command with the environment a Sedna worker pod gets (NAMESPACE, JOB_NAME,
 WORKER_NAME, TRAIN_DATASET_URL or TEST_DATASET_URL, MODEL_URLS, OUTPUT_URL,
-ORIGINAL_DATASET_URL, LC_SERVER; and DEPLOYED_MODEL_URL for the eval of a job with a deploy
-condition), reports `running`, and then `completed` with the results the command wrote to
+ORIGINAL_DATASET_URL, LC_SERVER; DEPLOYED_MODEL_URL for the eval of a job with a deploy
+condition; BASE_MODEL_URL and MODEL_URL for an incremental-learning job's train), reports
+`running`, and then `completed` with the results the command wrote to
 `$LIFELONG_RESULTS_FILE`, or `failed` with its exit code and stderr tail.
 
 Why it looks the way it does:
@@ -108,6 +109,8 @@ class Task:
     model_urls: tuple[str, ...] = ()
     #: eval of a job with a deploy condition: the deployed model, to score beside the new one
     deployed_model_url: str | None = None
+    #: the job's kind, as the ready message's `resourceKind` says it
+    owner_kind: str = "lifelonglearningjob"
 
     @property
     def worker_name(self) -> str:
@@ -192,7 +195,9 @@ def _task(header: dict[str, Any], kind: TaskKind, task_input: dict[str, Any]) ->
         data_index_url=index if isinstance(index, str) and index else None,
         model_urls=urls,
         deployed_model_url=deployed_url if isinstance(deployed_url, str) and deployed_url else None,
-    )
+        owner_kind=INCREMENTAL if str(header.get("resourceKind", "")).lower() == INCREMENTAL
+        else OWNER_KIND,
+    )  # fmt: skip
 
 
 def _untrusted(namespace: str, job: str, output_dir: str) -> str | None:
@@ -243,6 +248,11 @@ def task_env(task: Task, settings: WorkerSettings, results_file: Path) -> dict[s
     env["TRAIN_DATASET_URL" if task.kind == "train" else "TEST_DATASET_URL"] = task.data_url
     if task.model_urls:
         env["MODEL_URLS"] = MODEL_URL_SEPARATOR.join(task.model_urls)
+    if task.owner_kind == INCREMENTAL and task.kind == "train":
+        # an incremental-learning train pod's: the model it starts from, and where it writes
+        env["MODEL_URL"] = task.output_dir
+        if task.model_urls:
+            env["BASE_MODEL_URL"] = task.model_urls[0]
     if task.deployed_model_url:
         env[DEPLOYED_MODEL_ENV] = task.deployed_model_url
     original = task.data_index_url or settings.original_dataset_url
@@ -363,6 +373,7 @@ def read_results(path: Path) -> Outcome:
 
 
 OWNER_KIND = "lifelonglearningjob"
+INCREMENTAL = "incrementallearningjob"
 PUBACK_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 10.0
 REPORT_RETRY_S = 60.0
@@ -379,7 +390,7 @@ def worker_message(
         "name": task.worker_name,
         "namespace": task.namespace,
         "ownerName": task.job,
-        "ownerKind": OWNER_KIND,
+        "ownerKind": task.owner_kind,
         "ownerInfo": dict(owner_info or {}),
         "kind": task.kind,
         "status": status,
