@@ -87,7 +87,7 @@ def refusal(state: State | None, report: WorkerReported, volume_prefix: str = ""
     if report.owner != state.spec.kind:
         reason = (
             f"unknown {report.owner} {report.namespace}/{report.name}: the job of that name "
-            f"is a {state.spec.kind}"
+            f"is of kind {state.spec.kind}"
         )
         return Reject(code="unknown_job", reason=reason)
     if not worker_named_for(report):

@@ -23,8 +23,8 @@ from service.core.events import (
 )
 from service.core.lifecycle import transition
 from service.core.rounds import ModelDigest
-from service.core.state import DatasetInfo, JobState, State
-from service.wire import JobSpec, Trigger
+from service.core.state import DatasetInfo, JobModels, JobState, ModelInfo, State
+from service.wire import IncrementalSpec, JobSpec, Trigger
 
 NS = "default"
 JOB = "job-a"
@@ -37,13 +37,24 @@ def spec(
     trigger: Trigger | None = None,
     output_dir: str = "/output",
     dataset: str = DATASET,
+    incremental: IncrementalSpec | None = None,
 ) -> JobSpec:
     return JobSpec(
         dataset=dataset,
         train_prob=train_prob,
         trigger=trigger or Trigger(),
         output_dir=output_dir,
+        incremental=incremental,
     )
+
+
+#: An incremental-learning job's Models: initial and deploy, in format pkl.
+INCREMENTAL = IncrementalSpec(initial_model="initial", deploy_model="deployed")
+MODELS = JobModels(
+    initial=ModelInfo(url="/models/initial.pkl", format="pkl"),
+    compared=ModelInfo(url="/models/deployed.pkl", format="pkl"),
+    deploy=ModelInfo(url="/models/deployed.pkl", format="pkl"),
+)
 
 
 def info(url: str = "/data/train.txt", fmt: str = "txt", present: bool = True) -> DatasetInfo:
@@ -55,6 +66,7 @@ def report(
     status: str,
     *urls: str,
     results: list[dict[str, Any]] | None = None,
+    owner: str = "lifelonglearningjob",
 ) -> WorkerReported:
     raw = results if results is not None else [{"format": "pkl", "url": url} for url in urls]
     return WorkerReported(
@@ -64,6 +76,7 @@ def report(
         kind=kind,  # type: ignore[arg-type]
         status=status,  # type: ignore[arg-type]
         results=tuple(raw),
+        owner=owner,  # type: ignore[arg-type]
     )
 
 
@@ -111,7 +124,13 @@ class Driver:
     def tick(self) -> tuple[Effect, ...]:
         return self.apply(Tick(kind="job", namespace=NS, name=JOB, due_ms=self.now_ms))
 
-    def written(self, phase: str, error: str | None = None) -> tuple[Effect, ...]:
+    def written(
+        self, phase: str, error: str | None = None, models: JobModels | None = None
+    ) -> tuple[Effect, ...]:
+        """The round's data is written; an incremental-learning job's train round brings
+        its Models (`MODELS` unless given)."""
+        if models is None and phase == "train" and self.job.spec.incremental is not None:
+            models = MODELS
         return self.apply(
             RoundWritten(
                 namespace=NS,
@@ -119,6 +138,7 @@ class Driver:
                 phase=phase,  # type: ignore[arg-type]
                 version=self.job.version,
                 error=error,
+                models=None if error else models,
             )
         )
 
