@@ -101,6 +101,18 @@ class Refusal:
     content: bytes | None
 
 
+@dataclass(frozen=True)
+class SyncFailure:
+    """A sync of a job that ended in an error (the GM's log line): its kind, name, why, and
+    whether the work queue takes the job again after its back-off (a failed first sync of
+    an incremental-learning job is not retried)."""
+
+    kind: str
+    name: str
+    reason: str
+    retried: bool
+
+
 def _suffix() -> str:
     """utilrand.String(5): Kubernetes' random name suffix."""
     return "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
@@ -153,6 +165,7 @@ class SednaGm(Started):
         self.sent: list[Sent] = []
         self.refused: list[Refusal] = []
         self.ignored: list[Refusal] = []
+        self.sync_failures: list[SyncFailure] = []
         self._process: _Process | None = None
         self.pod_sequence = itertools.count(1)  # pods' creation order, across restarts
 
@@ -554,7 +567,7 @@ class _JobController:
         try:
             updated = self._transit(job)
         except (NotFound, ValueError) as e:
-            log.info("GM: %s %s not moved: %s", self.kind, key, e)
+            self._failed(name, e, retried=True)
             self.queue.add_rate_limited(key)
             return
         if updated:
@@ -564,6 +577,10 @@ class _JobController:
                 self.queue.add_rate_limited(key)
                 return
             self.queue.forget(key)
+
+    def _failed(self, name: str, error: Exception, *, retried: bool) -> None:
+        log.info("GM: syncing %s %s failed: %s", self.kind, name, error)
+        self.gm.sync_failures.append(SyncFailure(self.kind, name, str(error), retried))
 
     def _first_sync(self, job: dict[str, Any]) -> bool:
         """What a job's first sync (no start time yet) does before its move; whether the
@@ -830,7 +847,7 @@ class _IlController(_JobController):
             try:
                 self._create_infer_pod(job)
             except NotFound as e:
-                log.info("GM: %s %s not started: %s", self.kind, job["metadata"]["name"], e)
+                self._failed(job["metadata"]["name"], e, retried=False)
                 return False
         return True
 
