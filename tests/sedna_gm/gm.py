@@ -1,42 +1,80 @@
-"""Sedna's global manager (GM) for lifelong-learning jobs, behaving as its Go code does.
+"""Sedna's global manager (GM) for lifelong-learning (LL) and incremental-learning (IL)
+jobs, behaving as its Go code does.
 
 One `SednaGm` is the Kubernetes side (the store and a kubelet running pods as real workers,
-`tests.sedna_gm.pods`) plus one GM process (`_Process`): informers for jobs, datasets and
-pods whose caches lag the store, the job controller's work queue and its one worker, the
-upstream loop that reads the nodes' status frames, and the downstream that re-sends every
-job and dataset update to the nodes over the websocket transport of `tests.gm_standin`
-(per-node queue, latest wins per kind/namespace/name). `restart` ends the process and
-starts a new one: queues and caches are lost, the store and the pods are kept, and the new
-informers list everything again, so every job and dataset is re-sent.
+`tests.sedna_gm.pods`) plus one GM process (`_Process`): informers for datasets and pods
+and, per job kind, a job controller (its informer, its work queue and its one worker), all
+caches lagging the store; the upstream loop that reads the nodes' status frames, and the
+downstream that re-sends every job and dataset update (and an IL job's Models) to the nodes
+over the websocket transport of `tests.gm_standin` (per-node queue, latest wins per
+kind/namespace/name). `restart` ends the process and starts a new one: queues and caches
+are lost, the store and the pods are kept, and the new informers list everything again, so
+every job and dataset is re-sent. `apply` takes Datasets, Models (kept in the store, kind
+``model``; the GM reads them fresh, it has no Model informer) and both job kinds.
 
-What the job controller does, as Sedna writes it:
+What a job controller does, as Sedna writes it (both kinds unless told):
 - ``sync`` reads the job from the informer cache and moves its latest condition:
   none -> Train/Waiting; Waiting -> nothing (the local controller, LC, appends Ready);
   Ready -> create the stage's pod unless its latest pod is Pending or Running ->
-  Starting (Deploy/Ready: delete and recreate the inference pod -> Deploy/Completed);
-  Starting/Running -> Running while the pod runs (annotating ``sedna.io/<Stage>`` with the
-  pod's node), Completed when it succeeded, Failed when it failed; Completed -> the next
-  stage's Waiting (Train -> Eval -> Deploy -> Train); Failed -> Train/Waiting. It then
-  Gets the FRESH job and writes its whole status as the CACHED copy's status plus the new
-  condition, so a condition the LC appended in between is lost (the GM's own bug, kept).
+  Starting; Starting/Running -> Running while the pod runs (annotating
+  ``sedna.io/<Stage>`` with the pod's node), Completed when it succeeded, Failed when it
+  failed; Completed -> the next stage's Waiting (Train -> Eval -> Deploy -> Train);
+  Failed -> Train/Waiting. It then Gets the FRESH job and writes its whole status as the
+  CACHED copy's status plus the new condition, so a condition the LC appended in between
+  is lost (the GM's own bug, kept). A sync that fails (a missing object, no input in the
+  condition data) is retried after the work queue's back-off, and recorded in
+  `SednaGm.sync_failures`.
+- Deploy/Ready, LL: delete and recreate the inference pod -> Deploy/Completed.
+  IL without hot update the same; IL with ``deploySpec.model.hotUpdateEnabled``:
+  -> Starting, then Running while the inference pod runs (annotating ``sedna.io/Deploy``),
+  and there it stays: only a status the LC reports (deploy completed or failed) moves on.
+- IL only: the first sync (no start time yet) creates the inference pod unless its latest
+  one is Pending or Running: MODEL_URL is the deploy Model's url, HEM_NAME and
+  HEM_PARAMETERS the hard-example mining; with hot update also MODEL_HOT_UPDATE=true,
+  MODEL_POLL_PERIOD_SECONDS and MODEL_HOT_UPDATE_CONFIG=/model-hot-update/model_config.json,
+  the host directory of `SednaGm.hot_update_config` mounted at /model-hot-update, and the
+  job annotated ``sedna.io/model-hot-update-config`` with that file's host path. When the
+  deploy Model is missing the sync just ends, and the job waits for its next event.
+- Pods. LL train: OUTPUT_URL (input outputDir), TRAIN_DATASET_URL (input dataURL),
+  ORIGINAL_DATASET_URL (input dataIndexURL, else the dataset's url), KB_SERVER,
+  HAS_COMPLETED_INITIAL_TRAINING; LL eval: MODEL_URLS (the input model, else every input
+  model, joined by ";"), TEST_DATASET_URL, ORIGINAL_DATASET_URL; LL inference: MODEL_URLS
+  ``{outputDir}/deploy/index.pkl``. IL train: BASE_MODEL_URL (the first input model),
+  MODEL_URL (input outputDir), TRAIN_DATASET_URL, ORIGINAL_DATASET_URL; IL eval as LL eval
+  without OUTPUT_URL and KB_SERVER. IL's createPod first Gets the initial Model, the deploy
+  Model and the dataset: a missing one fails the sync.
 - ``updateFromEdge`` (a node's ``status`` frame) takes phases train/eval/deploy and
   statuses ready/completed/failed/waiting, in any case; anything else is refused and
   counted. It appends a condition (to the fresh job) whose ``data`` is the status
-  re-marshalled through ConditionData, message "reported by lc", and fills
-  ``status.knowledgeBase`` from the output models. A dataset's status replaces its status.
-- Downstream, ``routing="2022"`` (Sedna since 2022): a job goes to the dataset's node while
-  its latest condition is Waiting, to the stage's worker node (the annotation) while
+  re-marshalled through ConditionData (IL: IncrementalCondData, the same fields), message
+  "reported by lc"; LL also fills ``status.knowledgeBase`` from the output models. A
+  dataset's status replaces its status.
+- Downstream, LL, ``routing="2022"`` (Sedna since 2022): a job goes to the dataset's node
+  while its latest condition is Waiting, to the stage's worker node (the annotation) while
   Running; when a stage is Completed or Failed that node gets a ``delete`` unless it is the
   dataset's or the deploy node; a deleted job is deleted on every node it touched.
   ``routing="2021"``: every job update goes to the train template's node, and deploy Ready
   goes through Starting to Completed once the inference pod runs, as the 2021 code did.
+- Downstream, IL (either routing): Train/Waiting and Eval/Waiting go to the dataset's
+  node, Deploy/Waiting to the eval node; Running goes to the stage's worker node (the
+  deploy node is the ``sedna.io/Deploy`` annotation, heeded only once the hot-update one is
+  there), and Eval/Running deletes the job at the train node, Deploy/Running at the eval
+  node, unless that node is the new one or the dataset's; Completed or Failed deletes it
+  at the stage's node unless that is the dataset's or the deploy node (without hot update,
+  the eval node). Before the job, Models go to the same node: Train/Waiting the initial
+  Model; Eval/Waiting the deploy Model and the initialEvalModel if set; Deploy/Waiting the
+  deploy Model and, without hot update, the initialEvalModel; Deploy/Running the
+  initialEvalModel and the deploy Model (a missing one is skipped).
   Datasets go to their ``spec.nodeName``. What is sent is the object re-marshalled from
   Sedna's Go types (`tests.sedna_gm.gojson`), kind set and apiVersion empty as informer
   objects are.
 
 Simplifications, none visible to a local controller: no secrets (credential annotations are
 not injected), one store lock instead of optimistic concurrency (the GM's Get-then-Update
-never races itself here), Go's random map order replaced by sorted order.
+never races itself here), Go's random map order replaced by sorted order, no informer
+resync (Sedna's informers re-deliver every object now and then: here a job whose sync
+ended without a retry moves again only on its next event), and an IL train Ready without
+an input model fails the sync (Sedna's GM indexes the missing first model and panics).
 """
 
 from __future__ import annotations

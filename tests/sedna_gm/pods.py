@@ -10,12 +10,31 @@ store update, which the GM's pod informer sees.
 
 The workers behave as Sedna's worker library does: they read the environment the GM gave
 them (paths are used as they are: the worker runs on this host, where a pod would see the
-same files through its hostPath mounts), post Sedna's WorkerMessage to
+same files through its hostPath mounts; a path under a mount the GM declared on the pod,
+such as an inference pod's /model-hot-update, is read from the mounted host directory,
+which the kubelet creates as a DirectoryOrCreate hostPath), post Sedna's WorkerMessage to
 ``{LC_SERVER}/sedna/workers/{WORKER_NAME}/info`` (``running``, then ``completed`` with
-results or ``failed``), and exit. A train worker counts the samples of its TRAIN_DATASET_URL
-and writes ``{OUTPUT_URL}/model.pkl``; an eval worker reports every model of MODEL_URLS with
-metrics; an inference worker loads MODEL_URLS and runs until its pod is deleted. Like the
-library, a worker whose report cannot be delivered logs it and carries on.
+results or ``failed``; ownerKind the job's kind in lower case, ``lifelonglearningjob`` or
+``incrementallearningjob``), and exit. Like the library, a worker whose report cannot be
+delivered logs it and carries on.
+
+- A lifelong-learning train worker counts the samples of its TRAIN_DATASET_URL and writes
+  ``{OUTPUT_URL}/model.pkl``; an incremental-learning one first reads its BASE_MODEL_URL
+  (the model it starts from: it fails when that is missing; `PodRecord.base_model`) and
+  writes ``{MODEL_URL}/model.pkl`` (MODEL_URL is its output directory), reporting the
+  model as Sedna's estimators do: format, url and metrics only.
+- An eval worker reports one result per MODEL_URLS entry, in order, the i-th with the
+  behaviour's i-th metrics (an incremental-learning LC lists the new model first, then the
+  one it is compared with).
+- An inference worker loads its model (an incremental-learning job's MODEL_URL, a
+  lifelong-learning job's MODEL_URLS) and runs until its pod is deleted. With
+  MODEL_HOT_UPDATE=true it also polls MODEL_HOT_UPDATE_CONFIG every
+  MODEL_POLL_PERIOD_SECONDS (the kubelet's ``hot_update_poll_s`` instead, when set), as
+  Sedna's ModelLoadingThread does: a config naming a new ``model_update_time`` and an
+  existing ``model_path`` is loaded and reported (kind ``deploy``, ``completed``). Every
+  model loaded is kept, in order, in `PodRecord.loaded`.
+- The incremental-learning library reports no ``ownerInfo``; the lifelong-learning one
+  sends the pod's name there.
 """
 
 from __future__ import annotations

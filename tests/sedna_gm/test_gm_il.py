@@ -91,6 +91,11 @@ def models_in(*urls: str) -> list[dict[str, str]]:
     return [{"format": "pkl", "url": url} for url in urls]
 
 
+def train_input(out: Path, data: Path, *models: str) -> dict[str, Any]:
+    """A train ready's input: its base model(s), output dir and data."""
+    return {"models": models_in(*models), "outputDir": f"{out}/train/1", "dataURL": str(data)}
+
+
 def test_an_il_round_through_the_stage_machine(
     gm: SednaGm, endpoint: WorkerEndpoint, tmp_path: Path
 ) -> None:
@@ -113,15 +118,22 @@ def test_an_il_round_through_the_stage_machine(
                      "status": {}}  # fmt: skip
 
     initial = str(tmp_path / "initial.pkl")
-    home.status(
-        "train",
-        "ready",
-        input={"models": models_in(initial), "outputDir": f"{out}/train/1", "dataURL": str(data)},
-    )
+    home.status("train", "running")  # refused, as Go refuses it
+    home.status("TRAIN", "Ready", input={**train_input(out, data, initial), "extra": 1},
+                output={"models": [{"url": "/m", "classes": ["a"]}]})  # fmt: skip
     latest_is(gm, ("Eval", "Waiting"))
     assert gm.conditions(JOB) == [("Train", "Waiting"), ("Train", "Ready"), ("Train", "Starting"),
                                   ("Train", "Running"), ("Train", "Completed"),
                                   ("Eval", "Waiting")]  # fmt: skip
+    assert [r.reason for r in gm.refused] == ["invalid condition type: running"]
+    ready = gm.job(JOB)["status"]["conditions"][1]
+    assert ready["message"] == "reported by lc"
+    assert json.loads(ready["data"]) == {  # through IncrementalCondData
+        "input": {"models": [{"format": "pkl", "url": initial, "classes": None}],
+                  "dataURL": str(data), "outputDir": f"{out}/train/1"},
+        "output": {"models": [{"format": "", "url": "/m", "classes": ["a"]}]},
+    }  # fmt: skip
+    assert "knowledgeBase" not in gm.job(JOB)["status"]
     train = next(p for p in gm.pods(JOB) if p.type == "train")
     assert train.env["BASE_MODEL_URL"] == initial and train.base_model == b"initial"
     assert train.env["MODEL_URL"] == f"{out}/train/1"
@@ -172,14 +184,15 @@ def test_an_il_round_through_the_stage_machine(
     wait_until(lambda: restarted.loaded == [b"deploy-1"], 10, "the new deploy model served")
     assert infer.name not in {p["metadata"]["name"] for p in gm.store.list("pod")}
     at_node(home, ("Train", "Waiting"))
-    assert gm.order_problems(JOB) == [] and gm.refused == [] and gm.sync_failures == []
+    assert gm.order_problems(JOB) == [] and len(gm.refused) == 1 and gm.sync_failures == []
 
 
 def test_with_hot_update_deploy_runs_until_the_lc_reports_it_completed(
     gm: SednaGm, endpoint: WorkerEndpoint, tmp_path: Path
 ) -> None:
     lc = il_lc(gm)
-    data, out = setup(gm, tmp_path, hot_update=True, poll_period_s=30)
+    data, out = setup(gm, tmp_path, models=(INITIAL, DEPLOY, "eval-model"), hot_update=True,
+                      poll_period_s=30, initial_eval_model="eval-model")  # fmt: skip
     at_node(lc, ("Train", "Waiting"))
     config = gm.hot_update_config(JOB)
     assert config == tmp_path / "hot" / "default" / IL / JOB / "model_config.json"
@@ -191,11 +204,14 @@ def test_with_hot_update_deploy_runs_until_the_lc_reports_it_completed(
     assert infer.mounts == {"/model-hot-update": str(config.parent)}
 
     initial = str(tmp_path / "initial.pkl")
-    given = {"models": models_in(initial), "outputDir": f"{out}/train/1", "dataURL": str(data)}
-    lc.status("train", "ready", input=given)
+    lc.status("train", "ready", input=train_input(out, data, initial))
     at_node(lc, ("Eval", "Waiting"))
+    assert frames(lc)[-3:] == [("model", "insert", DEPLOY), ("model", "insert", "eval-model"),
+                               (IL, "insert", "Eval/Waiting")]  # fmt: skip
     lc.status("eval", "ready", input={"models": models_in(initial), "dataURL": str(data)})
     at_node(lc, ("Deploy", "Waiting"))
+    # with hot update the initial eval Model is not sent at Deploy/Waiting, only at Running
+    assert frames(lc)[-2:] == [("model", "insert", DEPLOY), (IL, "insert", "Deploy/Waiting")]
     lc.status("deploy", "ready", input={"model": {"format": "pkl", "url": initial}})
     # Starting, then Running while the inference pod runs: the deploy node annotated
     at_node(lc, ("Deploy", "Running"))
@@ -203,7 +219,8 @@ def test_with_hot_update_deploy_runs_until_the_lc_reports_it_completed(
                                        ("Deploy", "Running")]  # fmt: skip
     assert gm.job(JOB)["metadata"]["annotations"]["sedna.io/Deploy"] == NODE
     assert inference(gm) == [infer], "no restart with hot update"
-    assert frames(lc)[-2:] == [("model", "insert", DEPLOY), (IL, "insert", "Deploy/Running")]
+    assert frames(lc)[-3:] == [("model", "insert", "eval-model"), ("model", "insert", DEPLOY),
+                               (IL, "insert", "Deploy/Running")]  # fmt: skip
 
     # what Sedna's LC does on deploy: the new model beside the config, the config rewritten
     (config.parent / "model.pkl").write_bytes(b"hot-1")
@@ -252,15 +269,7 @@ def test_a_missing_initial_model_keeps_the_train_pod_from_being_created(
         at_node(lc, ("Train", "Waiting"))
         assert not [h for h, _ in lc.frames if h["resourceKind"] == "model"], "none to send"
         initial = str(tmp_path / "initial.pkl")
-        lc.status(
-            "train",
-            "ready",
-            input={
-                "models": models_in(initial),
-                "outputDir": f"{out}/train/1",
-                "dataURL": str(data),
-            },
-        )
+        lc.status("train", "ready", input=train_input(out, data, initial))
         gm.wait(lambda: len(gm.sync_failures) >= 2, 10, "the sync failing again after back-off")
         assert {f.reason for f in gm.sync_failures} == {
             'failed to get initial model initial-model: model "default/initial-model" not found'
