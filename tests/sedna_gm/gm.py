@@ -89,7 +89,7 @@ import os
 import queue
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,8 +245,9 @@ class SednaGm(Started):
         if process is None:
             return True
         owner = pod["metadata"]["ownerReferences"][0]
-        job = process.controllers[owner["kind"].lower()].jobs.get(pod["metadata"]["namespace"],
-                                                                  owner["name"])  # fmt: skip
+        controller = process.controllers.get(owner["kind"].lower())
+        namespace = pod["metadata"]["namespace"]
+        job = None if controller is None else controller.jobs.get(namespace, owner["name"])
         return (job is None or job["metadata"]["uid"] != owner["uid"]
                 or len(job["status"]["conditions"] or []) > pod["conditionCount"])  # fmt: skip
 
@@ -571,6 +572,17 @@ class _JobController:
     def _send_job(self, node: str, operation: str, job: dict[str, Any]) -> None:
         self.gm._send(node, operation, job, self.go_type, self.go_kind)
 
+    def _deleted_or_unroutable(self, type_: str, job: dict[str, Any], dataset_node: str,
+                               nodes: Iterable[str]) -> bool:  # fmt: skip
+        """syncToEdge's start: a deleted job is deleted on the dataset's node and each of
+        ``nodes`` (True); otherwise True when it has no dataset node or no condition yet, so
+        that nothing is sent."""
+        if type_ == "deleted":
+            for node in sorted({dataset_node, *nodes}):
+                self._send_job(node, "delete", job)
+            return True
+        return not dataset_node or not job["status"]["conditions"]
+
     def _dataset_node(self, job: dict[str, Any]) -> str:
         """The node of the job's dataset (fresh from the API), "" when there is none."""
         try:
@@ -816,14 +828,9 @@ class _LlController(_JobController):
         dataset_node = self._dataset_node(job)
         annotations = job["metadata"]["annotations"] or {}
         stage_nodes = {s: annotations.get(ANNOTATION_PREFIX + s, "") for s in STAGES}
-        if type_ == "deleted":
-            for node in sorted({dataset_node, *stage_nodes.values()}):
-                self._send_job(node, "delete", job)
+        if self._deleted_or_unroutable(type_, job, dataset_node, stage_nodes.values()):
             return
-        conditions = job["status"]["conditions"] or []
-        if not dataset_node or not conditions:
-            return
-        latest = conditions[-1]
+        latest = job["status"]["conditions"][-1]
         node = stage_nodes.get(latest["stage"], "")
         if latest["type"] == "Waiting":
             self._send_job(dataset_node, "insert", job)
@@ -962,17 +969,12 @@ class _IlController(_JobController):
         deploy = ""
         if HOT_UPDATE_ANNOTATION in annotations:
             deploy = annotations.get(ANNOTATION_PREFIX + "Deploy", "")
-        if type_ == "deleted":
-            for node in sorted({dataset_node, train, evaluation, deploy}):
-                self._send_job(node, "delete", job)
-            return
-        conditions = job["status"]["conditions"] or []
-        if not dataset_node or not conditions:
+        if self._deleted_or_unroutable(type_, job, dataset_node, (train, evaluation, deploy)):
             return
         spec = job["spec"]
         deploy_model = spec["deploySpec"]["model"]["name"]
         initial_eval = (spec["evalSpec"]["initialEvalModel"] or {}).get("name")
-        stage, latest = conditions[-1]["stage"], conditions[-1]["type"]
+        stage, latest = (job["status"]["conditions"][-1][k] for k in ("stage", "type"))
         if latest == "Waiting":
             node = {"Train": dataset_node, "Eval": dataset_node, "Deploy": evaluation}[stage]
             models = {"Train": [spec["initialModel"]["name"]], "Eval": [deploy_model]}.get(
