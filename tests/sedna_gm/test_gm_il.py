@@ -283,3 +283,27 @@ def test_a_missing_initial_model_keeps_the_train_pod_from_being_created(
         assert [p.type for p in gm.pods(JOB)] == ["inference", "train"]
     finally:
         gm.close()
+
+
+def test_a_restarted_gm_sends_the_models_again_and_a_deleted_job_leaves_every_node(
+    gm: SednaGm, tmp_path: Path
+) -> None:
+    home, evaluator = il_lc(gm), il_lc(gm, "node-b")
+    data, out = setup(gm, tmp_path, eval_node="node-b")
+    at_node(home, ("Train", "Waiting"))
+    initial = str(tmp_path / "initial.pkl")
+    home.status("train", "ready", input=train_input(out, data, initial))
+    at_node(home, ("Eval", "Waiting"))
+    home.status("eval", "ready", input={"models": models_in(initial), "dataURL": str(data)})
+    at_node(evaluator, ("Deploy", "Waiting"))
+
+    gm.restart()  # the new process lists the job again: its Models go before it
+    evaluator.wait(lambda: evaluator._ws.state.name == "CLOSED", "the connection to drop")
+    again = il_lc(gm, "node-b")
+    at_node(again, ("Deploy", "Waiting"))
+    assert frames(again)[-2:] == [("model", "insert", DEPLOY), (IL, "insert", "Deploy/Waiting")]
+
+    gm.delete(IL, JOB)  # deleted on the dataset's node and the nodes its stages ran on
+    again.wait(lambda: again.jobs()[-1][0] == "delete", "the delete at the eval node")
+    home = il_lc(gm)  # the home node's connection was dropped by the restart too
+    home.wait(lambda: home.jobs() and home.jobs()[-1][0] == "delete", "the delete at home")
