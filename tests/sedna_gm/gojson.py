@@ -11,8 +11,10 @@ decode fail, as ``json.Unmarshal`` returns an error.
 A Go value is held as plain Python: a struct as a dict holding every field (zero values
 included), a nil pointer, slice or map as None, a ``metav1.Time`` as its RFC 3339 text or
 None when zero. `decode` and `encode` take the Go type as a `GoType`: the struct types
-below are written field by field from Sedna's ``pkg/apis/sedna/v1alpha1``,
-``pkg/globalmanager/runtime`` (Model) and the lifelong-learning controller (ConditionData).
+below are written field by field from Sedna's ``pkg/apis/sedna/v1alpha1`` (the
+lifelong- and incremental-learning jobs, Dataset, Model), ``pkg/globalmanager/runtime``
+(the Model of condition data) and the lifelong-learning controller's ConditionData, whose
+fields the incremental-learning controller's IncrementalCondData declares alike.
 A pod template's ``spec`` is kept as given (`OPAQUE`): the Kubernetes API server has checked
 it against PodSpec already, so pruning it would change nothing the controller reads.
 """
@@ -97,21 +99,47 @@ OBJECT_META = struct_(
 )  # fmt: skip
 POD_TEMPLATE_SPEC = struct_(f("metadata", OBJECT_META, True), f("spec", OPAQUE, True))
 
-LL_CONDITION = struct_(f("operator", STRING), f("threshold", FLOAT64), f("metric", STRING))
-LL_TRIGGER = struct_(
+TRIGGER = struct_(
     f("checkPeriodSeconds", INT, True),
     f("timer", ptr(struct_(f("start", STRING), f("end", STRING))), True),
-    f("condition", LL_CONDITION),
+    f("condition", struct_(f("operator", STRING), f("threshold", FLOAT64), f("metric", STRING))),
 )
+NAME_REF = struct_(f("name", STRING))  # InitialModel, InitialEvalModel
+KEY_VALUE = struct_(f("key", STRING), f("value", STRING))  # ParaSpec, Metric
+JOB_DATASET = struct_(f("name", STRING), f("trainProb", FLOAT64))
+TRAIN_SPEC = struct_(f("template", POD_TEMPLATE_SPEC), f("trigger", TRIGGER))
 LL_JOB_SPEC = struct_(
-    f("dataset", struct_(f("name", STRING), f("trainProb", FLOAT64))),
-    f("trainSpec", struct_(f("template", POD_TEMPLATE_SPEC), f("trigger", LL_TRIGGER))),
+    f("dataset", JOB_DATASET),
+    f("trainSpec", TRAIN_SPEC),
     f("evalSpec", struct_(f("template", POD_TEMPLATE_SPEC))),
     f("deploySpec", struct_(f("template", POD_TEMPLATE_SPEC))),
     f("credentialName", STRING, True),
     f("outputDir", STRING),
 )
-LL_JOB_CONDITION = struct_(
+IL_JOB_SPEC = struct_(
+    f("dataset", JOB_DATASET),
+    f("initialModel", NAME_REF),
+    f("trainSpec", TRAIN_SPEC),
+    f("evalSpec", struct_(
+        f("initialEvalModel", ptr(NAME_REF), True), f("template", POD_TEMPLATE_SPEC),
+    )),
+    f("deploySpec", struct_(
+        f("model", struct_(
+            f("name", STRING), f("hotUpdateEnabled", BOOL, True),
+            f("pollPeriodSeconds", INT, True),
+        )),
+        f("trigger", TRIGGER),
+        f("hardExampleMining", struct_(
+            f("name", STRING),
+            f("parameters", slice_(KEY_VALUE), True),
+        )),
+        f("template", POD_TEMPLATE_SPEC),
+    )),
+    f("credentialName", STRING, True),
+    f("outputDir", STRING),
+)  # fmt: skip
+# LLJobCondition and ILJobCondition declare the same fields
+JOB_CONDITION = struct_(
     f("type", STRING), f("status", STRING), f("stage", STRING),
     f("lastHeartbeatTime", TIME, True), f("lastTransitionTime", TIME, True),
     f("reason", STRING, True), f("message", STRING, True), f("data", STRING, True),
@@ -131,16 +159,21 @@ KNOWLEDGE_BASE = struct_(
         f("numberOfLabeledUnseenSample", INT), f("numberOfUnseenSample", INT),
     )),
 )  # fmt: skip
+START_COMPLETION = (f("startTime", ptr(TIME), True), f("completionTime", ptr(TIME), True))
 LL_JOB_STATUS = struct_(
-    f("conditions", slice_(LL_JOB_CONDITION), True),
+    f("conditions", slice_(JOB_CONDITION), True),
     f("knowledgeBase", KNOWLEDGE_BASE, True),
-    f("startTime", ptr(TIME), True),
-    f("completionTime", ptr(TIME), True),
+    *START_COMPLETION,
 )
+IL_JOB_STATUS = struct_(f("conditions", slice_(JOB_CONDITION), True), *START_COMPLETION)
 TYPE_META = (f("kind", STRING, True), f("apiVersion", STRING, True))
 LIFELONG_LEARNING_JOB = struct_(
     *TYPE_META, f("metadata", OBJECT_META), f("spec", LL_JOB_SPEC),
     f("status", LL_JOB_STATUS, True),
+)  # fmt: skip
+INCREMENTAL_LEARNING_JOB = struct_(
+    *TYPE_META, f("metadata", OBJECT_META), f("spec", IL_JOB_SPEC),
+    f("status", IL_JOB_STATUS, True),
 )  # fmt: skip
 DATASET_STATUS = struct_(f("updateTime", ptr(TIME), True), f("numberOfSamples", INT))
 DATASET = struct_(
@@ -166,6 +199,18 @@ CONDITION_DATA = struct_(
     )), True),
     f("output", ptr(struct_(f("model", ptr(MODEL), True), f("models", slice_(MODEL), True))),
       True),
+)  # fmt: skip
+# sednav1.Model, the Model resource (`MODEL` is runtime.Model, a model in condition data)
+MODEL_RESOURCE = struct_(
+    *TYPE_META, f("metadata", OBJECT_META, True),
+    f("spec", struct_(
+        f("url", STRING), f("format", STRING), f("device_soc_versions", slice_(STRING), True),
+        f("credentialName", STRING, True),
+    )),
+    f("status", struct_(
+        f("updateTime", ptr(TIME), True),
+        f("metrics", slice_(KEY_VALUE), True),
+    ), True),
 )  # fmt: skip
 # What updateFromEdge first reads of a job status: its phase and status.
 JOB_STATUS_HEAD = struct_(f("phase", STRING), f("status", STRING))

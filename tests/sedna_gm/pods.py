@@ -10,12 +10,31 @@ store update, which the GM's pod informer sees.
 
 The workers behave as Sedna's worker library does: they read the environment the GM gave
 them (paths are used as they are: the worker runs on this host, where a pod would see the
-same files through its hostPath mounts), post Sedna's WorkerMessage to
+same files through its hostPath mounts; a path under a mount the GM declared on the pod,
+such as an inference pod's /model-hot-update, is read from the mounted host directory,
+which the kubelet creates as a DirectoryOrCreate hostPath), post Sedna's WorkerMessage to
 ``{LC_SERVER}/sedna/workers/{WORKER_NAME}/info`` (``running``, then ``completed`` with
-results or ``failed``), and exit. A train worker counts the samples of its TRAIN_DATASET_URL
-and writes ``{OUTPUT_URL}/model.pkl``; an eval worker reports every model of MODEL_URLS with
-metrics; an inference worker loads MODEL_URLS and runs until its pod is deleted. Like the
-library, a worker whose report cannot be delivered logs it and carries on.
+results or ``failed``; ownerKind the job's kind in lower case, ``lifelonglearningjob`` or
+``incrementallearningjob``), and exit. Like the library, a worker whose report cannot be
+delivered logs it and carries on.
+
+- A lifelong-learning train worker counts the samples of its TRAIN_DATASET_URL and writes
+  ``{OUTPUT_URL}/model.pkl``; an incremental-learning one first reads its BASE_MODEL_URL
+  (the model it starts from: it fails when that is missing; `PodRecord.base_model`) and
+  writes ``{MODEL_URL}/model.pkl`` (MODEL_URL is its output directory), reporting the
+  model as Sedna's estimators do: format, url and metrics only.
+- An eval worker reports one result per MODEL_URLS entry, in order, the i-th with the
+  behaviour's i-th metrics (an incremental-learning LC lists the new model first, then the
+  one it is compared with).
+- An inference worker loads its model (an incremental-learning job's MODEL_URL, a
+  lifelong-learning job's MODEL_URLS) and runs until its pod is deleted. With
+  MODEL_HOT_UPDATE=true it also polls MODEL_HOT_UPDATE_CONFIG every
+  MODEL_POLL_PERIOD_SECONDS (the kubelet's ``hot_update_poll_s`` instead, when set), as
+  Sedna's ModelLoadingThread does: a config naming a new ``model_update_time`` and an
+  existing ``model_path`` is loaded and reported (kind ``deploy``, ``completed``). Every
+  model loaded is kept, in order, in `PodRecord.loaded`.
+- The incremental-learning library reports no ``ownerInfo``; the lifelong-learning one
+  sends the pod's name there.
 """
 
 from __future__ import annotations
@@ -34,20 +53,23 @@ from tests.sedna_gm.kube import Change, NotFound, Store
 
 log = logging.getLogger(__name__)
 
-OWNER_KIND = "lifelonglearningjob"  # what Sedna's library sends as ownerKind
+LL = "lifelonglearningjob"  # a job kind as Sedna's library sends it as ownerKind
+IL = "incrementallearningjob"
 DEFAULT_METRICS: Mapping[str, list[float]] = {"accuracy": [0.9]}
 
 
 @dataclass(frozen=True)
 class PodInfo:
     """What a behaviour is chosen by: the job, the pod's type (train, eval, inference), the
-    how-many-th pod of that type the job got (1-based), the container attempt, the node."""
+    how-many-th pod of that type the job got (1-based), the container attempt, the node, the
+    job's kind (`LL` or `IL`)."""
 
     job: str
     type: str
     number: int
     attempt: int
     node: str
+    kind: str = LL
 
 
 @dataclass(frozen=True)
@@ -80,9 +102,11 @@ class Report:
 
 @dataclass
 class PodRecord:
-    """A pod as the tests see it: its name, type, node, environment, phase, the reports its
-    worker posted, the model bytes an inference worker loaded, and the number of the
-    stage's Ready condition it was created for."""
+    """A pod as the tests see it: its name, type, node, environment, the number of the
+    stage's Ready condition it was created for, its job's kind, its host-path mounts
+    (container path -> host path), phase, the reports its worker posted, the model bytes an
+    inference worker loaded (at start, then each hot update, in order) and the base model an
+    incremental-learning train worker started from."""
 
     name: str
     job: str
@@ -90,16 +114,28 @@ class PodRecord:
     node: str
     env: dict[str, str]
     ready_number: int
+    kind: str = LL
+    mounts: dict[str, str] = field(default_factory=dict)
     phase: str = "Pending"
     reports: list[Report] = field(default_factory=list)
     loaded: list[bytes] = field(default_factory=list)
+    base_model: bytes | None = None
+
+    def host_path(self, path: str) -> Path:
+        """Where the worker's ``path`` is on this host: under a mount, the mounted host
+        directory; anything else is the same path (see the module docstring)."""
+        for inside, host in self.mounts.items():
+            if path == inside or path.startswith(inside.rstrip("/") + "/"):
+                return Path(host) / path[len(inside) :].lstrip("/")
+        return Path(path)
 
 
 @dataclass(eq=False)
 class Kubelet:
     """Runs the store's pods; ``lc_server(node)`` is the URL a node's pods post to (None: the
     node does not exist and its pods stay Pending); a pod stays Pending until
-    ``admitted(pod)``. Watches the store from the start."""
+    ``admitted(pod)``; ``hot_update_poll_s`` replaces a hot-updating inference worker's
+    MODEL_POLL_PERIOD_SECONDS when set. Watches the store from the start."""
 
     store: Store
     lc_server: Callable[[str], str | None]
@@ -109,6 +145,7 @@ class Kubelet:
     token: str = ""
     restart_backoff_s: float = 10.0
     post_retry_s: float = 30.0
+    hot_update_poll_s: float | None = None
     records: list[PodRecord] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -144,8 +181,9 @@ class Kubelet:
         pod = change.obj
         job = pod["metadata"]["ownerReferences"][0]["name"]
         type_ = name.split("-")[-2]
+        kind = pod["metadata"]["ownerReferences"][0]["kind"].lower()
         record = PodRecord(name, job, type_, pod["spec"]["nodeName"], dict(pod["env"]),
-                           pod["readyNumber"])  # fmt: skip
+                           pod["readyNumber"], kind, dict(pod.get("mounts") or {}))  # fmt: skip
         with self._lock:
             number = self._counts[(job, type_)] = self._counts.get((job, type_), 0) + 1
             stop = self._stops[name] = threading.Event()
@@ -171,9 +209,14 @@ class Kubelet:
         while not self.admitted(pod):
             if stop.wait(0.01):
                 return
+        for host in record.mounts.values():  # hostPath volumes of type DirectoryOrCreate
+            try:
+                Path(host).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                log.warning("pod %s: cannot create %s: %s", record.name, host, e)
         env = record.env
         attempt = 1
-        behaviour = self.behaviour(PodInfo(record.job, record.type, number, attempt, record.node))
+        behaviour = self.behaviour(self._info(record, number, attempt))
         if stop.wait(behaviour.start_delay_s):
             return
         self._phase(pod, record, "Running")
@@ -191,8 +234,11 @@ class Kubelet:
             if stop.wait(self.restart_backoff_s):
                 return
             attempt += 1
-            info = PodInfo(record.job, record.type, number, attempt, record.node)
-            behaviour = self.behaviour(info)
+            behaviour = self.behaviour(self._info(record, number, attempt))
+
+    @staticmethod
+    def _info(record: PodRecord, number: int, attempt: int) -> PodInfo:
+        return PodInfo(record.job, record.type, number, attempt, record.node, record.kind)
 
     def _phase(self, pod: dict[str, Any], record: PodRecord, phase: str) -> None:
         def change(obj: dict[str, Any]) -> None:
@@ -210,12 +256,7 @@ class Kubelet:
     def _work(self, record: PodRecord, env: dict[str, str], behaviour: Behaviour,
               stop: threading.Event) -> int:  # fmt: skip
         if record.type == "inference":
-            for url in env["MODEL_URLS"].split(";"):
-                try:
-                    record.loaded.append(Path(url).read_bytes())
-                except OSError as e:
-                    log.warning("inference worker %s: %s", record.name, e)
-            stop.wait()
+            self._infer(record, env, stop)
             return 0
         self._report(record, env, "running")
         if stop.wait(behaviour.run_s):
@@ -232,7 +273,12 @@ class Kubelet:
                 self._report(record, env, "failed")
             return behaviour.exit_code
         try:
-            results = self._train(env) if record.type == "train" else self._eval(env, behaviour)
+            if record.type == "eval":
+                results = self._eval(env, behaviour)
+            elif record.kind == IL:
+                results = self._train_il(record, env)
+            else:
+                results = self._train(env)
         except OSError as e:
             log.warning("worker %s failed: %s", record.name, e)
             self._report(record, env, "failed")
@@ -241,17 +287,31 @@ class Kubelet:
         return 0
 
     @staticmethod
-    def _train(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    def _write_model(env: Mapping[str, str], out_dir: str) -> tuple[Path, int]:
+        """A train worker's work: count the samples, write ``{out_dir}/model.pkl``."""
         samples = len(Path(env["TRAIN_DATASET_URL"]).read_text().splitlines())
-        model = Path(env["OUTPUT_URL"]) / "model.pkl"
+        model = Path(out_dir) / "model.pkl"
         model.parent.mkdir(parents=True, exist_ok=True)
         model.write_text(f"{env['JOB_NAME']} model of {env['WORKER_NAME']}, {samples} samples")
+        return model, samples
+
+    @classmethod
+    def _train(cls, env: Mapping[str, str]) -> list[dict[str, Any]]:
+        model, samples = cls._write_model(env, env["OUTPUT_URL"])
         return [{
             "format": "pkl", "url": str(model), "metrics": dict(DEFAULT_METRICS),
             "classes": ["cold", "comfortable", "hot"],
             "current_metric": {"task-0": {"accuracy": DEFAULT_METRICS["accuracy"][0]}},
             "number_of_labeled_unseen_sample": samples,
         }]  # fmt: skip
+
+    @classmethod
+    def _train_il(cls, record: PodRecord, env: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Sedna's IncrementalLearning.train: from the base model to ``{MODEL_URL}/model.pkl``
+        (MODEL_URL is the output directory), reported as the estimator's model_info."""
+        record.base_model = Path(env["BASE_MODEL_URL"]).read_bytes()
+        model, _ = cls._write_model(env, env["MODEL_URL"])
+        return [{"format": "pkl", "url": str(model), "metrics": dict(DEFAULT_METRICS)}]
 
     @staticmethod
     def _eval(env: Mapping[str, str], behaviour: Behaviour) -> list[dict[str, Any]]:
@@ -263,16 +323,65 @@ class Kubelet:
             results.append({"format": "pkl", "url": url, "metrics": dict(metrics)})
         return results
 
+    def _infer(self, record: PodRecord, env: Mapping[str, str], stop: threading.Event) -> None:
+        """An inference worker: loads its model(s) (MODEL_URL of an incremental-learning job,
+        MODEL_URLS of a lifelong-learning one), polls for hot updates when MODEL_HOT_UPDATE
+        is true, and runs until its pod is deleted."""
+        urls = [env["MODEL_URL"]] if "MODEL_URL" in env else env["MODEL_URLS"].split(";")
+        for url in urls:
+            try:
+                record.loaded.append(Path(url).read_bytes())
+            except OSError as e:
+                log.warning("inference worker %s: %s", record.name, e)
+        if env.get("MODEL_HOT_UPDATE", "").lower() == "true":
+            self._hot_update(record, env, stop)
+        stop.wait()
+
+    def _hot_update(self, record: PodRecord, env: Mapping[str, str],
+                    stop: threading.Event) -> None:  # fmt: skip
+        """Sedna's ModelLoadingThread: every poll period, read the config file
+        (``{"model_config": {"model_path": ..., "model_update_time": ...}}``); when its
+        update time differs from the last one loaded and the model file exists, load the
+        model and report ``completed`` (``failed`` when it cannot be read) with kind
+        ``deploy`` and no owner info. Paths are the container's, read through the mounts."""
+        period = self.hot_update_poll_s
+        if period is None:
+            given = int(env.get("MODEL_POLL_PERIOD_SECONDS") or 60)
+            period = given if given >= 1 else 60
+        version = "latest"
+        config = record.host_path(env.get("MODEL_HOT_UPDATE_CONFIG", ""))
+        while not stop.wait(period):
+            try:
+                model_config = json.loads(config.read_text())["model_config"]
+                latest = str(model_config["model_update_time"])
+                model = record.host_path(model_config["model_path"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # no config yet, or one being written
+            if not model.exists() or latest == version:
+                continue
+            version = latest
+            try:
+                record.loaded.append(model.read_bytes())
+                status = "completed"
+            except OSError as e:
+                log.warning("inference worker %s: %s", record.name, e)
+                status = "failed"
+            self._report(record, env, status, kind="deploy")
+
     def _report(self, record: PodRecord, env: Mapping[str, str], status: str,
-                results: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+                results: list[dict[str, Any]] | None = None, kind: str = "") -> None:  # fmt: skip
+        """Post a WorkerMessage; ``kind`` defaults to the pod's type. Sedna's
+        lifelong-learning library sends its task info as ``ownerInfo``; the
+        incremental-learning one sends none."""
         message: dict[str, Any] = {
             "name": env["WORKER_NAME"], "namespace": env["NAMESPACE"],
-            "ownerName": env["JOB_NAME"], "ownerKind": OWNER_KIND, "kind": record.type,
-            "status": status,
+            "ownerName": env["JOB_NAME"], "ownerKind": record.kind,
+            "kind": kind or record.type, "status": status,
         }  # fmt: skip
         if results:
             message["results"] = results
-        message["ownerInfo"] = {"podName": record.name}
+        if record.kind == LL:
+            message["ownerInfo"] = {"podName": record.name}
         answer = self._post(f"{env['LC_SERVER']}/sedna/workers/{env['WORKER_NAME']}/info",
                             message)  # fmt: skip
         record.reports.append(Report(message, answer))

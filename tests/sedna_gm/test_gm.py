@@ -68,6 +68,8 @@ class FakeLc:
     frames: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
     #: how the GM ended the connection, when it did so without a clean close
     dropped: ConnectionClosed | None = None
+    #: the kind of job whose statuses it sends and whose copies `jobs` lists
+    kind: str = "lifelonglearningjob"
 
     def __post_init__(self) -> None:
         self._ws: ClientConnection = connect(
@@ -97,12 +99,12 @@ class FakeLc:
         self._ws.send(json.dumps({"header": header, "content": body}))
 
     def status(self, phase: str, status: str, **content: Any) -> None:
-        self.send("lifelonglearningjob", JOB, {"phase": phase, "status": status, **content})
+        self.send(self.kind, JOB, {"phase": phase, "status": status, **content})
 
     def jobs(self) -> list[tuple[str, dict[str, Any]]]:
         """Job frames received: operation and content."""
         return [(h["operation"], c) for h, c in list(self.frames)
-                if h["resourceKind"] == "lifelonglearningjob" and c is not None]  # fmt: skip
+                if h["resourceKind"] == self.kind and c is not None]  # fmt: skip
 
     def latest(self) -> tuple[str, str] | None:
         """The latest condition of the latest job copy received."""
