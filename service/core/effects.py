@@ -115,8 +115,9 @@ class ScheduleCheck(_Effect, frozen=True, kw_only=True, tag="schedule"):
 
 class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
     """Stream the round's sample ranges from the dataset into the round's data files; for an
-    incremental-learning job's train round, also look up the Models `models` names (their
-    result comes back with `RoundWritten.models`; one missing fails the round)."""
+    incremental-learning job, also look up the Models of `models` the round needs (the
+    initial model for a train round, the compared and deploy models for an eval round; they
+    come back with `RoundWritten.models`; one missing fails the round)."""
 
     phase: RoundPhase
     version: int

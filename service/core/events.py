@@ -101,8 +101,9 @@ class Tick(_Event, frozen=True, kw_only=True, tag="tick"):
 
 class RoundWritten(_Event, frozen=True, kw_only=True, tag="round-written"):
     """The round `version`'s `phase` data is written (or failed: `error`); an
-    incremental-learning job's train round also brings the Models its spec names, as they
-    are now (`models`)."""
+    incremental-learning job's round also brings the Models it needs, as they are now
+    (`models`: the initial model for a train round, the compared and deploy models for an
+    eval round)."""
 
     phase: RoundPhase
     version: int

@@ -53,19 +53,20 @@ def train_models(job: JobState) -> tuple[tuple[ModelRef, ...], str | None]:
     """The models a train round starts from, and a note when the choice needs one: none for
     a lifelong-learning job; the initial Model for an incremental-learning job's first
     round (or when none of the last training's models fits it), else the last trained."""
-    models, spec = job.models, job.spec.incremental
-    if models is None or spec is None:
+    spec = job.spec.incremental
+    initial = job.models.initial if job.models is not None else None
+    if spec is None or initial is None:
         return (), None
     if not job.train_models:
-        return (ref(models.initial),), None
-    chosen = choose(job.train_models, models.initial)
+        return (ref(initial),), None
+    chosen = choose(job.train_models, initial)
     if chosen is None:
-        fits = _described(models.initial, spec.initial_model)
+        fits = _described(initial, spec.initial_model)
         note = (
             f"none of the last training's models fits {fits}: this round trains from the "
             "initial model again"
         )
-        return (ref(models.initial),), note
+        return (ref(initial),), note
     return (chosen,), None
 
 
@@ -73,12 +74,16 @@ def eval_models(job: JobState) -> tuple[tuple[ModelRef, ...], str | None]:
     """The trained models an eval scores (before the compared one), or why there is none:
     every model the round trained for a lifelong-learning job; for an incremental-learning
     job, the one that fits the Model its evals compare with."""
-    models, spec = job.models, job.spec.incremental
-    if models is None or spec is None:
+    spec = job.spec.incremental
+    if spec is None:
         return job.train_models, None
-    chosen = choose(job.train_models, models.compared)
-    if chosen is None:
-        return (), f"no trained model fits {_described(models.compared, spec.compared_model)}"
+    target = job.models.compared if job.models is not None else None
+    chosen = choose(job.train_models, target) if target is not None else None
+    if target is None or chosen is None:
+        fits = f"Model {spec.compared_model}" if target is None else _described(
+            target, spec.compared_model
+        )  # fmt: skip
+        return (), f"no trained model fits {fits}"
     return (chosen,), None
 
 
@@ -90,28 +95,32 @@ def compared(job: JobState) -> Deployment | None:
     deployed = job.rollback or job.deployed
     if job.spec.incremental is None:
         return deployed if job.spec.gate is not None else None
-    if deployed is not None or job.models is None:
+    compared_model = job.models.compared if job.models is not None else None
+    if deployed is not None or compared_model is None:
         return deployed
-    return Deployment(version=0, model=ref(job.models.compared), at_ms=0)
+    return Deployment(version=0, model=ref(compared_model), at_ms=0)
 
 
 def deployed_models(job: JobState) -> list[ModelRef]:
     """What a deploy `ready` names: the models the eval scored (lifelong learning); the
     deployed model and the deploy Model (incremental learning, as Sedna's controller says
     it)."""
-    if job.models is None or job.spec.incremental is None:
+    deploy = job.models.deploy if job.models is not None else None
+    if job.spec.incremental is None or deploy is None:
         return list(job.eval_models)
-    return [*job.eval_models[:1], ref(job.models.deploy)]
+    return [*job.eval_models[:1], ref(deploy)]
 
 
 def deploy_target(job: JobState, model_url: str, prefix: str) -> tuple[str, HotUpdate | None]:
     """Where a deployed model of `model_url` goes, as on disk: the outputDir's deploy file
     (lifelong learning), or the deploy Model's url and, with hot update, beside the
     inference worker's config file under its own file name (incremental learning)."""
-    spec, models = job.spec.incremental, job.models
-    if spec is None or models is None:
+    spec = job.spec.incremental
+    if spec is None:
         return add_prefix(prefix, deploy_model(job.spec.output_dir)), None
-    target = add_prefix(prefix, models.deploy.url)
+    deploy = job.models.deploy if job.models is not None else None
+    assert deploy is not None, "the eval round that led here looked the deploy Model up"
+    target = add_prefix(prefix, deploy.url)
     if spec.hot_update_config is None:
         return target, None
     name = posixpath.basename(model_url.rstrip("/")) or "model"

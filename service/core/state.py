@@ -94,13 +94,22 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class JobModels(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The Models an incremental-learning job's spec names, as its latest train round found
-    them: the initial model its first round trains from, the model its evals compare with
-    while nothing is deployed, and the deploy model (where a deployed model goes)."""
+    """The Models an incremental-learning job's spec names, as its latest rounds found them
+    (a train round looks up the initial model it trains from, an eval round the model it
+    compares with while nothing is deployed and the deploy model, where a deployed model
+    goes: Sedna's GM sends each to the node with the stage that needs it)."""
 
-    initial: ModelInfo
-    compared: ModelInfo
-    deploy: ModelInfo
+    initial: ModelInfo | None = None
+    compared: ModelInfo | None = None
+    deploy: ModelInfo | None = None
+
+    def updated(self, found: "JobModels") -> "JobModels":
+        """These, with the ones just `found` in their place."""
+        return JobModels(
+            initial=found.initial or self.initial,
+            compared=found.compared or self.compared,
+            deploy=found.deploy or self.deploy,
+        )
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="job"):
@@ -155,7 +164,7 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     #: a rollback whose copy is done and whose deploy `ready` waits for the GM to show
     #: `Train/Waiting` (between rounds)
     gm_rollback: RollbackResult | None = None
-    #: an incremental-learning job's Models, as its latest train round found them
+    #: an incremental-learning job's Models, as its latest rounds found them
     models: JobModels | None = None
 
 

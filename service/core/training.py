@@ -13,7 +13,7 @@ from service.core import conditions, kinds, paths, reports, samples
 from service.core.effects import Recorder, RecordRound, WriteRound
 from service.core.events import Event, ModelCopied, RoundWritten, WorkerReported
 from service.core.rounds import RoundOutcome, RoundRecord
-from service.core.state import JobState, ModelRef, RoundPhase
+from service.core.state import JobModels, JobState, ModelRef, RoundPhase
 from service.core.triggers import NUM_OF_SAMPLES, should_fire
 from service.wire import JobInput, JobStatus
 
@@ -111,7 +111,7 @@ def write_round(
         index_url=None if index_url is None else paths.add_prefix(prefix, index_url),
         index_prefix=None if index_url is None else paths.index_prefix(dataset.url),
         keep=tuple(sorted({d.version for d in (job.deployed, *job.deployments) if d})),
-        models=job.spec.incremental if phase == "train" else None,
+        models=job.spec.incremental,
     )
 
 
@@ -150,7 +150,7 @@ def data_written(job: JobState, event: Event, out: Recorder) -> JobState:
     if stale_round(job, event, out):
         return job
     if event.models is not None:
-        job = replace(job, models=event.models)
+        job = replace(job, models=(job.models or JobModels()).updated(event.models))
     pick = kinds.eval_models if event.phase == "eval" else kinds.train_models
     models, problem = pick(job)
     error = event.error or (problem if event.phase == "eval" else None)

@@ -226,7 +226,7 @@ class Executor:
             self._prune(work)
         models = None
         if work.models is not None and error is None:
-            models, error = self._models(work.namespace, work.models)
+            models, error = self._models(work.namespace, work.phase, work.models)
         return RoundWritten(
             namespace=work.namespace,
             name=work.name,
@@ -237,16 +237,19 @@ class Executor:
         )
 
     def _models(
-        self, namespace: str, spec: wire.IncrementalSpec
+        self, namespace: str, phase: str, spec: wire.IncrementalSpec
     ) -> tuple[JobModels | None, str | None]:
-        """The Models an incremental-learning job names, as stored now, or why not all are
-        there."""
-        names = {
-            "initialModel": spec.initial_model,
-            "evalSpec.initialEvalModel": spec.compared_model,
-            "deploySpec.model": spec.deploy_model,
-        }
-        keys = {role: rkey(MODEL_KIND, namespace, name) for role, name in names.items()}
+        """The Models an incremental-learning job's round needs, as stored now (a train
+        round: the initial model; an eval round: the compared and the deploy model), or why
+        not all are there."""
+        compared = "evalSpec.initialEvalModel" if spec.eval_model else "deploySpec.model"
+        wanted = (
+            {"initial": ("initialModel", spec.initial_model)}
+            if phase == "train"
+            else {"compared": (compared, spec.compared_model),
+                  "deploy": ("deploySpec.model", spec.deploy_model)}
+        )  # fmt: skip
+        keys = {role: rkey(MODEL_KIND, namespace, name) for role, (_, name) in wanted.items()}
         raws = self._states.load(list(set(keys.values())))
         found: dict[str, ModelInfo] = {}
         for role, key in keys.items():
@@ -256,16 +259,13 @@ class Executor:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 state = None  # quarantined: as good as missing until it is applied again
             if not isinstance(state, ResourceState) or state.model is None:
+                field, name = wanted[role]
                 return None, (
-                    f"Model {namespace}/{names[role]} (the job's {role}) does not exist on "
-                    "this node: the round waits for it"
+                    f"Model {namespace}/{name} (the job's {field}) does not exist on this "
+                    "node: the round waits for it"
                 )
             found[role] = state.model
-        models = JobModels(
-            initial=found["initialModel"], compared=found["evalSpec.initialEvalModel"],
-            deploy=found["deploySpec.model"],
-        )  # fmt: skip
-        return models, None
+        return JobModels(**found), None
 
     def _prune(self, work: WriteRound) -> None:
         """Remove the data files of this phase's rounds older than the newest

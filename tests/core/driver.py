@@ -127,10 +127,14 @@ class Driver:
     def written(
         self, phase: str, error: str | None = None, models: JobModels | None = None
     ) -> tuple[Effect, ...]:
-        """The round's data is written; an incremental-learning job's train round brings
-        its Models (`MODELS` unless given)."""
-        if models is None and phase == "train" and self.job.spec.incremental is not None:
-            models = MODELS
+        """The round's data is written; an incremental-learning job's round brings the
+        Models it needs (of `MODELS`, unless given)."""
+        if models is None and self.job.spec.incremental is not None:
+            models = (
+                JobModels(initial=MODELS.initial)
+                if phase == "train"
+                else JobModels(compared=MODELS.compared, deploy=MODELS.deploy)
+            )
         return self.apply(
             RoundWritten(
                 namespace=NS,

@@ -20,6 +20,7 @@ from tests.cli.runner import cli_env, run_cli
 from tests.harness import NODE, Controller, append_lines, dataset_resource, job_resource, lines
 from tests.sedna_gm.gm import SednaGm
 from tests.sedna_gm.pods import Behaviour, PodInfo
+from tests.sedna_gm.resources import il_job_resource, model_resource
 from tests.service.test_gm import readyz
 from tests.stack import Stack
 from tests.wait import wait_until
@@ -291,3 +292,98 @@ def test_a_rollback_between_rounds(stack: Stack, sedna_gm: GmFactory) -> None:
     loaded = [p for p in gm.pods(JOB) if p.type == "inference" and p.ready_number == 3]
     assert loaded, "the GM restarted the inference worker for the rollback's Ready"
     assert "gm=up" in readyz(controller)
+
+
+# ================================================================= incremental learning
+IL_GATE = {"condition": {"operator": ">", "threshold": 0, "metric": "accuracy_delta[0]"}}
+#: each round's eval: the new model's accuracy, then the compared one's (the deploy Model as
+#: it is for round 1, then the deployed round's model): round 2's is worse and held back
+IL_SCORES = {1: (0.7, 0.5), 2: (0.6, 0.7), 3: (0.9, 0.7)}
+
+
+def apply_incremental(gm: SednaGm, stack: Stack, *, gate: dict[str, Any] | None = IL_GATE,
+                      rounds: int = 3) -> tuple[Path, Path, Feeder]:  # fmt: skip
+    """Models, the dataset (10 samples) and an IncrementalLearningJob with hot update applied
+    through the GM: the deploy Model's file, the outputDir, the feeder."""
+    models = stack.workdir / "models"
+    models.mkdir()
+    (models / "initial.pkl").write_bytes(b"the initial model")
+    deploy = models / "deploy.pkl"
+    deploy.write_bytes(b"the model served before any round")
+    gm.apply(model_resource("initial-model", str(models / "initial.pkl")))
+    gm.apply(model_resource("deploy-model", str(deploy)))
+    data = stack.samples()
+    out = stack.workdir / "out"
+    gm.apply(dataset_resource(DATASET, str(data)))
+    job = il_job_resource(JOB, DATASET, str(out), initial_model="initial-model",
+                          deploy_model="deploy-model", node=NODE, hot_update=True)  # fmt: skip
+    if gate is not None:
+        job["spec"]["deploySpec"]["trigger"] = gate
+    gm.apply(job)
+    return deploy, out, Feeder(gm, data, rounds)
+
+
+def il_behaviour(info: PodInfo) -> Behaviour:
+    scores = IL_SCORES.get(info.number, (0.5, 0.5))
+    metrics = tuple({"accuracy": [s]} for s in scores) if info.type == "eval" else ()
+    return Behaviour(metrics=metrics)
+
+
+def test_an_incremental_learning_job_through_sednas_gm(stack: Stack, sedna_gm: GmFactory) -> None:
+    """Three rounds driven by the GM's conditions: round 1 trains from the initial Model,
+    each later one from the last trained; the deploy trigger holds round 2 back; each deploy
+    reaches the deploy Model's file and the inference worker through the hot-update config
+    file, and the GM's Deploy/Running after it is released with a deploy `completed`."""
+    gm = sedna_gm(lag=(0.0, 0.05), behaviour=il_behaviour,
+                  hot_update_root=stack.workdir / "hot", hot_update_poll_s=0.05)  # fmt: skip
+    linked(stack, gm, "r1")
+    deploy, out, feeder = apply_incremental(gm, stack)
+    try:
+        check(gm, 3)
+    finally:
+        feeder.close()
+    trains = [p for p in gm.pods(JOB) if p.type == "train"]
+    assert [p.base_model for p in trains[:3]] == [
+        b"the initial model",
+        (out / "train" / "1" / "model.pkl").read_bytes(),
+        (out / "train" / "2" / "model.pkl").read_bytes(),
+    ], "round 1 trains from the initial Model, each later one from the last trained"
+    third = (out / "train" / "3" / "model.pkl").read_bytes()
+    assert deploy.read_bytes() == third
+    config = json.loads(gm.hot_update_config(JOB).read_text())["model_config"]
+    assert config["model_path"] == "/model-hot-update/model.pkl"
+    (inference,) = [p for p in gm.pods(JOB) if p.type == "inference"]
+    wait_until(lambda: inference.loaded[-1:] == [third], 30, "the hot update of round 3")
+    first = (out / "train" / "1" / "model.pkl").read_bytes()
+    assert first in inference.loaded, "round 1's model was hot-loaded"
+    conditions = gm.conditions(JOB)
+    released = [i for i, c in enumerate(conditions) if c == ("Deploy", "Running")]
+    assert len(released) >= 2, "rounds 1 and 3 hot-updated"
+    for i in released:
+        assert ("Deploy", "Completed") in conditions[i + 1 :], "released by the controller"
+
+
+def test_sednas_helmet_trigger_on_a_list_metric_holds_back_with_the_reason(
+    stack: Stack, sedna_gm: GmFactory
+) -> None:
+    """The helmet-detection example's deploy trigger names `precision_delta`, a list: Sedna's
+    own controller read it as 0; here the model is held back and the reason says why."""
+
+    def precision(info: PodInfo) -> Behaviour:
+        metrics = ({"precision": [0.9]}, {"precision": [0.5]}) if info.type == "eval" else ()
+        return Behaviour(metrics=metrics)
+
+    gm = sedna_gm(behaviour=precision, hot_update_root=stack.workdir / "hot")
+    linked(stack, gm, "r1")
+    deploy, _, feeder = apply_incremental(gm, stack, gate=None, rounds=1)
+    try:
+        check(gm, 1)
+    finally:
+        feeder.close()
+    assert deploy.read_bytes() == b"the model served before any round"
+    [held] = [m["content"] for m in stack.cloud.upstream(JOB)
+              if (m["content"].get("phase"), m["content"]["status"]) == ("deploy", "completed")]
+    assert held["reason"] == (
+        "held back by the deploy gate: precision of the new model is a list of values: the "
+        "condition must name one, as precision[i] (a bare name is refused, never read as 0)"
+    )
