@@ -710,9 +710,17 @@ def _what(record: RoundRecord) -> str:
 
 def describe_json(state: JobState, records: Sequence[RoundRecord]) -> dict[str, Any]:
     """What `describe job -o json` prints: the job's progress, deployments, gate, main
-    metric and every round as stored."""
+    metric and every round as stored; for an incremental-learning job also the Models it
+    names (`incremental`), as resolved (`models`, null before), and its deploy target."""
     metric = main_metric(state, records)
     builtins = msgspec.to_builtins
+    incremental: dict[str, Any] = {}
+    if state.spec.incremental is not None:
+        incremental = {
+            "incremental": builtins(state.spec.incremental),
+            "models": builtins(state.models) if state.models is not None else None,
+            "deployTarget": deploy_target(state),
+        }
     return {
         "namespace": state.namespace,
         "name": state.name,
@@ -727,4 +735,5 @@ def describe_json(state: JobState, records: Sequence[RoundRecord]) -> dict[str, 
         "mainMetric": metric,
         "mainMetricValues": [metric_value(r.candidate, metric) for r in records],
         "rounds": [builtins(r) for r in records],
+        **incremental,
     }

@@ -204,3 +204,15 @@ def test_gate_of_an_incremental_job_is_shown_as_for_a_lifelong_one() -> None:
     state = il_state(spec=msgspec.structs.replace(il_state().spec, gate=gate))
     assert rendering.gate_summary(state).startswith("deploy when precision_delta > 0.1")
     assert rendering.main_metric(state) == "precision"
+
+
+def test_describe_json_adds_the_models_for_an_incremental_job_only() -> None:
+    data = rendering.describe_json(il_state(models=MODELS), [])
+    assert data["incremental"]["deployModel"] == "deploy-model"
+    assert data["models"]["deploy"] == {
+        "url": "/models/deploy/saved_model.pb", "format": "pb", "devices": ("rk3588",),
+    }  # fmt: skip
+    assert data["deployTarget"] == "/models/deploy/saved_model.pb"
+    assert rendering.describe_json(il_state(), [])["models"] is None
+    lifelong = il_state(spec=JobSpec(dataset="ds", train_prob=0.8, output_dir="/out"))
+    assert "models" not in rendering.describe_json(lifelong, [])
