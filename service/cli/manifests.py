@@ -125,8 +125,13 @@ class KubeYamlLoader(yaml.SafeLoader):
     """YAML read as kubectl reads it.
 
     PyYAML follows YAML 1.1, where `02:00` is the base-60 integer 120 and `2024-05-01` a
-    date; Kubernetes' parser keeps both as strings. Sedna's own example writes
-    `timer: {start: 02:00, end: 24:00}` unquoted, so without this it would not validate.
+    date. Kubernetes reads YAML with Go's yaml package (YAML 1.1 too), which purposely drops
+    base-60 numbers and hands a date to JSON as the string it is, so both stay strings.
+    Sedna's own examples write `timer: {start: 02:00, end: 24:00}` unquoted, so without this
+    they would not validate. Numbers are resolved as the Go package resolves them: integers
+    in decimal, `0x`, `0o`, `0b` or a leading `0` (octal), floats with or without a dot
+    before an exponent whose sign is optional (`1e3`, `1.5e3`: strings to PyYAML; `09`, not
+    an octal integer, is the float 9), `_` between digits ignored.
     """
 
 
@@ -140,7 +145,8 @@ KubeYamlLoader.yaml_implicit_resolvers = {
 KubeYamlLoader.add_implicit_resolver(
     _INT_TAG,
     re.compile(
-        r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""",
+        r"""^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)
+        |[-+]?0x[0-9a-fA-F_]+)$""",
         re.X,
     ),
     list("-+0123456789"),
@@ -148,8 +154,7 @@ KubeYamlLoader.add_implicit_resolver(
 KubeYamlLoader.add_implicit_resolver(
     _FLOAT_TAG,
     re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+        r"""^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9_]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
         re.X,
