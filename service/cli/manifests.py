@@ -61,19 +61,30 @@ class Kind:
     store: StoreKind
     plural: str
     short: str
+    #: the wire name of a kind stored under another kind's store kind (the two job kinds
+    #: share `job`); None: the store kind's own
+    own_wire: str | None = None
+    #: more short names
+    aliases: tuple[str, ...] = ()
 
     @property
     def wire(self) -> str:
         """As an envelope header and upstream status carry it: `dataset`, `lifelonglearningjob`."""
-        return WIRE_KINDS[self.store]
+        return self.own_wire or WIRE_KINDS[self.store]
 
     def names(self) -> tuple[str, ...]:
-        """Every spelling that means this kind (compared in lower case)."""
-        return (self.wire, self.wire + "s", self.store, self.plural, self.short)
+        """Every spelling that means this kind (compared in lower case); the store kind's
+        name means its own kind only."""
+        store = (self.store,) if self.own_wire is None else ()
+        return (self.wire, self.wire + "s", *store, self.plural, self.short, *self.aliases)
 
 
 DATASET = Kind("Dataset", DATASET_KIND, plural="datasets", short="ds")
 JOB = Kind("LifelongLearningJob", JOB_KIND, plural="jobs", short="llj")
+INCREMENTAL_JOB = Kind(
+    "IncrementalLearningJob", JOB_KIND, plural="incrementallearningjobs", short="ij",
+    own_wire="incrementallearningjob", aliases=("ilj",),
+)  # fmt: skip
 MODEL = Kind("Model", MODEL_KIND, plural="models", short="mo")
 JOINT_INFERENCE = Kind(
     "JointInferenceService", JOINT_INFERENCE_KIND, plural="jointinferenceservices", short="ji"
@@ -81,7 +92,9 @@ JOINT_INFERENCE = Kind(
 FEDERATED_LEARNING = Kind(
     "FederatedLearningJob", FEDERATED_LEARNING_KIND, plural="federatedlearningjobs", short="fl"
 )
-KINDS = (DATASET, JOB, MODEL, JOINT_INFERENCE, FEDERATED_LEARNING)
+KINDS = (DATASET, JOB, INCREMENTAL_JOB, MODEL, JOINT_INFERENCE, FEDERATED_LEARNING)
+#: The kinds the controller runs as jobs (both stored under `job`), which a rollback takes.
+JOB_KINDS = (JOB, INCREMENTAL_JOB)
 _BY_NAME = {name: kind for kind in KINDS for name in kind.names()}
 
 
@@ -112,8 +125,13 @@ class KubeYamlLoader(yaml.SafeLoader):
     """YAML read as kubectl reads it.
 
     PyYAML follows YAML 1.1, where `02:00` is the base-60 integer 120 and `2024-05-01` a
-    date; Kubernetes' parser keeps both as strings. Sedna's own example writes
-    `timer: {start: 02:00, end: 24:00}` unquoted, so without this it would not validate.
+    date. Kubernetes reads YAML with Go's yaml package (YAML 1.1 too), which purposely drops
+    base-60 numbers and hands a date to JSON as the string it is, so both stay strings.
+    Sedna's own examples write `timer: {start: 02:00, end: 24:00}` unquoted, so without this
+    they would not validate. Numbers are resolved as the Go package resolves them: integers
+    in decimal, `0x`, `0o`, `0b` or a leading `0` (octal), floats with or without a dot
+    before an exponent whose sign is optional (`1e3`, `1.5e3`: strings to PyYAML; `09`, not
+    an octal integer, is the float 9), `_` between digits ignored.
     """
 
 
@@ -127,7 +145,8 @@ KubeYamlLoader.yaml_implicit_resolvers = {
 KubeYamlLoader.add_implicit_resolver(
     _INT_TAG,
     re.compile(
-        r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""",
+        r"""^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)
+        |[-+]?0x[0-9a-fA-F_]+)$""",
         re.X,
     ),
     list("-+0123456789"),
@@ -135,8 +154,7 @@ KubeYamlLoader.add_implicit_resolver(
 KubeYamlLoader.add_implicit_resolver(
     _FLOAT_TAG,
     re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+        r"""^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9_]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
         re.X,
@@ -319,6 +337,20 @@ _MISSING_FIELD_RE = re.compile(r"missing required field `([^`]+)`")
 _PATH_SEGMENT_RE = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 _MISSING = object()
 
+# What the known-good documents of the two job kinds share.
+_JOB_DATASET = {"name": "example", "trainProb": 0.8}
+_JOB_TRAIN_SPEC = {
+    "template": {},
+    "trigger": {
+        "checkPeriodSeconds": 60,
+        "timer": {"start": "00:00", "end": "24:00"},
+        # no operator: patching a bad one must not make metric and threshold
+        # required, which the user may not have meant
+        "condition": {"operator": "", "threshold": 0, "metric": "num_of_samples"},
+    },
+}
+_DEPLOY_TRIGGER = {"condition": {"operator": "", "threshold": 0, "metric": "accuracy"}}
+
 # Known-good documents: a field found wrong is replaced by the same field from here, so the
 # next check can report the next problem instead of the same one again.
 _REFERENCE: dict[str, dict[str, Any]] = {
@@ -333,21 +365,26 @@ _REFERENCE: dict[str, dict[str, Any]] = {
         "kind": JOB.title,
         "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
         "spec": {
-            "dataset": {"name": "example", "trainProb": 0.8},
-            "trainSpec": {
-                "template": {},
-                "trigger": {
-                    "checkPeriodSeconds": 60,
-                    "timer": {"start": "00:00", "end": "24:00"},
-                    # no operator: patching a bad one must not make metric and threshold
-                    # required, which the user may not have meant
-                    "condition": {"operator": "", "threshold": 0, "metric": "num_of_samples"},
-                },
-            },
+            "dataset": _JOB_DATASET,
+            "trainSpec": _JOB_TRAIN_SPEC,
+            "evalSpec": {"template": {}},
+            "deploySpec": {"template": {}, "trigger": _DEPLOY_TRIGGER},
+            "outputDir": "/output",
+        },
+    },
+    INCREMENTAL_JOB.wire: {
+        "apiVersion": wire.SEDNA_API_VERSION,
+        "kind": INCREMENTAL_JOB.title,
+        "metadata": {"name": "example", "namespace": DEFAULT_NAMESPACE},
+        "spec": {
+            "initialModel": {"name": "example"},
+            "dataset": _JOB_DATASET,
+            "trainSpec": _JOB_TRAIN_SPEC,
             "evalSpec": {"template": {}},
             "deploySpec": {
+                "model": {"name": "example", "hotUpdateEnabled": False, "pollPeriodSeconds": 60},
+                "trigger": _DEPLOY_TRIGGER,
                 "template": {},
-                "trigger": {"condition": {"operator": "", "threshold": 0, "metric": "accuracy"}},
             },
             "outputDir": "/output",
         },
@@ -384,8 +421,11 @@ _REFERENCE: dict[str, dict[str, Any]] = {
     },
 }
 #: Where a resource names the node(s) it is sent to, by kind: a Dataset's node, the node of
-#: a job's train worker or a service's edge worker, every training worker's node of a
-#: federated-learning job (Sedna's GM sends it to each); `[*]` stands for each list item.
+#: a lifelong-learning job's train worker or a service's edge worker, every training
+#: worker's node of a federated-learning job (Sedna's GM sends it to each); `[*]` stands for
+#: each list item. An incremental-learning job names none: Sedna's GM sends it (and its
+#: Models) to its Dataset's node, which the job does not name, and its templates are
+#: opaque (Sedna's own example holds `$WORKER_NODE` there).
 _NODE_PATHS: dict[str, str] = {
     DATASET.wire: "$.spec.nodeName",
     JOB.wire: "$.spec.trainSpec.template.spec.nodeName",
@@ -592,8 +632,8 @@ def target_nodes(
     A Dataset names its node in `spec.nodeName`; a lifelong-learning job in its train
     template's `spec.nodeName` (Sedna schedules the train worker there), a joint-inference
     service in its edge worker's, a federated-learning job in each training worker's (Sedna's
-    GM sends it to every one of them); a Model names none. Templates are never validated by
-    the controller, so the nodes they name are checked here.
+    GM sends it to every one of them); a Model and an incremental-learning job name none.
+    Templates are never validated by the controller, so the nodes they name are checked here.
     """
     kind = str(obj.get("kind", "")).lower()
     nodes: list[str] = []

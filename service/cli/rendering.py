@@ -26,15 +26,15 @@ from typing import Any
 import msgspec
 
 from service import wire
-from service.core import paths, samples
+from service.core import kinds, paths, samples
 from service.core.gate import DELTA_SUFFIX, Metrics
 from service.core.rounds import RoundRecord
-from service.core.state import DatasetState, JobState, ModelRef, ResourceState
+from service.core.state import DatasetState, JobState, ModelInfo, ModelRef, ResourceState
 from service.history import HistoryRecord, last_change_ms
 from service.keys import rkey_path
 from service.logs import escape_controls, redact
 from service.runtime.intake import GmLinkRecord
-from service.wire import LifelongLearningJob, StoredResource, rfc3339_utc
+from service.wire import LearningJob, StoredResource, rfc3339_utc
 
 COLUMN_GAP = "   "
 _SECOND_MS = 1000
@@ -181,7 +181,7 @@ def _models(models: Sequence[ModelRef]) -> str:
     return ", ".join(f"{m.format or '?'} {m.url}" for m in models) or "-"
 
 
-def _workers(job: LifelongLearningJob | None) -> str:
+def _workers(job: LearningJob | None) -> str:
     """Worker images per template: enough to recognise a job without printing the pods."""
     if job is None:
         return "-"
@@ -198,7 +198,7 @@ def _workers(job: LifelongLearningJob | None) -> str:
     return "; ".join(parts) or "-"
 
 
-def _credential(job: LifelongLearningJob | None) -> str:
+def _credential(job: LearningJob | None) -> str:
     if job is None:
         return "-"
     parts = []
@@ -224,17 +224,29 @@ def round_files(state: JobState, records: Sequence[HistoryRecord]) -> list[tuple
             files.append((f"{phase} index", paths.round_index_file(out, phase, version)))
         files.append((f"{phase} output", paths.round_output_dir(out, phase, version)))
     if "deploy" in reached:
-        files.append(("deployed model", paths.deploy_model(out)))
+        files.append(("deployed model", deploy_target(state)))
     return files
+
+
+def deploy_target(state: JobState) -> str:
+    """Where a deployed model goes, as workers see it: the outputDir's deploy file, or an
+    incremental-learning job's deploy Model's url (its name until a train round resolved
+    it)."""
+    spec = state.spec.incremental
+    if spec is not None and state.models is None:
+        return f"the url of Model {spec.deploy_model} (not resolved yet)"
+    target, _ = kinds.deploy_target(state, "", "")
+    return target
 
 
 def describe_job(
     state: JobState,
-    job: LifelongLearningJob | None,
+    job: LearningJob | None,
     records: Sequence[HistoryRecord],
     now_ms: int,
 ) -> list[str]:
-    """`describe job`: spec summary, progress, models, last error and the round's files."""
+    """`describe job`: spec summary, progress, models (an incremental-learning job's Models,
+    hot update and deploy target too), last error and the round's files."""
     changed = last_change_ms(records)
     since = "" if changed is None else f" (since {format_age(now_ms - changed)} ago)"
     lines = [
@@ -250,6 +262,7 @@ def describe_job(
                f"({samples.count(state.eval_batches)} samples)"),
         _field("Train models", _models(state.train_models)),
         _field("Eval models", _models(state.eval_models)),
+        *incremental_lines(state),
         _field("Workers", _workers(job)),
         _field("Credential", _credential(job)),
         _field("Last error", state.last_error or "-"),
@@ -263,6 +276,46 @@ def describe_job(
         width = max(len(label) for label, _ in files) + 2
         lines += [f"  {label:<{width}}{path}" for label, path in files]
     return lines
+
+
+def incremental_lines(state: JobState) -> list[str]:
+    """What an incremental-learning job adds to `describe`: its Models (as the latest train
+    round resolved them), hot update and where a deployed model goes; nothing for a
+    lifelong-learning job."""
+    spec = state.spec.incremental
+    if spec is None:
+        return []
+    models = state.models
+    initial, compared, deploy = (
+        (None, None, None) if models is None else (models.initial, models.compared, models.deploy)
+    )
+    evaluated = "evalSpec.initialEvalModel" if spec.eval_model else "the deploy Model"
+    named = (
+        ("Initial model", spec.initial_model, initial, "round 1 trains from it"),
+        ("Eval model", spec.compared_model, compared,
+         f"{evaluated}: evals compare with it until a model is deployed"),
+        ("Deploy model", spec.deploy_model, deploy, "deployed models are copied to its url"),
+    )  # fmt: skip
+    lines = [
+        _field(label, f"{name}: {_model_info(info)} ({role})") for label, name, info, role in named
+    ]
+    hot = "off"
+    if spec.hot_update_config is not None:
+        hot = (
+            f"config {spec.hot_update_config} (rewritten to name each deployed model, copied "
+            "beside it)"
+        )
+    lines += [_field("Hot update", hot), _field("Deploy target", deploy_target(state))]
+    return lines
+
+
+def _model_info(info: ModelInfo | None) -> str:
+    """A Model's url, format and devices (None: not resolved yet)."""
+    if info is None:
+        return "not resolved yet (a train round resolves it)"
+    devices = f", devices {', '.join(info.devices)}" if info.devices else ""
+    credential = ", names a credential" if info.credential else ""
+    return f"{info.format or '?'} {info.url}{devices}{credential}"
 
 
 def gm_summary(state: JobState) -> str:
@@ -657,9 +710,17 @@ def _what(record: RoundRecord) -> str:
 
 def describe_json(state: JobState, records: Sequence[RoundRecord]) -> dict[str, Any]:
     """What `describe job -o json` prints: the job's progress, deployments, gate, main
-    metric and every round as stored."""
+    metric and every round as stored; for an incremental-learning job also the Models it
+    names (`incremental`), as resolved (`models`, null before), and its deploy target."""
     metric = main_metric(state, records)
     builtins = msgspec.to_builtins
+    incremental: dict[str, Any] = {}
+    if state.spec.incremental is not None:
+        incremental = {
+            "incremental": builtins(state.spec.incremental),
+            "models": builtins(state.models) if state.models is not None else None,
+            "deployTarget": deploy_target(state),
+        }
     return {
         "namespace": state.namespace,
         "name": state.name,
@@ -674,4 +735,5 @@ def describe_json(state: JobState, records: Sequence[RoundRecord]) -> dict[str, 
         "mainMetric": metric,
         "mainMetricValues": [metric_value(r.candidate, metric) for r in records],
         "rounds": [builtins(r) for r in records],
+        **incremental,
     }

@@ -8,7 +8,7 @@ node's downstream topic as insert/delete envelopes. Nothing changes state direct
 command can never bypass the lifecycle. Before sending, the target nodes must be served by
 a live controller (see `service.cli.connections`), unless --force.
 
-`lifelong rollback job NAME [--to-version V]`: put an earlier round's model back.
+`lifelong rollback job|ij NAME [--to-version V]`: put an earlier round's model back.
 
 The command sends a `rollback` of the job on its node's downstream topic (content
 `{"version": V}`, or none for the version deployed before the current one), the same durable
@@ -56,7 +56,7 @@ from service.cli.connections import (
     publish_all,
     require_served,
 )
-from service.cli.manifests import JOB, checked_documents, delete_envelope
+from service.cli.manifests import JOB_KINDS, Kind, checked_documents, delete_envelope
 from service.cli.rendering import shown
 from service.config import Config
 from service.errors import InvalidMessage, PermanentError
@@ -65,13 +65,15 @@ from service.logs import redact
 APPLY_EXAMPLES = (
     """examples:
   lifelong apply -f examples/dataset.yaml -f examples/lifelonglearningjob.yaml
+  lifelong apply -f examples/models.yaml -f examples/incrementallearningjob.yaml
   cat job.json | lifelong apply -f -
   lifelong apply -f all.yaml -n team-a       # namespace for documents that name none
 
 Each Dataset goes to the node in its spec.nodeName, each LifelongLearningJob to the node in
 spec.trainSpec.template.spec.nodeName, each JointInferenceService to its edge worker's node
 (spec.edgeWorker.template.spec.nodeName), each FederatedLearningJob to every training
-worker's node (spec.trainingWorkers[*].template.spec.nodeName), anything else (a Model) to
+worker's node (spec.trainingWorkers[*].template.spec.nodeName), anything else (a Model, an
+IncrementalLearningJob: Sedna's GM sends it with its Models to its Dataset's node) to
 LIFELONG_NODE_NAME. Nothing is sent unless every document is valid and every node it goes
 to is served by a live controller (--force sends anyway)."""
     + COMMON_NOTE
@@ -81,6 +83,7 @@ DELETE_EXAMPLES = (
     """examples:
   lifelong delete lifelonglearningjob atcii-classifier-demo
   lifelong delete dataset lifelong-dataset --node edge-node
+  lifelong delete ij helmet-detection-demo  # an incremental-learning job
   lifelong delete ji <name>                 # a joint-inference service (fl, model alike)
 
 Nothing is sent unless the node is served by a live controller (--force sends anyway).
@@ -102,8 +105,8 @@ def register_send(commands: Subcommands) -> None:
     delete = subcommand(commands, "delete", "delete resources from an edge node", DELETE_EXAMPLES)
     delete.add_argument(
         "kind", type=kind_arg, metavar="KIND",
-        help="dataset, lifelonglearningjob, model, jointinferenceservice (ji) or "
-        "federatedlearningjob (fl)",
+        help="dataset, lifelonglearningjob, incrementallearningjob (ij), model, "
+        "jointinferenceservice (ji) or federatedlearningjob (fl)",
     )  # fmt: skip
     delete.add_argument("names", nargs="+", type=name_arg, metavar="NAME")
     add_namespace_flag(delete, "the resource's namespace (default: default)")
@@ -200,11 +203,14 @@ ROLLBACK_EXAMPLES = (
     """examples:
   lifelong rollback job atcii-classifier-demo                  # to the previous version
   lifelong rollback job atcii-classifier-demo --to-version 3 -n team-a
+  lifelong rollback ij helmet-detection-demo                   # an incremental-learning job
 
-The controller copies that round's model to <outputDir>/deploy/index.pkl (whole or not at
-all) and says deploy ready upstream; it refuses while the job's deploy copy is in flight,
-while another rollback copies, while an eval compares its model with the deployed one, or
-when the model file is gone. Exit 1 with its reason, or when no answer came in --timeout.
+The controller copies that round's model to <outputDir>/deploy/index.pkl (an
+incremental-learning job's: to its deploy Model's url, and with hot update beside the
+model config file, which it rewrites) whole or not at all, and says deploy ready upstream;
+it refuses while the job's deploy copy is in flight, while another rollback copies, while
+an eval compares its model with the deployed one, or when the model file is gone. Exit 1
+with its reason, or when no answer came in --timeout.
 Nothing is sent unless the node is served by a live controller (--force sends anyway)."""
     + COMMON_NOTE
 )
@@ -216,7 +222,10 @@ def register_rollback(commands: Subcommands) -> None:
         commands, "rollback", "put an earlier round's model back in a job's deploy file",
         ROLLBACK_EXAMPLES,
     )  # fmt: skip
-    parser.add_argument("kind", choices=("job", JOB.wire), metavar="job")
+    parser.add_argument(
+        "kind", type=_job_kind_arg, metavar="job|ij",
+        help="job (a lifelong-learning job) or ij (an incremental-learning job)",
+    )  # fmt: skip
     parser.add_argument("name", type=name_arg, metavar="NAME")
     parser.add_argument(
         "--to-version", type=_version_arg, default=None, metavar="V",
@@ -239,6 +248,14 @@ def register_rollback(commands: Subcommands) -> None:
     parser.set_defaults(func=_rollback)
 
 
+def _job_kind_arg(text: str) -> Kind:
+    """A job kind by any of its names; what `job` means stays a lifelong-learning job."""
+    kind = kind_arg(text)
+    if kind not in JOB_KINDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job kind: use job or ij")
+    return kind
+
+
 def _version_arg(text: str) -> int:
     try:
         version = int(text)
@@ -249,10 +266,11 @@ def _version_arg(text: str) -> int:
     return version
 
 
-def rollback_envelope(namespace: str, name: str, version: int | None) -> bytes:
-    """The downstream `rollback` of a job (checked by the controller's own decoder)."""
+def rollback_envelope(kind: Kind, namespace: str, name: str, version: int | None) -> bytes:
+    """The downstream `rollback` of a job of `kind` (checked by the controller's own
+    decoder)."""
     header = wire.Header(
-        namespace=namespace, resource_kind=JOB.wire, resource_name=name, operation="rollback"
+        namespace=namespace, resource_kind=kind.wire, resource_name=name, operation="rollback"
     )
     content = None if version is None else {"version": version}
     envelope = wire.encode(wire.Envelope(header=header, content=content))
@@ -263,7 +281,7 @@ def rollback_envelope(namespace: str, name: str, version: int | None) -> bytes:
 def _rollback(args: argparse.Namespace) -> int:
     cfg = command_config(args)
     node_cfg = cfg.for_node(args.node or cfg.node_name)
-    envelope = rollback_envelope(args.namespace, args.name, args.to_version)
+    envelope = rollback_envelope(args.kind, args.namespace, args.name, args.to_version)
     job = f"{args.namespace}/{args.name}"
     target = f"version {args.to_version}" if args.to_version else "the previous version"
     outgoing = [(f"rollback of job {job} to {target}", node_cfg.downstream_topic(), envelope)]
@@ -329,6 +347,7 @@ def answer_of(
 
 VALIDATE_EXAMPLES = """examples:
   lifelong validate -f examples/lifelonglearningjob.yaml
+  lifelong validate -f examples/models.yaml -f examples/incrementallearningjob.yaml
   kubectl get lifelonglearningjobs -o yaml | lifelong validate -f -
 
 Checks offline, with the controller's own rules; prints one line per problem, naming the

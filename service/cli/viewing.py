@@ -2,8 +2,9 @@
 they wrote to Redis) and `lifelong watch` (what they publish, as it happens).
 
 `lifelong get` and `lifelong describe`: what the controllers wrote to Redis, as tables and
-detailed views (read only), for every kind: jobs, datasets, models, joint-inference services
-and federated-learning jobs.
+detailed views (read only), for every kind: lifelong-learning and incremental-learning jobs,
+datasets, models, joint-inference services and federated-learning jobs. The two job kinds
+share one store kind (and one namespace/name space): each lists and describes its own jobs.
 
 `lifelong watch`: upstream status and rejections as they happen.
 """
@@ -12,6 +13,7 @@ and federated-learning jobs.
 import argparse
 import json
 import queue
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from service.cli.connections import (
     mqtt_session,
     store_session,
 )
-from service.cli.manifests import DATASET, JOB
+from service.cli.manifests import DATASET, JOB_KINDS, Kind
 from service.cli.rendering import (
     dataset_row,
     describe_dataset,
@@ -64,7 +66,7 @@ from service.core.rounds import decode_rounds
 from service.core.state import DatasetState, JobState, ResourceState, State, decode_state
 from service.errors import InvalidMessage, PermanentError
 from service.history import decode_records, last_change_ms
-from service.keys import parse_rkey, rkey
+from service.keys import JOB_KIND, parse_rkey, rkey
 from service.logs import redact
 from service.runtime.intake import GmLinkRecord
 from service.urls import redact_url
@@ -77,6 +79,7 @@ GET_EXAMPLES = (
   lifelong get jobs
   lifelong get datasets -n default
   lifelong get jobs -o json | jq '.[].phase'
+  lifelong get ij          # incremental-learning jobs (get jobs: lifelong-learning ones)
   lifelong get models
   lifelong get ji          # joint-inference services: the reports of their workers forwarded
   lifelong get fl          # federated-learning jobs, the same
@@ -97,6 +100,7 @@ DESCRIBE_EXAMPLES = (
   lifelong describe job atcii-classifier-demo
   lifelong describe job atcii-classifier-demo -o json | jq '.rounds[-1]'
   lifelong describe dataset lifelong-dataset --history 50
+  lifelong describe ij helmet-detection-demo  # an incremental-learning job
   lifelong describe model <name>            # ji and fl alike
 
 A job shows its deploy gate, the deployed model (and the versions a rollback can restore)
@@ -104,7 +108,9 @@ and its last 50 rounds (times, sample counts, the metrics of the new and of the 
 model, why a round was not deployed) under a sparkline of the main metric. A model shows
 its url, format, devices and whether it names a credential; a joint-inference service or a
 federated-learning job its workers (models, datasets, nodes, images) and the reports of its
-workers forwarded upstream.
+workers forwarded upstream. An incremental-learning job also shows its Models (initial, eval,
+deploy: url, format, devices once a train round resolved them), its hot update and where a
+deployed model goes (the deploy Model's url).
 """
     + COMMON_NOTE
 )
@@ -115,9 +121,10 @@ T = TypeVar("T")
 def register_status(commands: Subcommands) -> None:
     """Add get and describe."""
     get = subcommand(
-        commands, "get", "list jobs, datasets, models, ji or fl with their progress", GET_EXAMPLES
-    )
-    get.add_argument("kind", type=kind_arg, metavar="jobs|datasets|models|ji|fl")
+        commands, "get", "list jobs, ij, datasets, models, ji or fl with their progress",
+        GET_EXAMPLES,
+    )  # fmt: skip
+    get.add_argument("kind", type=kind_arg, metavar="jobs|ij|datasets|models|ji|fl")
     get.add_argument(
         "-n", "--namespace", type=namespace_arg, default=None,
         help="only this namespace (default: all)",
@@ -127,10 +134,11 @@ def register_status(commands: Subcommands) -> None:
     get.set_defaults(func=_get)
 
     describe = subcommand(
-        commands, "describe", "show one job, dataset, model, ji or fl in detail, with its history",
+        commands, "describe",
+        "show one job, ij, dataset, model, ji or fl in detail, with its history",
         DESCRIBE_EXAMPLES,
     )  # fmt: skip
-    describe.add_argument("kind", type=kind_arg, metavar="job|dataset|model|ji|fl")
+    describe.add_argument("kind", type=kind_arg, metavar="job|ij|dataset|model|ji|fl")
     describe.add_argument("name", type=name_arg, metavar="NAME")
     add_namespace_flag(describe, "the resource's namespace (default: default)")
     describe.add_argument(
@@ -161,6 +169,8 @@ def _get(args: argparse.Namespace) -> int:
     rows = []
     for key, raw in raw_states.items():
         state = None if raw is None else _state_or_none(key, raw)
+        if state is not None and _other_job_kind(state, args.kind) is not None:
+            continue
         if isinstance(state, JobState):
             rows.append({**job_row(state, changed[key], now_ms), **get_columns(state)})
         elif isinstance(state, DatasetState):
@@ -204,6 +214,14 @@ def _state_or_none(resource_key: str, raw: bytes) -> State | None:
         return None
 
 
+def _other_job_kind(state: State, kind: Kind) -> Kind | None:
+    """The kind of a job stored under the same store kind as `kind` but not of it (the two
+    job kinds share one); None when the state is of `kind`."""
+    if not isinstance(state, JobState) or state.spec.kind == kind.wire:
+        return None
+    return next(k for k in JOB_KINDS if k.wire == state.spec.kind)
+
+
 def _in_namespace(resource_key: str, namespace: str | None) -> bool:
     if namespace is None:
         return True
@@ -223,17 +241,25 @@ def _describe(args: argparse.Namespace) -> int:
         resource = store.states.load_resource(key)
         records = decode_records(store.states.history(key, max(args.history, HISTORY_FOR_AGE)))
         users = store.records.dataset_jobs(key) if args.kind is DATASET else []
-        rounds = decode_rounds(store.states.rounds(key)) if args.kind is JOB else []
+        rounds = decode_rounds(store.states.rounds(key)) if args.kind.store == JOB_KIND else []
         link = _gm_link(store)
     state = _state_or_none(key, raw)
     if state is None:
         return EXIT_PROBLEM
+    other = _other_job_kind(state, args.kind)
+    if other is not None:
+        spoken = _spoken(other)
+        article = "an" if spoken[0] in "aeiou" else "a"
+        raise PermanentError(
+            f"{args.kind.wire} {args.namespace}/{args.name} not found: it is {article} "
+            f"{spoken} (lifelong describe {other.short} {args.name})"
+        )
     if args.output == "json" and isinstance(state, JobState):
         print(redact(json.dumps(describe_json(state, rounds), indent=2)))
         return EXIT_OK
     now_ms = time.time_ns() // 1_000_000
     if isinstance(state, JobState):
-        lines = describe_job(state, _decoded(resource, wire.decode_job), records, now_ms)
+        lines = describe_job(state, _learning_job(resource), records, now_ms)
         lines += describe_lines(state, rounds)
     elif isinstance(state, ResourceState):
         lines = describe_resource(state, _decoded(resource, wire.decode_stored), records, now_ms)
@@ -243,6 +269,19 @@ def _describe(args: argparse.Namespace) -> int:
     lines += history_lines(records[-args.history :], now_ms)
     print(shown(lines))
     return EXIT_OK
+
+
+def _spoken(kind: Kind) -> str:
+    """A job kind in words: `lifelong-learning job` for `LifelongLearningJob`."""
+    *words, last = re.findall(r"[A-Z][a-z]*", kind.title)
+    return f"{'-'.join(words)} {last}".lower()
+
+
+def _learning_job(raw: bytes | None) -> wire.LearningJob | None:
+    """The stored job resource of either kind; None when there is none or it does not
+    decode."""
+    job = _decoded(raw, wire.decode_resource)
+    return job if isinstance(job, wire.LifelongLearningJob | wire.IncrementalLearningJob) else None
 
 
 def _decoded(raw: bytes | None, decode: Callable[[bytes], T]) -> T | None:

@@ -17,6 +17,9 @@ from service.cli.manifests import delete_envelope
      ("lifelonglearningjobs", "lifelonglearningjob", keys.JOB_KIND),
      ("job", "lifelonglearningjob", keys.JOB_KIND), ("jobs", "lifelonglearningjob", keys.JOB_KIND),
      ("llj", "lifelonglearningjob", keys.JOB_KIND),
+     ("ij", "incrementallearningjob", keys.JOB_KIND),
+     ("ilj", "incrementallearningjob", keys.JOB_KIND),
+     ("IncrementalLearningJobs", "incrementallearningjob", keys.JOB_KIND),
      ("models", "model", keys.MODEL_KIND), ("Model", "model", keys.MODEL_KIND),
      ("ji", "jointinferenceservice", keys.JOINT_INFERENCE_KIND),
      ("JointInferenceServices", "jointinferenceservice", keys.JOINT_INFERENCE_KIND),
@@ -42,5 +45,6 @@ def test_wire_kinds_are_what_the_controller_decodes() -> None:
     }
     assert decoded == {wire.DatasetDelete, wire.JobDelete, wire.ResourceDelete}
     assert {k.title for k in manifests.KINDS} == {
-        "Dataset", "LifelongLearningJob", "Model", "JointInferenceService", "FederatedLearningJob",
+        "Dataset", "LifelongLearningJob", "IncrementalLearningJob", "Model",
+        "JointInferenceService", "FederatedLearningJob",
     }  # fmt: skip

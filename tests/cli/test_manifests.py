@@ -18,6 +18,21 @@ def test_yaml_reads_times_and_dates_as_kubectl_does() -> None:
                        "f": True, "g": "7"}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("plain", "value"),
+    [("02:00", "02:00"), ("20:00", "20:00"), ("1:30:00", "1:30:00"), ("2024-05-01", "2024-05-01"),
+     ("500", 500), ("-7", -7), ("1_000", 1000), ("0x1F", 31), ("0o17", 15), ("017", 15),
+     ("0b101", 5), ("09", 9.0), ("0.8", 0.8), (".5", 0.5), ("1.", 1.0), ("1e3", 1000.0),
+     ("1.5e3", 1500.0), ("2E-2", 0.02), ("1e", "1e"), ("1.2.3", "1.2.3"), ("0x", "0x")],
+)  # fmt: skip
+def test_plain_scalars_resolve_as_gos_yaml_resolves_them(plain: str, value: object) -> None:
+    """As Kubernetes reads them (Go's yaml, YAML 1.1 without base-60 numbers; dates stay
+    the text they are): `02:00` is a string, never PyYAML's 120."""
+    (doc,) = manifests.load_documents(f"v: {plain}\n", "x")
+    assert isinstance(doc.obj, dict) and doc.obj == {"v": value}
+    assert type(doc.obj["v"]) is type(value)
+
+
 def test_several_documents_lists_and_json_arrays_expand() -> None:
     text = "---\nkind: Dataset\n---\n\n---\nkind: List\nitems: [{a: 1}, {b: 2}]\n"
     docs = manifests.load_documents(text, "f.yaml")

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from service.cli import main
-from service.cli.manifests import resource_problems
+from service.cli.manifests import JOB, resource_problems
 from service.cli.rendering import (
     describe_json,
     describe_lines,
@@ -126,9 +126,9 @@ def test_get_jobs_shows_the_deployed_version_and_its_main_metric() -> None:
 
 
 def test_rollback_answers() -> None:
-    envelope = rollback_envelope("default", "j", 2)
+    envelope = rollback_envelope(JOB, "default", "j", 2)
     assert b'"operation":"rollback"' in envelope and b'"version":2' in envelope
-    assert b'"content"' not in rollback_envelope("default", "j", None)
+    assert b'"content"' not in rollback_envelope(JOB, "default", "j", None)
     up = "sedna/n/upstream"
     ready = {
         "header": {"namespace": "default", "resourceName": "j"},

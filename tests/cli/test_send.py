@@ -88,6 +88,23 @@ def test_apply_routes_each_resource_to_its_node(mosquitto: Server, tmp_path: Pat
         assert envelope["content"]["metadata"]["namespace"] == "team-a"
 
 
+def test_sednas_incremental_job_applies_as_it_is(mosquitto: Server) -> None:
+    """Sedna's helmet-detection job, `$WORKER_NODE` placeholders and all, goes as it is to
+    LIFELONG_NODE_NAME (Sedna's GM sends it to its Dataset's node, which it does not name)."""
+    helmet = Path(__file__).parent / "data" / "helmet_detection.yaml"
+    env = cli_env(f"mqtt://127.0.0.1:{mosquitto.port}", "redis://127.0.0.1:1/0")
+    with downstream(mosquitto.port) as seen:
+        result = run_cli(env, "apply", "-f", str(helmet), "--force")
+        assert result.returncode == 0, result.stderr
+        ((topic, envelope),) = seen.wait(1)
+    assert topic == f"sedna/{NODE}/downstream"
+    assert envelope["header"]["resourceKind"] == "incrementallearningjob"
+    spec = envelope["content"]["spec"]
+    assert spec["trainSpec"]["template"]["spec"]["nodeName"] == "$WORKER_NODE"
+    assert spec["trainSpec"]["trigger"]["timer"] == {"start": "02:00", "end": "20:00"}
+    assert spec["deploySpec"]["trigger"]["condition"]["metric"] == "precision_delta"
+
+
 def test_nothing_is_sent_to_a_node_no_controller_serves(stack: Stack) -> None:
     stack.controller()  # serves NODE
     env = cli_env(stack.mqtt_url, stack.redis_url)
