@@ -230,11 +230,11 @@ def round_files(state: JobState, records: Sequence[HistoryRecord]) -> list[tuple
 
 def deploy_target(state: JobState) -> str:
     """Where a deployed model goes, as workers see it: the outputDir's deploy file, or an
-    incremental-learning job's deploy Model's url (its name until a train round resolved
-    it)."""
+    incremental-learning job's deploy Model's url (its name until an eval round looked it
+    up)."""
     spec = state.spec.incremental
-    if spec is not None and state.models is None:
-        return f"the url of Model {spec.deploy_model} (not resolved yet)"
+    if spec is not None and (state.models is None or state.models.deploy is None):
+        return f"the url of Model {spec.deploy_model} (an eval round looks it up)"
     target, _ = kinds.deploy_target(state, "", "")
     return target
 
@@ -279,8 +279,8 @@ def describe_job(
 
 
 def incremental_lines(state: JobState) -> list[str]:
-    """What an incremental-learning job adds to `describe`: its Models (as the latest train
-    round resolved them), hot update and where a deployed model goes; nothing for a
+    """What an incremental-learning job adds to `describe`: its Models (as the latest rounds
+    that needed them looked them up), hot update and where a deployed model goes; nothing for a
     lifelong-learning job."""
     spec = state.spec.incremental
     if spec is None:
@@ -310,9 +310,9 @@ def incremental_lines(state: JobState) -> list[str]:
 
 
 def _model_info(info: ModelInfo | None) -> str:
-    """A Model's url, format and devices (None: not resolved yet)."""
+    """A Model's url, format and devices (None: not looked up yet)."""
     if info is None:
-        return "not resolved yet (a train round resolves it)"
+        return "not looked up yet (a round that needs it will)"
     devices = f", devices {', '.join(info.devices)}" if info.devices else ""
     credential = ", names a credential" if info.credential else ""
     return f"{info.format or '?'} {info.url}{devices}{credential}"

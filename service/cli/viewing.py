@@ -109,8 +109,8 @@ model, why a round was not deployed) under a sparkline of the main metric. A mod
 its url, format, devices and whether it names a credential; a joint-inference service or a
 federated-learning job its workers (models, datasets, nodes, images) and the reports of its
 workers forwarded upstream. An incremental-learning job also shows its Models (initial, eval,
-deploy: url, format, devices once a train round resolved them), its hot update and where a
-deployed model goes (the deploy Model's url).
+deploy: url, format, devices once the round that needs each looked it up), its hot update
+and where a deployed model goes (the deploy Model's url).
 """
     + COMMON_NOTE
 )

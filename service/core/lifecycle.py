@@ -520,6 +520,14 @@ def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> J
         return job
     if event.digest == state.digest:
         return state  # Sedna's GM re-sends every resource on each resync: nothing changes
+    if event.spec.kind != state.spec.kind:
+        reason = (
+            f"{state.namespace}/{state.name} is a {state.spec.kind} already: a namespace and "
+            f"name hold one job, so this {event.spec.kind} is refused; delete the other job "
+            "or choose another name"
+        )
+        out.add(Reject(code="immutable_field", reason=reason))
+        return state
     if event.spec.dataset != state.spec.dataset:
         reason = (
             f"spec.dataset.name cannot change (was {state.spec.dataset!r}); "

@@ -16,10 +16,10 @@ module's order:
 - Acceptance, from wire bytes to core events: decode, validate, convert, route. Everything
   that arrives passes through `accept_downstream` or `accept_report`, which return an
   `Accepted` ready to append to the target shard's ingress stream or raise `InvalidMessage`
-  with the reason. A worker report goes to its owner by `ownerKind`: a lifelong-learning
-  job's to the job, a joint-inference service's or federated-learning job's to the stored
-  resource it forwards through; an incremental-learning job's is refused (that kind is not
-  managed yet). An `Accepted` keeps the first bytes of the original payload so a later
+  with the reason. A worker report goes to its owner by `ownerKind`: a lifelong- or
+  incremental-learning job's to the job (which refuses one naming the other kind), a
+  joint-inference service's or federated-learning job's to the stored resource it forwards
+  through. An `Accepted` keeps the first bytes of the original payload so a later
   rejection (a report for an unknown job, say) can still show what was refused.
 - Unknown spec fields (`UnknownFields`), logged once per resource version. The service
   takes resources with unknown fields (a newer Sedna GM may add some), but a misspelt

@@ -176,14 +176,14 @@ def test_describe_before_the_models_are_resolved() -> None:
     spec = msgspec.structs.replace(il_state().spec, incremental=evaluated)
     lines = rendering.incremental_lines(il_state(spec=spec))
     assert lines == [
-        "Initial model:  initial-model: not resolved yet (a train round resolves it) (round 1 "
+        "Initial model:  initial-model: not looked up yet (a round that needs it will) (round 1 "
         "trains from it)",
-        "Eval model:     eval-model: not resolved yet (a train round resolves it) "
+        "Eval model:     eval-model: not looked up yet (a round that needs it will) "
         "(evalSpec.initialEvalModel: evals compare with it until a model is deployed)",
-        "Deploy model:   deploy-model: not resolved yet (a train round resolves it) (deployed "
+        "Deploy model:   deploy-model: not looked up yet (a round that needs it will) (deployed "
         "models are copied to its url)",
         "Hot update:     off",
-        "Deploy target:  the url of Model deploy-model (not resolved yet)",
+        "Deploy target:  the url of Model deploy-model (an eval round looks it up)",
     ]
 
 

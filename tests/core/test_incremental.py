@@ -195,3 +195,13 @@ def test_each_kind_has_its_table() -> None:
     ll = JobState(namespace=NS, name=JOB, spec=spec(), digest="d")
     assert job_table(ll, report("train", "running")) is JOB_TABLE
     assert set(JOB_TABLE.rules) < set(INCREMENTAL_TABLE.rules)
+
+
+def test_a_job_of_the_other_kind_under_the_same_name_is_refused() -> None:
+    d = incremental()
+    before = d.job
+    effects = d.apply(JobApplied(namespace=NS, name=JOB, spec=spec(), digest="other"))
+    [refused] = [e for e in effects if isinstance(e, Reject)]
+    assert refused.code == "immutable_field"
+    assert refused.reason.startswith(f"{NS}/{JOB} is a incrementallearningjob already")
+    assert d.job == before

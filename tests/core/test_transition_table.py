@@ -28,12 +28,19 @@ from service.core.effects import (
     ScheduleCheck,
     WriteRound,
 )
-from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick
-from service.core.lifecycle import JOB_TABLE, UndeclaredMove, event_key, transition, where
+from service.core.events import Event, JobApplied, ModelCopied, RoundWritten, Tick, WorkerReported
+from service.core.lifecycle import (
+    JOB_TABLE,
+    UndeclaredMove,
+    event_key,
+    job_table,
+    transition,
+    where,
+)
 from service.core.state import GmView, JobState
 from service.core.training import retry_delay_ms
 from service.wire import Condition, Trigger
-from tests.core.driver import DATASET, JOB, NS, Driver, content, info, report, spec
+from tests.core.driver import DATASET, INCREMENTAL, JOB, NS, Driver, content, info, report, spec
 
 replace = msgspec.structs.replace
 
@@ -47,14 +54,16 @@ SUBSTATES = [
 ]
 
 
-def reach(phase: str, step: str) -> Driver:
-    """A job in the given sub-state at round 1, with 8 pending samples not yet enough to fire."""
+def reach(phase: str, step: str, incremental: bool = False) -> Driver:
+    """A job in the given sub-state at round 1, with 8 pending samples not yet enough to fire
+    (`incremental`: an incremental-learning job)."""
     d = Driver()
     d.create(
         spec(
             trigger=Trigger(
                 condition=Condition(operator="ge", threshold=10, metric="num_of_samples")
-            )
+            ),
+            incremental=INCREMENTAL if incremental else None,
         )
     )
     d.dataset(10)  # 8 train samples pending, condition (>= 10) not met
@@ -66,9 +75,9 @@ def reach(phase: str, step: str) -> Driver:
     d.apply(_update_threshold(d, 10))  # so a failure below lands in train/waiting
     walk = [
         lambda: d.written("train"),
-        lambda: d.apply(report("train", "completed", "/output/train/1/m.pkl")),
+        lambda: d.apply(owned(d, report("train", "completed", "/output/train/1/m.pkl"))),
         lambda: d.written("eval"),
-        lambda: d.apply(report("eval", "completed", "/output/eval/1/m.pkl")),
+        lambda: d.apply(owned(d, report("eval", "completed", "/output/eval/1/m.pkl"))),
     ]
     for step_fn in walk:
         if (d.job.phase, d.job.step) == (phase, step):
@@ -83,7 +92,8 @@ def _update_threshold(d: Driver, threshold: float) -> Event:
     trigger = Trigger(
         condition=Condition(operator="ge", threshold=threshold, metric="num_of_samples")
     )
-    return JobApplied(namespace=NS, name=JOB, spec=spec(trigger=trigger), digest=f"t{threshold}")
+    job_spec = replace(d.job.spec, trigger=trigger)
+    return JobApplied(namespace=NS, name=JOB, spec=job_spec, digest=f"t{threshold}")
 
 
 def _version(d: Driver) -> int:
@@ -160,7 +170,9 @@ def test_the_examples_are_moves_the_table_declares() -> None:
 #: Events any job may be sent besides `EVENTS`: inserts (from the cloud, or copies from
 #: Sedna's GM showing any condition), deletes, dataset changes and rollbacks.
 GM_STAGES = st.sampled_from(["train", "eval", "deploy"])
-GM_TYPES = st.sampled_from(["", "waiting", "ready", "running", "completed", "failed"])
+GM_TYPES = st.sampled_from(
+    ["", "waiting", "ready", "starting", "running", "completed", "failed"]
+)
 
 
 def _any_state_event(draw: st.DrawFn, d: Driver) -> Event:
@@ -187,16 +199,24 @@ def _any_state_event(draw: st.DrawFn, d: Driver) -> Event:
     )  # fmt: skip
 
 
+def owned(d: Driver, event: Event) -> Event:
+    """A worker report as the job's own kind's workers send it."""
+    if isinstance(event, WorkerReported):
+        return replace(event, owner=d.job.spec.kind)
+    return event
+
+
 @st.composite
 def _situations(draw: st.DrawFn) -> tuple[Driver, list[Event]]:
-    """A job in any sub-state the examples reach, and a few events of any kind for it."""
-    d = reach(*draw(st.sampled_from(SUBSTATES)))
+    """A job of either kind in any sub-state the examples reach, and a few events of any
+    kind for it."""
+    d = reach(*draw(st.sampled_from(SUBSTATES)), incremental=draw(st.booleans()))
     events: list[Event] = []
     for _ in range(draw(st.integers(1, 4))):
         if draw(st.booleans()):
             events.append(_any_state_event(draw, d))
         else:
-            events.append(EVENTS[draw(st.sampled_from(list(EVENTS)))](d))
+            events.append(owned(d, EVENTS[draw(st.sampled_from(list(EVENTS)))](d)))
     return d, events
 
 
@@ -209,10 +229,10 @@ def test_every_move_is_one_the_table_declares(
     (the driver's strict context raises `UndeclaredMove` on any other move)."""
     d, events = situation
     for event in events:
-        before = where(d.state)
+        before, table = where(d.state), job_table(d.state, event)
         d.now_ms += step_ms
         d.apply(event)
-        assert JOB_TABLE.allows(before, event_key(event), where(d.state))
+        assert table.allows(before, event_key(event), where(d.state))
 
 
 def test_an_undeclared_move_raises_in_tests_and_is_refused_in_production(
