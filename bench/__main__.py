@@ -113,9 +113,16 @@ def run(args: argparse.Namespace) -> list[Result]:
         suite("baselines", base)
         floors = box[0]
         if "latency" in wanted:
+            lifelong: list[Result] = []
+
+            def latency(s: Stack) -> list[Result]:
+                lifelong.extend(lifecycle.transition_latency(s, floors, jobs=sizes.latency_jobs))
+                return lifelong
+
+            suite("latency", latency)
             suite(
-                "latency",
-                lambda s: lifecycle.transition_latency(s, floors, jobs=sizes.latency_jobs),
+                "incremental-latency",
+                lambda s: lifecycle.incremental_latency(s, lifelong, jobs=sizes.latency_jobs),
             )
         if "throughput" in wanted:
             suite(

@@ -310,27 +310,53 @@ class Peer:
         self.client.loop_stop()
 
 
+#: The Models an incremental-learning job of the benchmark names (`incremental_models`).
+INITIAL_MODEL, DEPLOY_MODEL = "bench-initial", "bench-deploy"
+
+
 def job_resource(
-    name: str, dataset: str, output_dir: str, *, check_period_s: int = 1
-) -> dict[str, Any]:
+    name: str, dataset: str, output_dir: str, *, check_period_s: int = 1,
+    incremental: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """A LifelongLearningJob, or with `incremental` an IncrementalLearningJob deploying to
+    the Model `DEPLOY_MODEL` from `INITIAL_MODEL`."""
     template = {"spec": {"nodeName": NODE, "containers": [{"image": "x", "name": "w"}]}}
     trigger = {
         "checkPeriodSeconds": check_period_s,
         "timer": {"start": "00:00", "end": "24:00"},
         "condition": {"operator": ">", "threshold": 0, "metric": "num_of_samples"},
     }
+    spec: dict[str, Any] = {
+        "dataset": {"name": dataset, "trainProb": 0.8},
+        "trainSpec": {"template": template, "trigger": trigger},
+        "evalSpec": {"template": template},
+        "deploySpec": {"template": template},
+        "outputDir": output_dir,
+    }
+    if incremental:
+        spec["initialModel"] = {"name": INITIAL_MODEL}
+        spec["deploySpec"]["model"] = {"name": DEPLOY_MODEL}
     return {
         "apiVersion": "sedna.io/v1alpha1",
-        "kind": "LifelongLearningJob",
+        "kind": "IncrementalLearningJob" if incremental else "LifelongLearningJob",
         "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "dataset": {"name": dataset, "trainProb": 0.8},
-            "trainSpec": {"template": template, "trigger": trigger},
-            "evalSpec": {"template": template},
-            "deploySpec": {"template": template},
-            "outputDir": output_dir,
-        },
+        "spec": spec,
     }
+
+
+def model_resources(directory: Path) -> list[dict[str, Any]]:
+    """The two Models of the benchmark's incremental-learning jobs, their files in
+    `directory` (the initial one written)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{INITIAL_MODEL}.pkl").write_bytes(b"initial")
+    return [
+        {
+            "apiVersion": "sedna.io/v1alpha1", "kind": "Model",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"url": str(directory / f"{name}.pkl"), "format": "pkl"},
+        }
+        for name in (INITIAL_MODEL, DEPLOY_MODEL)
+    ]  # fmt: skip
 
 
 def dataset_resource(name: str, url: str) -> dict[str, Any]:
@@ -343,8 +369,9 @@ def dataset_resource(name: str, url: str) -> dict[str, Any]:
 
 
 def worker_report(
-    job: str, kind: str, status: str, models: list[str], seq: int = 0
-) -> tuple[str, bytes]:
+    job: str, kind: str, status: str, models: list[str], seq: int = 0, *,
+    owner_kind: str = "LifelongLearningJob",
+) -> tuple[str, bytes]:  # fmt: skip
     """The topic and payload of one worker's report; `seq` makes otherwise equal reports
     distinct (it travels in ownerInfo, which is forwarded upstream untouched). A report to
     be forwarded whatever the job's stage is an inference worker's: a train or eval report
@@ -354,7 +381,7 @@ def worker_report(
         "name": worker,
         "namespace": NS,
         "ownerName": job,
-        "ownerKind": "LifelongLearningJob",
+        "ownerKind": owner_kind,
         "ownerInfo": {"kind": kind, "seq": seq},
         "kind": kind,
         "status": status,

@@ -28,6 +28,7 @@ from bench.common import (
     distribution_ms,
     ingress_holder,
     job_resource,
+    model_resources,
     percentile,
     shard_holders,
     upstream_decoder,
@@ -97,7 +98,7 @@ class Upstream:
 def insert_jobs(peer: Peer, names: list[str], dataset: str, out: Path, **kw: Any) -> None:
     for name in names:
         resource = job_resource(name, dataset, str(out / name), **kw)
-        peer.publish(DOWNSTREAM, envelope(resource, kind="lifelonglearningjob", name=name))
+        peer.publish(DOWNSTREAM, envelope(resource, kind=resource["kind"].lower(), name=name))
 
 
 def wait_ingress(peer: Peer, seen: Upstream, job: str, timeout_s: float = 20) -> None:
@@ -116,32 +117,7 @@ def wait_ingress(peer: Peer, seen: Upstream, job: str, timeout_s: float = 20) ->
 def transition_latency(s: Stack, floors: Floors, *, jobs: int) -> list[Result]:
     """Worker `completed` published -> the job's next `ready` received, one at a time:
     train completed -> eval ready, then eval completed -> deploy ready, for every job."""
-    seen = Upstream()
-    peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
-    s.controller("r1")
-    data = s.workdir / "data.txt"
-    write_lines(data, 0, 10)
-    out = s.workdir / "out"
-    names = [f"lat-{i}" for i in range(jobs)]
-    peer.publish(DOWNSTREAM, envelope(dataset_resource("ds", str(data)), kind="dataset", name="ds"))
-    insert_jobs(peer, names, "ds", out)
-    seen.wait(
-        lambda: all((n, "train") in seen.ready for n in names),
-        30 + jobs / 10,
-        "every job's first train ready",
-    )
-    samples: list[float] = []
-    for name in names:
-        for phase, nxt in (("train", "eval"), ("eval", "deploy")):
-            model = out / name / phase / "1" / "model.pkl"
-            model.parent.mkdir(parents=True, exist_ok=True)
-            model.write_bytes(b"model")
-            started = time.perf_counter()
-            peer.publish(*worker_report(name, phase, "completed", [str(model)]))
-            seen.wait(lambda n=name, p=nxt: (n, p) in seen.ready, 10, f"{name} {nxt} ready")
-            samples.append(seen.ready[(name, nxt)] - started)
-    peer.close()
-    dist = distribution_ms(samples)
+    dist = distribution_ms(_latency_samples(s, jobs, incremental=False))
     floor_ms = floors.transition_floor_s * 1000
     # each percentile, its target, and the limit that target sets
     targets = {"p50": ("<= 3x floor", 3 * floor_ms), "p99": ("<= 10 ms", 10.0)}
@@ -160,6 +136,60 @@ def transition_latency(s: Stack, floors: Floors, *, jobs: int) -> list[Result]:
         )
         for q, (target, limit) in targets.items()
     ]
+
+
+def incremental_latency(s: Stack, lifelong: list[Result], *, jobs: int) -> list[Result]:
+    """The same transitions for incremental-learning jobs, beside the lifelong-learning
+    ones of the same run (`lifelong`): their eval round also looks up two Models, and their
+    deploy copies to the deploy Model's url."""
+    dist = distribution_ms(_latency_samples(s, jobs, incremental=True))
+    results = []
+    for q in ("p50", "p99"):
+        (ll,) = [r for r in lifelong if r.id == f"1.latency_{q}"]
+        results.append(Result(
+            f"1.il_latency_{q}", f"incremental-learning transition latency {q}",
+            dist[f"{q}_ms"], "ms", baseline=ll.value,
+            baseline_name=f"lifelong-learning transition latency {q}",
+            ratio=dist[f"{q}_ms"] / ll.value, target="<= 1.25x lifelong learning",
+            passed=dist[f"{q}_ms"] <= 1.25 * ll.value, details=dist,
+        ))  # fmt: skip
+    return results
+
+
+def _latency_samples(s: Stack, jobs: int, *, incremental: bool) -> list[float]:
+    seen = Upstream()
+    peer = Peer(s.broker.port, [UPSTREAM], seen.handle)
+    s.controller("r1")
+    data = s.workdir / "data.txt"
+    write_lines(data, 0, 10)
+    out = s.workdir / "out"
+    names = [f"lat-{i}" for i in range(jobs)]
+    peer.publish(DOWNSTREAM, envelope(dataset_resource("ds", str(data)), kind="dataset", name="ds"))
+    owner_kind = "LifelongLearningJob"
+    if incremental:
+        owner_kind = "IncrementalLearningJob"
+        for model in model_resources(s.workdir / "models"):
+            name = model["metadata"]["name"]
+            peer.publish(DOWNSTREAM, envelope(model, kind="model", name=name))
+    insert_jobs(peer, names, "ds", out, incremental=incremental)
+    seen.wait(
+        lambda: all((n, "train") in seen.ready for n in names),
+        30 + jobs / 10,
+        "every job's first train ready",
+    )
+    samples: list[float] = []
+    for name in names:
+        for phase, nxt in (("train", "eval"), ("eval", "deploy")):
+            model = out / name / phase / "1" / "model.pkl"
+            model.parent.mkdir(parents=True, exist_ok=True)
+            model.write_bytes(b"model")
+            started = time.perf_counter()
+            peer.publish(*worker_report(name, phase, "completed", [str(model)],
+                                        owner_kind=owner_kind))  # fmt: skip
+            seen.wait(lambda n=name, p=nxt: (n, p) in seen.ready, 10, f"{name} {nxt} ready")
+            samples.append(seen.ready[(name, nxt)] - started)
+    peer.close()
+    return samples
 
 
 # ------------------------------------------------------------------ 2 + 7. throughput
