@@ -9,10 +9,13 @@ from pathlib import Path
 
 import redis
 
+from service.config import Config
 from service.core.state import State, decode_state
 from service.embedded.processes import Server
 from service.keys import Keys
+from service.worker import Worker, WorkerSettings
 from tests.harness import (
+    NODE,
     Cloud,
     Controller,
     samples_file,
@@ -67,6 +70,21 @@ class Stack:
             client.close()
         assert raw is not None, f"no state stored for {rkey}"
         return decode_state(raw)
+
+    @contextlib.contextmanager
+    def runner(self, client_id: str, commands: dict[str, tuple[str, ...]]) -> Iterator[Worker]:
+        """The reference worker runner of the node, running these train and eval commands
+        (it reports over MQTT), stopped at the end."""
+        cfg = Config.from_env({"LIFELONG_MQTT_URL": self.mqtt_url, "LIFELONG_NODE_NAME": NODE})
+        settings = WorkerSettings(
+            commands=commands, lc_server="http://127.0.0.1:9", work_dir=self.workdir / "worker"
+        )
+        worker = Worker(cfg, settings, client_id=client_id)
+        worker.start()
+        try:
+            yield worker
+        finally:
+            worker.stop()
 
     def job_at_train_ready(self, job: str, dataset: str) -> tuple[Controller, Path]:
         """A controller, a dataset of 10 samples and a job on it, once the cloud has seen the

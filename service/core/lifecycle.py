@@ -131,7 +131,7 @@ from service.core.events import (
     WorkerReported,
 )
 from service.core.state import DatasetState, JobState, ResourceState, State
-from service.wire import JobOutput, JobStatus
+from service.wire import JobOutput, JobSpec, JobStatus
 
 replace = msgspec.structs.replace
 
@@ -520,20 +520,9 @@ def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> J
         return job
     if event.digest == state.digest:
         return state  # Sedna's GM re-sends every resource on each resync: nothing changes
-    if event.spec.kind != state.spec.kind:
-        reason = (
-            f"{state.namespace}/{state.name} is a {state.spec.kind} already: a namespace and "
-            f"name hold one job, so this {event.spec.kind} is refused; delete the other job "
-            "or choose another name"
-        )
-        out.add(Reject(code="immutable_field", reason=reason))
-        return state
-    if event.spec.dataset != state.spec.dataset:
-        reason = (
-            f"spec.dataset.name cannot change (was {state.spec.dataset!r}); "
-            "delete and re-create the job"
-        )
-        out.add(Reject(code="immutable_field", reason=reason))
+    unchangeable = _unchangeable(state, event.spec)
+    if unchangeable is not None:
+        out.add(Reject(code="immutable_field", reason=unchangeable))
         return state
     job = replace(state, spec=event.spec, digest=event.digest)
     out.note("spec updated; applies from the next evaluation")
@@ -547,6 +536,23 @@ def _spec_applied(state: JobState | None, event: JobApplied, out: Recorder) -> J
         job = replace(job, next_check_ms=due_ms)
         out.schedule(due_ms)
     return job
+
+
+def _unchangeable(job: JobState, spec: JobSpec) -> str | None:
+    """Why an insert cannot update the job (None: it can): it is of the other kind, whose
+    job holds the name, or it names another dataset."""
+    if spec.kind != job.spec.kind:
+        return (
+            f"{job.namespace}/{job.name} is a {job.spec.kind} already: a namespace and name "
+            f"hold one job, so this {spec.kind} is refused; delete the other job or choose "
+            "another name"
+        )
+    if spec.dataset != job.spec.dataset:
+        return (
+            f"spec.dataset.name cannot change (was {job.spec.dataset!r}); delete and "
+            "re-create the job"
+        )
+    return None
 
 
 def _release(job: JobState, out: Recorder) -> ReleaseOutputDir:

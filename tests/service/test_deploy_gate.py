@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from service.config import Config
-from service.worker import Worker, WorkerSettings
+from service.worker import Worker
 from tests.harness import NODE, Controller, append_lines, job_resource, lines, metric_sum
 from tests.stack import Stack
 from tests.wait import wait_until
@@ -65,24 +64,12 @@ def model_bytes(version: int) -> bytes:
 
 @pytest.fixture
 def worker(stack: Stack) -> Iterator[Worker]:
-    cfg = Config.from_env({"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE})
-    runner = Worker(
-        cfg,
-        WorkerSettings(
-            commands={
-                "train": (sys.executable, "-c", TRAIN),
-                "eval": (sys.executable, "-c", EVAL, json.dumps(SCORES)),
-            },
-            lc_server="http://127.0.0.1:9",
-            work_dir=stack.workdir / "worker",
-        ),
-        client_id="gate-worker",
-    )
-    runner.start()
-    try:
+    commands = {
+        "train": (sys.executable, "-c", TRAIN),
+        "eval": (sys.executable, "-c", EVAL, json.dumps(SCORES)),
+    }
+    with stack.runner("gate-worker", commands) as runner:
         yield runner
-    finally:
-        runner.stop()
 
 
 def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:

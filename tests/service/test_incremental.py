@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from service.config import Config
-from service.worker import Worker, WorkerSettings
+from service.worker import Worker
 from tests.harness import NODE, append_lines, lines
 from tests.stack import Stack
 from tests.wait import wait_until
@@ -59,24 +58,12 @@ pathlib.Path(os.environ["LIFELONG_RESULTS_FILE"]).write_text(
 
 @pytest.fixture
 def worker(stack: Stack) -> Iterator[Worker]:
-    cfg = Config.from_env({"LIFELONG_MQTT_URL": stack.mqtt_url, "LIFELONG_NODE_NAME": NODE})
-    runner = Worker(
-        cfg,
-        WorkerSettings(
-            commands={
-                "train": (sys.executable, "-c", TRAIN),
-                "eval": (sys.executable, "-c", EVAL, json.dumps(SCORES)),
-            },
-            lc_server="http://127.0.0.1:9",
-            work_dir=stack.workdir / "worker",
-        ),
-        client_id="il-worker",
-    )
-    runner.start()
-    try:
+    commands = {
+        "train": (sys.executable, "-c", TRAIN),
+        "eval": (sys.executable, "-c", EVAL, json.dumps(SCORES)),
+    }
+    with stack.runner("il-worker", commands) as runner:
         yield runner
-    finally:
-        runner.stop()
 
 
 def model_resource(name: str, url: Path) -> dict[str, Any]:
