@@ -51,7 +51,7 @@ _MODES: dict[str, tuple[int, int, int]] = {
     "idle_jobs": (1_000, 10_000, 10),
     "idle_window_s": (20, 60, 2),
     "failover_trials": (3, 20, 1),
-    "gm_rounds": (5, 20, 1),
+    "gm_rounds": (9, 20, 1),
 }
 QUICK, FULL, SMOKE = (
     Sizes(**{size: modes[mode] for size, modes in _MODES.items()}) for mode in range(3)

@@ -55,12 +55,10 @@ from tests.sedna_gm.gm import Refusal, SednaGm
 from tests.sedna_gm.kube import Change
 from tests.sedna_gm.pods import Behaviour
 
-#: How long every worker's work takes, in both modes. Sedna's GM has a bug of its own that
-#: a worker finishing too fast meets: a sync working on a cached copy of the job still at
-#: Ready (its informer has not yet delivered the Starting it wrote) finds the pod already
-#: ended and creates a second one. The GM's workers therefore run a little longer than
-#: that window, and the MQTT job's workers run exactly as long, so that both figures hold
-#: the same work and differ only in what drives the job.
+#: How long every worker's work takes, in both modes, so that both figures hold the same
+#: work and differ only in what drives the job (a real pod's start and run outlast the
+#: GM's informer lag; the stand-in's kubelet starts a pod only once the GM's cache holds
+#: the Starting it wrote, as a real one does in practice).
 RUN_S = 0.2
 #: Samples in the dataset at first, and added after each deploy `ready`, so that every
 #: round's trigger (more than 0 new samples) has new samples to fire on.
