@@ -362,6 +362,18 @@ def test_an_incremental_learning_job_through_sednas_gm(stack: Stack, sedna_gm: G
     for i in released:
         assert ("Deploy", "Completed") in conditions[i + 1 :], "released by the controller"
 
+    # a rollback from the cloud: round 1's model back in the deploy Model's file and, once
+    # the GM shows the job between rounds, its deploy ready hot-updates the worker again
+    between = len(gm.conditions(JOB))
+    stack.cloud.downstream("incrementallearningjob", "rollback", None, name=JOB)
+    gm.wait(lambda: gm.conditions(JOB)[-1:] == [("Train", "Waiting")]
+            and ("Deploy", "Completed") in gm.conditions(JOB)[between:], 60,
+            "the rollback's deploy stage through the GM")  # fmt: skip
+    assert gm.conditions(JOB)[between] == ("Deploy", "Ready")
+    assert deploy.read_bytes() == first
+    wait_until(lambda: inference.loaded[-1:] == [first], 30, "the hot update of the rollback")
+    assert gm.refused == []
+
 
 def test_sednas_helmet_trigger_on_a_list_metric_holds_back_with_the_reason(
     stack: Stack, sedna_gm: GmFactory
