@@ -268,8 +268,10 @@ def _completed_elsewhere(job: JobState, out: Recorder) -> JobState:
     if not stage_done:
         return job
     results = gm.trained if job.phase == "train" else gm.evaluated
-    if job.phase == "deploy" or not results:
-        return job  # the GM's own condition (its pod succeeded): the report is still to come
+    if job.phase == "deploy":
+        return job
+    if not results:
+        return _unreported(job, out)  # the GM's own condition (its pod ended): a report may follow
     report = WorkerReported(
         namespace=job.namespace, name=job.name, worker=f"{job.name}-{job.phase}-gm",
         kind=job.phase, status="completed", results=results,
@@ -277,11 +279,40 @@ def _completed_elsewhere(job: JobState, out: Recorder) -> JobState:
     refusal = reports.refusal(job, report, out.ctx.volume_prefix)
     if refusal is not None:
         out.note(f"the GM's {job.phase} models are not this round's: {refusal.reason}")
-        return job
+        return _unreported(job, out)
     out.note(f"round {job.version}'s {job.phase} stage completed on another node, says the GM")
     if job.phase == "train":
         return training.train_completed(job, report, out)
     return deploys.eval_completed(job, report, out)
+
+
+def _unreported(job: JobState, out: Recorder) -> JobState:
+    """The GM shows the running stage over (its pod ended) and no model of this round was
+    reported, here or through the GM. A report may still be on its way (a worker reports
+    before its pod ends, and one on another node reaches the GM through that node's
+    controller); `Context.gm_resend_ms` later the round fails, and the GM hears it, so it
+    moves the job back to Train/Waiting instead of both waiting for each other for good."""
+    now = out.ctx.now_ms
+    seen = job.gm_unreported
+    if seen is None or seen[:2] != (job.version, job.phase):
+        due_ms = now + out.ctx.gm_resend_ms
+        out.schedule(due_ms)
+        out.note(
+            f"the GM shows round {job.version}'s {job.phase} stage over with no model "
+            f"reported: the round fails if none comes within {out.ctx.gm_resend_ms / 1000:g} s"
+        )
+        return replace(job, gm_unreported=(job.version, job.phase, now), next_check_ms=due_ms)
+    if now < seen[2] + out.ctx.gm_resend_ms:
+        return job
+    reason = (
+        f"Sedna's GM shows round {job.version}'s {job.phase} stage over (its pod ended), but "
+        f"no worker reported the round's model within {out.ctx.gm_resend_ms / 1000:g} s"
+    )
+    # failed in the stage the GM shows now (the next one, which has nothing to start with):
+    # the GM fails a stage where it is, then moves the job back to Train/Waiting
+    shown = job.gm.stage if job.gm is not None else job.phase
+    training.publish(job, out, JobStatus(phase=shown, status="failed", reason=reason))
+    return training.back_to_train(replace(job, gm_unreported=None), out, reason)
 
 
 def _rollback_ready(job: JobState, out: Recorder) -> JobState:
@@ -374,6 +405,8 @@ def resend(job: JobState, event: Tick, out: Recorder) -> JobState:
         job = replace(job, gm_reported=gm.reported)
         if training.active(job) and not _moved_back(job):
             job = advance(replace(job, next_check_ms=None), out)
+    if job.gm_unreported is not None and job.step == "running" and caught_up(job):
+        job = _completed_elsewhere(job, out)
     sent = job.gm_sent
     if sent is None or (gm.stage, gm.type) != (sent.stage, "waiting") or not caught_up(job):
         return job

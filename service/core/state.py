@@ -166,6 +166,9 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     gm_rollback: RollbackResult | None = None
     #: an incremental-learning job's Models, as its latest rounds found them
     models: JobModels | None = None
+    #: (round, phase, since ms): since when the GM has shown that round's running stage
+    #: over (its pod ended) with no model of it reported (None: it has not)
+    gm_unreported: tuple[int, str, int] | None = None
 
 
 class DatasetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="dataset"):

@@ -171,6 +171,42 @@ def test_models_of_another_round_in_the_gms_data_are_not_taken() -> None:
     assert any("not this round's" in n for n in driver.notes())
 
 
+def test_a_stage_the_gm_ended_with_no_model_reported_fails_after_the_resend_interval() -> None:
+    """The worker's pod succeeded but no model came (its report was lost, or it never sent
+    one): the job and the GM would wait for each other for good; the round fails instead,
+    and the GM hears it."""
+    driver, gm = started()
+    driver.written("train")
+    gm.step("Train", "Ready", {"input": {"outputDir": f"{OUT}/train/1"}})
+    gm.step("Train", "Completed")  # the GM's own: the pod succeeded
+    gm.step("Eval", "Waiting")
+    assert driver.job.step == "running"
+    driver.now_ms += 29_000
+    driver.tick()
+    assert driver.job.step == "running", "a report may still come"
+    driver.now_ms += 1_000
+    effects = driver.tick()
+    assert (driver.job.phase, driver.job.step) == ("train", "waiting")
+    to_gm = [content(e) for e in effects if isinstance(e, Publish) and e.to_gm]
+    assert [(c["phase"], c["status"]) for c in to_gm] == [("eval", "failed")], "where the GM is"
+    assert "no worker reported the round's model within 30 s" in (driver.job.last_error or "")
+    assert driver.job.consecutive_failures == 1 and driver.job.pending == ((0, 8),)
+
+
+def test_a_report_after_the_gm_ended_the_stage_goes_on_as_usual() -> None:
+    driver, gm = started()
+    driver.written("train")
+    gm.step("Train", "Ready", {"input": {"outputDir": f"{OUT}/train/1"}})
+    gm.step("Train", "Completed")
+    gm.step("Eval", "Waiting")
+    driver.now_ms += 10_000
+    driver.apply(report("train", "completed", f"{OUT}/train/1/m.pkl"))
+    assert driver.job.phase == "eval"
+    driver.now_ms += 30_000
+    driver.tick()
+    assert driver.job.phase == "eval" and driver.job.consecutive_failures == 0
+
+
 def gm_round_to_deploy(driver: Driver, gm: Gm, eval_results: list[dict[str, Any]]) -> None:
     """From the trigger fired (train/preparing) to the eval's report (deploy/staged)."""
     v = driver.job.version

@@ -76,7 +76,8 @@ class PodInfo:
 class Behaviour:
     """How one worker run goes. ``exit_code`` non-zero fails it (after a ``failed`` report
     when ``report_failed``); ``metrics`` are an eval worker's, one per model it was given
-    (missing ones get `DEFAULT_METRICS`); ``start_delay_s`` keeps the pod Pending,
+    (missing ones get `DEFAULT_METRICS`); ``report_completed`` false: a worker that ends
+    well reports nothing; ``start_delay_s`` keeps the pod Pending,
     ``run_s`` is how long the work takes. ``outlasts_delivery``: the work also lasts until
     the node's controller took one of its `running` reports (posted again until then), as a
     real run outlasts the job's way to a node the GM sends it to only once the pod runs.
@@ -89,6 +90,7 @@ class Behaviour:
     until: Callable[[], bool] | None = None
     exit_code: int = 0
     report_failed: bool = True
+    report_completed: bool = True
     metrics: tuple[Mapping[str, list[float]], ...] = ()
 
 
@@ -283,7 +285,8 @@ class Kubelet:
             log.warning("worker %s failed: %s", record.name, e)
             self._report(record, env, "failed")
             return 1
-        self._report(record, env, "completed", results)
+        if behaviour.report_completed:
+            self._report(record, env, "completed", results)
         return 0
 
     @staticmethod

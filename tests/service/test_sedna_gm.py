@@ -161,6 +161,32 @@ def test_a_failed_pod_fails_its_round_and_the_next_is_tried(
     assert failed == ["Failed", "Failed"]
 
 
+def test_a_pod_ending_well_without_a_report_fails_its_round_and_the_next_goes_on(
+    stack: Stack, sedna_gm: GmFactory
+) -> None:
+    """Round 1's train worker ends well but reports no model: the GM moves on to
+    Eval/Waiting from its pod, the job waits `LIFELONG_GM_RESEND_SECONDS` for a report, then
+    fails the round where the GM is, and the next round goes through."""
+
+    def behaviour(info: PodInfo) -> Behaviour:
+        return Behaviour(report_completed=(info.type, info.number) != ("train", 1))
+
+    gm = sedna_gm(behaviour=behaviour)
+    linked(stack, gm, "r1", LIFELONG_GM_RESEND_SECONDS="1")
+    _, feeder = apply(gm, stack)
+    try:
+        check(gm, 1)
+    finally:
+        feeder.close()
+    conditions = gm.conditions(JOB)
+    failed = conditions.index(("Eval", "Failed"))
+    assert conditions[failed - 1 : failed + 2] == [
+        ("Eval", "Waiting"), ("Eval", "Failed"), ("Train", "Waiting")
+    ]  # fmt: skip
+    reasons = [m["content"].get("reason", "") for m in stack.cloud.upstream(JOB)]
+    assert any("no worker reported the round's model within 1 s" in r for r in reasons)
+
+
 def test_a_gm_restart_mid_round(stack: Stack, sedna_gm: GmFactory) -> None:
     gm = sedna_gm(lag=(0.0, 0.05), behaviour=lambda _i: Behaviour(run_s=1.0))
     linked(stack, gm, "r1")
