@@ -21,10 +21,12 @@ jobs from writing to one directory.
   failures past the blob adapter's retry budget come back as events carrying the reason
   (the lifecycle then reports `failed` upstream); a store outage is raised so the caller
   retries the intent later.
-- The effect runner (`EffectRunner`) runs effect intents on a small thread pool and
-  completes each under the shard's lease. An intent found in Redis that cannot be decoded
-  (not written by this service) is set aside (`Rejections.unreadable`) and retired, so the
-  intents after it still run.
+- The effect runner (`EffectRunner`) runs effect intents on a small thread pool and hands
+  each result to the processor, whose next commit applies it and retires the intent in one
+  fenced transaction (or, when that is not this replica's to do now, retires the intent
+  under the shard's lease with its result appended to the ingress). An intent found in
+  Redis that cannot be decoded (not written by this service) is set aside
+  (`Rejections.unreadable`) and retired, so the intents after it still run.
 """
 
 

@@ -20,8 +20,11 @@ The stages, in this module's order:
   decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
 - The processor itself (`Processor`): commits state + outbox + timers + effect intents +
   history + acks atomically, fenced by the shard's lease, every shard of a read in one round
-  trip. A resource whose state or entry cannot be decoded is quarantined
-  (`rejections.Quarantines`) and the rest of its shard goes on.
+  trip. Besides the ingress it takes the effect results the runner hands over in process
+  (`EffectRunner.take_results`): each applies like an ingress entry, in a commit that
+  retires its intent instead of acknowledging an entry. A resource whose state or entry
+  cannot be decoded is quarantined (`rejections.Quarantines`) and the rest of its shard
+  goes on.
 """
 
 from __future__ import annotations
@@ -757,7 +760,12 @@ class Processor:
             token = self._leases.token(result.shard)
             if token != result.token:
                 # the lease moved since the intent was submitted (another owner may have
-                # applied its result already): dropped, the intent's owner redoes it
+                # applied its result already): dropped, the intent's owner redoes it; if
+                # that is this replica again, its recovery now (the intent was skipped
+                # as running when the shard came back)
+                if token is not None:
+                    with self._fresh_lock:
+                        self._fresh.add(result.shard)
                 continue
             batch = by_token.get(result.shard)
             if batch is None:
@@ -800,12 +808,12 @@ class Processor:
                     upstream.append((batch.shard, list(zip(ids, p.commit.outbox, strict=True))))
         self._outbox.send(upstream)
         for batch, _ in done:
+            self._record(batch)
+        for batch, _ in done:
             for held in batch.deferred:
                 assert held.accepted is not None and held.effect_id is not None
                 data = encode_accepted(held.accepted)
                 self._outboxes.complete_effect(batch.shard, batch.token, held.effect_id, data)
-        for batch, _ in done:
-            self._record(batch)
 
     def _record(self, batch: _ShardBatch) -> None:
         """The journal, rejections, dataset health and quarantines of a committed batch."""
