@@ -77,7 +77,7 @@ from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import MODEL_KIND, dataset_key, job_key, parse_rkey, rkey, rkey_path, shard_of
 from service.logs import redact
 from service.metrics import Metrics
-from service.runtime.intake import Accepted, encode_accepted
+from service.runtime.intake import Accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
 
@@ -597,7 +597,7 @@ class EffectRunner:
         current = self._leases.token(shard)
         if current is None:
             raise LeaseLost(f"shard {shard} is no longer held")
-        if result is not None and current == token:
+        if result is not None and current == token and shard_of(target_of(result)) == shard:
             with self._lock:
                 if not self._blocking:
                     self._results.append(LocalResult(shard, token, effect_id, result))
