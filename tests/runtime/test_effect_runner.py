@@ -14,10 +14,11 @@ import pytest
 from service.core.effects import PollDataset
 from service.core.events import DatasetPolled, Event
 from service.heartbeat import Heartbeats, SystemClock
+from service.keys import dataset_key, shard_of
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner
 
-SHARD = 3
+SHARD = shard_of(dataset_key("ns", "ds"))  # the shard of the effect's own resource
 WORK = PollDataset(id="s3-1-0/0", namespace="ns", name="ds", url="/data/ds.txt", format="txt")
 RESULT = DatasetPolled(namespace="ns", name="ds", url="/data/ds.txt", num_samples=2)
 
