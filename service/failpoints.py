@@ -14,7 +14,8 @@ carries on. A test watching for the announcement can then break something outsid
 the Redis master) while the controller sits exactly at that step.
 
 Points (docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
-``process-before-commit``, ``process-before-effects``, ``outbox-before-publish``,
+``process-before-commit``, ``result-before-commit`` (an effect's result handed over in
+process, before the commit that applies it), ``process-before-effects``, ``outbox-before-publish``,
 ``blob-mid-write``, ``blob-mid-copy``.
 """
 

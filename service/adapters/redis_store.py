@@ -133,6 +133,9 @@ class Commit:
     #: records of the job's rounds that ended, for its capped round history
     rounds: tuple[bytes, ...] = ()
     clear_mark: bool = False  # the resource's quarantine ended
+    #: effect intents retired by this commit: those whose results (handed over in process)
+    #: it applies, so the result applies exactly once, with the intent's retirement
+    retire: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.delete and (self.state is not None or self.keep_state):
@@ -489,6 +492,7 @@ class States:
             len(to_gm),
             len(c.rounds),
             ROUNDS_MAXLEN,
+            len(c.retire),
             *c.ack_ids,
         ]
         for entry in c.outbox:
@@ -499,6 +503,7 @@ class States:
         for entry in to_gm:
             args += [entry.id, entry.payload]
         args += c.rounds
+        args += c.retire
         return self._redis.call("commit", keys, tuple(args))
 
     def _quarantine_call(

@@ -21,17 +21,21 @@ jobs from writing to one directory.
   failures past the blob adapter's retry budget come back as events carrying the reason
   (the lifecycle then reports `failed` upstream); a store outage is raised so the caller
   retries the intent later.
-- The effect runner (`EffectRunner`) runs effect intents on a small thread pool and
-  completes each under the shard's lease. An intent found in Redis that cannot be decoded
-  (not written by this service) is set aside (`Rejections.unreadable`) and retired, so the
-  intents after it still run.
+- The effect runner (`EffectRunner`) runs effect intents on a small thread pool and hands
+  each result to the processor, whose next commit applies it and retires the intent in one
+  fenced transaction (or, when that is not this replica's to do now, retires the intent
+  under the shard's lease with its result appended to the ingress). An intent found in
+  Redis that cannot be decoded (not written by this service) is set aside
+  (`Rejections.unreadable`) and retired, so the intents after it still run.
 """
 
 
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
@@ -73,7 +77,7 @@ from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import MODEL_KIND, dataset_key, job_key, parse_rkey, rkey, rkey_path, shard_of
 from service.logs import redact
 from service.metrics import Metrics
-from service.runtime.intake import Accepted, encode_accepted
+from service.runtime.intake import Accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
 
@@ -415,11 +419,37 @@ def _cursor_of(work: PollDataset) -> Cursor:
 
 EFFECT_WORKERS = 4
 EFFECT_RETRY_S = 1.0
+#: How long after its start an intent's result is awaited in process (`EffectRunner.expecting`):
+#: the processor then waits for it without blocking in Redis. Past that, it blocks in Redis
+#: again, and a result that comes while it does goes through the ingress stream (which wakes it).
+EXPECT_WINDOW_S = 0.05
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """An intent's result handed to this replica's processor: applied in the commit that
+    retires the intent, fenced by ``token``, the lease token the intent was pending under
+    when it was submitted (the processor drops the result under any other token)."""
+
+    shard: int
+    token: str
+    effect_id: str
+    event: Event
 
 
 class EffectRunner:
-    """Each intent runs once per process at a time; its result event goes to the ingress in
-    the same script that retires the intent.
+    """Each intent runs once per process at a time, from its submission until its outcome is
+    settled in Redis; then, in one of two ways:
+
+    - In process: a result event of a shard still held under the lease token the intent was
+      submitted under is handed to the processor (`take_results`), which applies it in its
+      next commit and retires the intent in that same fenced transaction (`settled` then
+      frees the intent). A crash before that commit leaves the intent pending: the next
+      owner redoes it.
+    - Through Redis: a result while the processor is blocked in its Redis read, no result,
+      or a shard held under another token (it moved while the work ran, maybe back to this
+      replica, whose recovery then skipped the intent as running) go to the ingress in the
+      script that retires the intent, once (`Outboxes.complete_effect`).
 
     A pool thread is watched (`Heartbeats`) while it runs an intent, under its own name: it
     beats at each attempt, and the work beats as it goes (`service.heartbeat.progress`). An
@@ -448,76 +478,131 @@ class EffectRunner:
         self._pool = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
         self._running: set[str] = set()
         self._lock = threading.Lock()
+        # the hand-over to the processor: results, when running intents started, and
+        # whether the processor sits in a blocking Redis read (then results take the stream)
+        self._ready = threading.Condition(self._lock)
+        self._results: list[LocalResult] = []
+        self._started: dict[str, float] = {}
+        self._blocking = False
 
-    def submit(self, shard: int, effect_id: str, work: Work) -> None:
+    def submit(self, shard: int, effect_id: str, work: Work, token: str) -> None:
+        """Run the intent, pending in Redis under the shard's lease ``token``."""
         if self._stop.is_set():
             return  # the intent stays in Redis; the next owner runs it
         with self._lock:
             if effect_id in self._running:
                 return  # recovery found an intent this process is already running
             self._running.add(effect_id)
-        self._pool.submit(self._run, shard, effect_id, work)
+            self._started[effect_id] = self._clock.monotonic_s()
+        self._pool.submit(self._run, shard, effect_id, work, token)
 
-    def resubmit(self, shard: int, effect_id: str, intent: bytes) -> None:
+    def resubmit(self, shard: int, effect_id: str, intent: bytes, token: str) -> None:
         """Run a pending intent as stored in Redis (`submit`); one that cannot be decoded is
         set aside and retired under the shard's lease (left for the next owner without it)."""
         try:
             work = decode_work(intent)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            token = self._leases.token(shard)
-            if token is None:
-                return
             self._rejections.unreadable(
                 "effects", f"shard {shard} intent {effect_id}", f"not an effect intent: {e}",
                 intent, self._clock.now_ms(),
             )  # fmt: skip
             self._outboxes.complete_effect(shard, token, effect_id, None)
             return
-        self.submit(shard, effect_id, work)
+        self.submit(shard, effect_id, work, token)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run(self, shard: int, effect_id: str, work: Work) -> None:
+    # ------------------------------------------------------------ the processor's side
+    def take_results(self) -> list[LocalResult]:
+        """The results handed over since the last call (each settled once applied)."""
+        with self._lock:
+            results, self._results = self._results, []
+            return results
+
+    def expecting(self) -> bool:
+        """Whether an intent started less than `EXPECT_WINDOW_S` ago still runs (its result
+        will likely be handed over soon)."""
+        now = self._clock.monotonic_s()
+        with self._lock:
+            return any(now - t < EXPECT_WINDOW_S for t in self._started.values())
+
+    def wait_results(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a result to be handed over; whether one is there."""
+        with self._ready:
+            return self._ready.wait_for(lambda: bool(self._results), timeout_s)
+
+    def begin_blocking(self) -> bool:
+        """The processor is about to block in its Redis read: from now on results go through
+        the stream (which ends the read). False, and nothing changes, if results wait."""
+        with self._lock:
+            if self._results:
+                return False
+            self._blocking = True
+            return True
+
+    def end_blocking(self) -> None:
+        with self._lock:
+            self._blocking = False
+
+    def settled(self, effect_ids: Iterable[str]) -> None:
+        """The handed-over results of these intents were committed or dropped: a pending
+        intent among them may run again (recovery resubmits it)."""
+        with self._lock:
+            self._running.difference_update(effect_ids)
+
+    # ------------------------------------------------------------ the pool's side
+    def _run(self, shard: int, effect_id: str, work: Work, token: str) -> None:
         beat = self._heartbeats.watch(threading.current_thread().name)
+        handed = False
         try:
             with beat:
-                self._run_until_done(shard, effect_id, work)
+                handed = self._run_until_done(shard, effect_id, work, token)
         finally:
             beat.close()  # idle in the pool from now on, whatever happened
             with self._lock:
-                self._running.discard(effect_id)
+                self._started.pop(effect_id, None)
+                if not handed:
+                    self._running.discard(effect_id)
 
-    def _run_until_done(self, shard: int, effect_id: str, work: Work) -> None:
-        """Do the work, then complete the intent under the shard's lease as held NOW.
+    def _run_until_done(self, shard: int, effect_id: str, work: Work, token: str) -> bool:
+        """Do the work, then settle the intent (see the class); True if its result was
+        handed to the processor (the intent stays running until `settled`).
 
-        The lease may have moved while the work ran (even back to this replica under a new
-        token, whose recovery then skipped the intent as already running). The result does
-        not depend on who computed it, so completing under the current token is correct;
-        with no lease, the next owner finds the intent and redoes it.
+        With the shard held under another token now, the result does not depend on who
+        computed it, so completing under the current token is correct; with no lease, the
+        next owner finds the intent and redoes it.
         """
         kind = type(work).__name__
         while not self._stop.is_set():
             progress()
             try:
-                self._complete(shard, effect_id, work)
+                handed = self._complete(shard, effect_id, work, token)
                 self._metrics.effects.labels(type=kind, outcome="done").inc()
-                return
+                return handed
             except LeaseLost:
                 log.info("effect %s: shard %d moved while it ran; its owner redoes it",
                          effect_id, shard)  # fmt: skip
-                return
+                return False
             except StoreUnavailable as e:
                 log.warning("effect %s waits for redis: %s", effect_id, e)
             except Exception:
                 log.exception("effect %s (%s) failed unexpectedly; retrying", effect_id, kind)
                 self._metrics.effects.labels(type=kind, outcome="error").inc()
             self._stop.wait(EFFECT_RETRY_S)
+        return False
 
-    def _complete(self, shard: int, effect_id: str, work: Work) -> None:
+    def _complete(self, shard: int, effect_id: str, work: Work, token: str) -> bool:
         result = self._executor.run(work, self._clock.now_ms())
-        data = encode_accepted(Accepted(event=result)) if result is not None else None
-        token = self._leases.token(shard)
-        if token is None:
+        current = self._leases.token(shard)
+        if current is None:
             raise LeaseLost(f"shard {shard} is no longer held")
-        self._outboxes.complete_effect(shard, token, effect_id, data)
+        if result is not None and current == token and shard_of(target_of(result)) == shard:
+            with self._lock:
+                if not self._blocking:
+                    self._results.append(LocalResult(shard, token, effect_id, result))
+                    self._ready.notify_all()
+                    return True
+        data = encode_accepted(Accepted(event=result)) if result is not None else None
+        self._outboxes.complete_effect(shard, current, effect_id, data)
+        return False

@@ -20,8 +20,11 @@ The stages, in this module's order:
   decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
 - The processor itself (`Processor`): commits state + outbox + timers + effect intents +
   history + acks atomically, fenced by the shard's lease, every shard of a read in one round
-  trip. A resource whose state or entry cannot be decoded is quarantined
-  (`rejections.Quarantines`) and the rest of its shard goes on.
+  trip. Besides the ingress it takes the effect results the runner hands over in process
+  (`EffectRunner.take_results`): each applies like an ingress entry, in a commit that
+  retires its intent instead of acknowledging an entry. A resource whose state or entry
+  cannot be decoded is quarantined (`rejections.Quarantines`) and the rest of its shard
+  goes on.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ from service.heartbeat import Clock, progress
 from service.history import HistoryRecord, worth_keeping
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.executor import EffectRunner, OutputDirs
-from service.runtime.intake import Accepted, decode_accepted, target_of
+from service.runtime.executor import EffectRunner, LocalResult, OutputDirs
+from service.runtime.intake import Accepted, decode_accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher, upstream_entry
 from service.runtime.rejections import (
@@ -163,6 +166,9 @@ class Step:
     accepted: Accepted | None
     outcome: Outcome | None
     at_ms: int
+    #: an effect's result handed over in process: the intent the commit retires (the step
+    #: then has no ingress entry to acknowledge)
+    effect_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,9 +213,11 @@ def plan(
         fold.records.append(record)
         fold.changed.append(record.view() != view)
         view = record.view()
-    ack_ids = tuple(step.entry_id for step in steps)
+    ack_ids = tuple(step.entry_id for step in steps if step.effect_id is None)
+    retire = tuple(step.effect_id for step in steps if step.effect_id is not None)
+    commit = dataclasses.replace(fold.commit(ack_ids), retire=retire)
     return Plan(
-        fold.commit(ack_ids), tuple(fold.work), tuple(fold.records), tuple(fold.changed),
+        commit, tuple(fold.work), tuple(fold.records), tuple(fold.changed),
         tuple(fold.rejected), tuple(fold.unreadable), fold.state,
     )  # fmt: skip
 
@@ -410,7 +418,7 @@ class ResourceRunner:
             ctx = self._context(shard, item.entry_id, now_ms)
             outcome = self._claimed(rkey, state, item.accepted.event, ctx)
             state = outcome.state
-            steps.append(Step(item.entry_id, item.accepted, outcome, now_ms))
+            steps.append(Step(item.entry_id, item.accepted, outcome, now_ms, item.effect_id))
         self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
 
@@ -482,6 +490,9 @@ def _with_commit(result: Plan, commit: Commit) -> Plan:
 
 READ_BATCH = 500
 READ_BLOCK_MS = 200
+#: While an effect started moments ago runs (`EffectRunner.expecting`), the processor waits
+#: this long for its result in process, then reads the ingress without blocking, in turn.
+RESULT_WAIT_S = 0.002
 
 
 @dataclass
@@ -494,6 +505,9 @@ class _ShardBatch:
     groups: dict[str, list[Held]]
     plans: list[Plan] = field(default_factory=list)
     isolations: list[Isolation] = field(default_factory=list)
+    #: results handed over in process for a resource whose entries are set aside: they take
+    #: the ingress stream (`EffectRunner`'s other way) once the batch committed
+    deferred: list[Held] = field(default_factory=list)
 
     def ops(self) -> list[Commit | Quarantine]:
         return [p.commit for p in self.plans] + [i.op for i in self.isolations]
@@ -544,6 +558,8 @@ class Processor:
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
         self._pending_sweep_at_s = 0.0
+        self._results_seq = 0  # numbers the results handed over, for their event ids
+        self._stream_due = False  # the last pass applied results only: read the stream next
 
     def on_acquired(self, shard: int) -> None:
         """A shard just became ours: its pending entries and effects are redone first."""
@@ -572,10 +588,41 @@ class Processor:
         if fresh:
             self._recover(fresh)
             return
-        entries = self._ingress.read(
-            sorted(held), count=READ_BATCH, block_ms=READ_BLOCK_MS, pending=False
-        )
-        self._apply(entries)
+        self._apply(*self._next_read(held))
+
+    def _next_read(self, held: dict[int, str]) -> tuple[list[IngressEntry], list[LocalResult]]:
+        """The ingress entries and the effect results handed over in process to apply next.
+
+        Results handed over are applied at once, with no Redis read; but never twice in a
+        row while the ingress waits unread. While an effect started moments ago runs, its
+        result is awaited in process (briefly, in turns with reads that do not block);
+        otherwise the read blocks in Redis, and results go through the stream meanwhile."""
+        results = self._effects.take_results()
+        if results and not self._stream_due:
+            self._stream_due = True
+            return [], results
+        self._stream_due = False
+        block_ms = 0
+        if not results:
+            if self._effects.expecting():
+                if self._effects.wait_results(RESULT_WAIT_S):
+                    self._stream_due = True
+                    return [], self._effects.take_results()
+            elif self._effects.begin_blocking():
+                block_ms = READ_BLOCK_MS
+            else:
+                results = self._effects.take_results()
+        try:
+            entries = self._ingress.read(
+                sorted(held), count=READ_BATCH, block_ms=block_ms, pending=False
+            )
+        except BaseException:
+            self._effects.settled(r.effect_id for r in results)  # dropped: still pending
+            raise
+        finally:
+            if block_ms:
+                self._effects.end_blocking()
+        return entries, results
 
     def _take_fresh(self, held: dict[int, str]) -> list[int]:
         """Shards to recover now: the newly acquired ones, or every held one once per lease
@@ -640,9 +687,13 @@ class Processor:
                     self._states.forget(shard)
                     replayed.add(shard)
                 stuck |= self._apply(entries)
-            for shard, intents in self._outboxes.pending_effects(self._still_ours(shards)).items():
+            # the tokens before the read: an intent pending then is pending under them
+            tokens = {shard: self._leases.token(shard) for shard in self._still_ours(shards)}
+            for shard, intents in self._outboxes.pending_effects(list(tokens)).items():
+                token = tokens[shard]
                 for effect_id, data in intents.items():
-                    self._effects.resubmit(shard, effect_id, data)
+                    if token is not None:
+                        self._effects.resubmit(shard, effect_id, data, token)
         except StoreUnavailable:
             with self._fresh_lock:
                 self._fresh.update(shards)
@@ -653,10 +704,22 @@ class Processor:
         return [shard for shard in shards if self._leases.token(shard) is not None]
 
     # ------------------------------------------------------------ one read
-    def _apply(self, entries: list[IngressEntry]) -> set[int]:
-        """Apply a read's entries, every owned shard's commits in one round trip; the shards
-        whose events failed (their entries stay pending)."""
-        batches = self._batches(entries)
+    def _apply(
+        self, entries: list[IngressEntry], results: Sequence[LocalResult] = ()
+    ) -> set[int]:
+        """Apply a read's entries and the effect results handed over in process, every owned
+        shard's commits in one round trip; the shards whose events failed (their entries
+        stay pending, the intents of their results too).
+
+        Each result handed over is settled (`EffectRunner.settled`) once its commit is done
+        or its fate is unknown: its intent, if still pending in Redis, runs again when
+        recovery finds it."""
+        try:
+            return self._apply_batches(self._batches(entries, results))
+        finally:
+            self._effects.settled(r.effect_id for r in results)
+
+    def _apply_batches(self, batches: list[_ShardBatch]) -> set[int]:
         if not batches:
             return set()
         try:
@@ -665,6 +728,8 @@ class Processor:
             failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
             batches = ran
             failpoints.hit("process-before-commit")
+            if any(p.commit.retire for b in batches for p in b.plans):
+                failpoints.hit("result-before-commit")  # an effect ran; its result waits here
             outcomes = self._stored.commit([(b.shard, b.token, b.ops()) for b in batches])
         except BaseException as e:
             for batch in batches:
@@ -676,7 +741,9 @@ class Processor:
         self._committed(batches, outcomes)
         return failed
 
-    def _batches(self, entries: list[IngressEntry]) -> list[_ShardBatch]:
+    def _batches(
+        self, entries: list[IngressEntry], results: Sequence[LocalResult]
+    ) -> list[_ShardBatch]:
         by_shard: dict[int, dict[str, list[Held]]] = {}
         for entry in entries:
             rkey, held = entry_event(entry)
@@ -688,7 +755,34 @@ class Processor:
             if token is None:
                 continue  # no longer ours: the entries stay pending for the next owner
             batches.append(_ShardBatch(shard, token, self._states.of(shard, token), groups))
+        by_token = {batch.shard: batch for batch in batches}
+        for result in results:
+            token = self._leases.token(result.shard)
+            if token != result.token:
+                # the lease moved since the intent was submitted (another owner may have
+                # applied its result already): dropped, the intent's owner redoes it; if
+                # that is this replica again, its recovery now (the intent was skipped
+                # as running when the shard came back)
+                if token is not None:
+                    with self._fresh_lock:
+                        self._fresh.add(result.shard)
+                continue
+            batch = by_token.get(result.shard)
+            if batch is None:
+                batch = _ShardBatch(result.shard, token, self._states.of(result.shard, token), {})
+                by_token[result.shard] = batch
+                batches.append(batch)
+            batch.groups.setdefault(target_of(result.event), []).append(self._held(result))
         return batches
+
+    def _held(self, result: LocalResult) -> Held:
+        """A result handed over, held like an ingress entry; its id (for the event id that
+        effect and message ids derive from) unique to the lease token's fence and this
+        process (a token's fence is never given out twice)."""
+        self._results_seq += 1
+        fence = result.token.rpartition(":")[2]
+        entry_id = f"L{fence}.{self._results_seq}"
+        return Held(entry_id, Accepted(event=result.event), effect_id=result.effect_id)
 
     def _committed(
         self, batches: list[_ShardBatch], outcomes: list[list[list[str]] | LeaseLost]
@@ -709,12 +803,17 @@ class Processor:
         for batch, outbox_ids in done:
             for p, ids in zip(batch.plans, outbox_ids, strict=True):
                 for effect_id, item in p.work:
-                    self._effects.submit(batch.shard, effect_id, item)
+                    self._effects.submit(batch.shard, effect_id, item, batch.token)
                 if ids:
                     upstream.append((batch.shard, list(zip(ids, p.commit.outbox, strict=True))))
         self._outbox.send(upstream)
         for batch, _ in done:
             self._record(batch)
+        for batch, _ in done:
+            for held in batch.deferred:
+                assert held.accepted is not None and held.effect_id is not None
+                data = encode_accepted(held.accepted)
+                self._outboxes.complete_effect(batch.shard, batch.token, held.effect_id, data)
 
     def _record(self, batch: _ShardBatch) -> None:
         """The journal, rejections, dataset health and quarantines of a committed batch."""
@@ -738,14 +837,26 @@ class Processor:
         """Run the transitions of one shard's events; False if that failed (a bug): its
         entries then stay pending, and the other shards of the read still commit."""
         try:
-            for rkey, items in batch.groups.items():
+            for rkey, group in batch.groups.items():
                 if rkey == UNKNOWN:
                     now_ms = self._clock.now_ms()
                     batch.isolations.append(
-                        self._quarantines.set_aside_unknown(batch.shard, items, now_ms)
+                        self._quarantines.set_aside_unknown(batch.shard, group, now_ms)
                     )
                     continue
+                items = self._without_deferred(batch, rkey, group)
+                if not items:
+                    continue
                 result = self._runner.plan(batch.shard, batch.token, rkey, batch.states, items)
+                if isinstance(result, Isolation) and any(i.effect_id for i in items):
+                    # newly set aside: its results go the stream's way, after the rest
+                    batch.deferred.extend(i for i in items if i.effect_id is not None)
+                    items = [i for i in items if i.effect_id is None]
+                    if not items:
+                        continue
+                    result = self._runner.plan(
+                        batch.shard, batch.token, rkey, batch.states, items
+                    )
                 if isinstance(result, Plan):
                     batch.plans.append(result)
                 else:
@@ -755,6 +866,19 @@ class Processor:
             self._states.forget(batch.shard)
             return False
         return True
+
+    def _without_deferred(self, batch: _ShardBatch, rkey: str, items: list[Held]) -> list[Held]:
+        """The resource's items to plan: its results handed over are deferred to the stream
+        when its entries are set aside (quarantined, or one of them cannot be decoded), so
+        the quarantine sees them as entries like any other."""
+        if not any(i.effect_id for i in items):
+            return items
+        if self._quarantines.mark_of(batch.shard, rkey) is None and all(
+            i.accepted is not None for i in items
+        ):
+            return items
+        batch.deferred.extend(i for i in items if i.effect_id is not None)
+        return [i for i in items if i.effect_id is None]
 
     def _load_missing(self, batches: list[_ShardBatch]) -> None:
         """Read the states the cache lacks, every shard's in one round trip."""

@@ -262,6 +262,8 @@ class Held:
     accepted: Accepted | None
     raw: bytes = b""  # the entry as stored
     error: str = ""
+    #: an effect's result handed over in process (no ingress entry): the intent it retires
+    effect_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Replica A brings round 1 to the step under test and stops gracefully; replica B 
 one failpoint armed (`service/failpoints.py`) and dies there (exit 137, no cleanup) on the
 first message that reaches it; replica C, started without failpoints, takes the leases over
 once B's expire and must finish the round. Then: every upstream message of the round arrived
-at least once and duplicates share an id, no transition was applied twice (one version, one
+at least once and duplicates share an id (one id per message: no second `ready`), no
+transition was applied twice (one version, one
 event of each kind in the job's history, the round files and the deploy copy exactly right),
 and a file being written or copied when B died was never seen half-done under its own name.
 """
@@ -25,6 +26,7 @@ POINTS = [
     ("intake-before-durable", "train"),
     ("intake-before-ack", "train"),
     ("process-before-commit", "train"),
+    ("result-before-commit", "train"),
     ("process-before-effects", "train"),
     ("outbox-before-publish", "train"),
     ("blob-mid-write", "train"),
@@ -60,14 +62,22 @@ def test_round_survives_a_crash_at(stack: Stack, failpoint: str, stage: str) -> 
             assert not eval_data.exists(), "a half-written round file is never in place"
         if failpoint == "blob-mid-copy":
             assert (game.out / "deploy" / "index.pkl").read_bytes() == OLD_DEPLOY
+        if failpoint == "result-before-commit":
+            # B wrote the eval round and handed its result to its own processor, then died
+            # before the commit that applies it: the intent is still pending for C
+            assert "wrote 2 samples" in b.log()
+            assert eval_data.exists()
+            assert probe.pending_effects() == 1
 
         # C: finishes the round from wherever B stopped
-        stack.controller("c")
+        c = stack.controller("c")
         if stage == "train":
             cloud.wait_status(JOB, "eval", "ready", timeout_s=20)
             game.eval_completed()
         cloud.wait_status(JOB, "deploy", "ready", timeout_s=20)
         wait_until(lambda: probe.pending_effects() == 0, 10, "C's effects to finish")
+        if failpoint == "result-before-commit":
+            assert "wrote 2 samples" in c.log(), "C redid the effect B's death left pending"
         game.assert_complete(probe)
     # seed bug 11 even across a crash: the staging file a dead writer left behind is swept
     # by the next write to the same place

@@ -4,6 +4,7 @@ on outcomes of the real core without Redis."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 
@@ -234,3 +235,16 @@ def test_the_journal_logs_moves_at_info_and_forwards_at_debug(
     journal.write(RKEY, moved.records, moved.changed)
     levels = [(r.levelno, r.getMessage().split()[0]) for r in caplog.records]
     assert levels == [(logging.DEBUG, "WorkerReported"), (logging.INFO, "DatasetChanged")]
+
+
+def test_a_result_handed_over_in_process_retires_its_intent_instead_of_an_ack() -> None:
+    """An effect's result applied in process has no ingress entry: the commit acknowledges
+    the entries read and retires the result's intent, in the same fenced transaction."""
+    initial = created()
+    _, (read, handed) = steps_of(
+        initial, report("train", "running"), report("train", "completed")
+    )
+    handed = dataclasses.replace(handed, entry_id="L7.1", effect_id="s3-99-0/0")
+    result = plan(RKEY, TOKEN, initial, [read, handed], CONFIG)
+    assert result.commit.ack_ids == ("100-0",)
+    assert result.commit.retire == ("s3-99-0/0",)

@@ -22,10 +22,15 @@
 -- ARGV[8]  ingress consumer group
 -- ARGV[9]  history length kept
 -- ARGV[10] n_ack   ARGV[11] n_outbox   ARGV[12] n_effects   ARGV[13] n_history   ARGV[14] n_gm
--- ARGV[15] n_rounds   ARGV[16] round records kept
--- ARGV[17...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
+-- ARGV[15] n_rounds   ARGV[16] round records kept   ARGV[17] n_retire
+-- ARGV[18...] n_ack ingress ids, then n_outbox (id, topic, payload) triples, then
 --             n_effects (effect id, bytes) pairs, then n_history entries, then n_gm
---             (id, payload) pairs, then n_rounds round records
+--             (id, payload) pairs, then n_rounds round records, then n_retire effect ids
+--
+-- Retired effect ids are the intents whose results this commit applies (handed over in
+-- process by the replica that ran them, under this same lease token): deleting them here,
+-- in the transaction that applies their results, is what makes a result apply exactly once
+-- (a crash before this commit leaves the intent pending for the next owner to redo).
 --
 -- Every check happens before the first write, so a refused commit writes nothing.
 -- Returns the outbox stream ids of the entries added, in order (so the caller can publish
@@ -64,7 +69,8 @@ local n_effects = tonumber(ARGV[12])
 local n_history = tonumber(ARGV[13])
 local n_gm = tonumber(ARGV[14])
 local n_rounds = tonumber(ARGV[15])
-local i = 17
+local n_retire = tonumber(ARGV[17])
+local i = 18
 
 if n_ack > 0 then
   local ids = {}
@@ -112,6 +118,14 @@ if n_rounds > 0 and mode ~= 'delete' then
     i = i + 1
   end
   redis.call('LTRIM', KEYS[11], -tonumber(ARGV[16]), -1)
+end
+if n_rounds > 0 and mode == 'delete' then
+  i = i + n_rounds
+end
+
+for _ = 1, n_retire do
+  redis.call('HDEL', KEYS[6], ARGV[i])
+  i = i + 1
 end
 
 return outbox_ids
