@@ -34,9 +34,10 @@ from service.settings import (
 from service.urls import parse_redis_url
 
 #: The default data roots, as the host sees them: the directories Sedna's examples keep
-#: datasets (``/data``), output dirs (``/output``) and models (``/models``) in. Anything else,
-#: "/" included, must be named in LIFELONG_DATA_ROOTS.
-SEDNA_DATA_ROOTS = ("/data", "/output", "/models")
+#: datasets (``/data``), output dirs (``/output``) and models (``/models``) in, and the one
+#: Sedna's GM keeps each hot-updated inference worker's model config in. Anything else, "/"
+#: included, must be named in LIFELONG_DATA_ROOTS.
+SEDNA_DATA_ROOTS = ("/data", "/output", "/models", "/var/lib/sedna/model-hot-update")
 
 
 @dataclass(frozen=True, kw_only=True)

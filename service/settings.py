@@ -452,7 +452,8 @@ SETTINGS: tuple[Setting, ...] = (
         "data_roots", "--data-roots", parse_data_roots,
         "':'-separated directories a job's local files (datasets, output dirs, models) must "
         "lie under (resolved once at start; a root in a directory others can change is "
-        "refused)", "/data:/output:/models under the volume prefix", "DIRS",
+        "refused)",
+        "/data:/output:/models:/var/lib/sedna/model-hot-update under the volume prefix", "DIRS",
     ),
     Setting(
         "max_model_bytes", "--max-model-bytes", parse_model_bytes,

@@ -89,7 +89,8 @@ def test_default_data_roots_are_an_allow_list(stack: Stack) -> None:
         cloud.insert_dataset(name, url)
     cloud.wait_for(lambda: len(cloud.errors()) >= 3, 20, "three refusals")
     for error in cloud.errors():
-        assert "is not under a data root (LIFELONG_DATA_ROOTS=/data:/output:/models)" in (
+        roots = "/data:/output:/models:/var/lib/sedna/model-hot-update"
+        assert f"is not under a data root (LIFELONG_DATA_ROOTS={roots})" in (
             error["reason"]
         )
     assert all(cloud.upstream(name) == [] for name in ("dpkg", "ssh", "home"))
