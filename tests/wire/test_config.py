@@ -42,10 +42,14 @@ def test_file_access_defaults_follow_the_volume_prefix() -> None:
     config = Config.from_env(BASE)
     assert (config.max_model_bytes, config.max_line_bytes) == (4 << 30, 1 << 20)
     # an allow-list of Sedna's directories, never "/" unless named
-    assert config.path_policy() == DataRoots(roots=("/data", "/output", "/models"), prefix="")
+    hot = "/var/lib/sedna/model-hot-update"
+    assert config.path_policy() == DataRoots(
+        roots=("/data", "/output", "/models", hot), prefix=""
+    )
     mounted = Config.from_env({**BASE, "ROOTFS_MOUNT_DIR": "/rootfs"})
     assert mounted.path_policy() == DataRoots(
-        roots=("/rootfs/data", "/rootfs/output", "/rootfs/models"), prefix="/rootfs"
+        roots=("/rootfs/data", "/rootfs/output", "/rootfs/models", f"/rootfs{hot}"),
+        prefix="/rootfs",
     )
     everything = Config.from_env({**BASE, "LIFELONG_DATA_ROOTS": "/"})
     assert everything.path_policy() == DataRoots(roots=("/",), prefix="")
