@@ -5,7 +5,6 @@ through the ingress stream in the script that retires the intent."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -17,6 +16,7 @@ from service.heartbeat import Heartbeats, SystemClock
 from service.keys import dataset_key, shard_of
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner
+from tests.wait import wait_until
 
 SHARD = shard_of(dataset_key("ns", "ds"))  # the shard of the effect's own resource
 WORK = PollDataset(id="s3-1-0/0", namespace="ns", name="ds", url="/data/ds.txt", format="txt")
@@ -42,10 +42,15 @@ class FakeOutboxes:
 
 
 class FakeLeases:
+    """The shard's lease token, and how often the runner asked for it (it asks once a run
+    is done, to choose the result's way)."""
+
     def __init__(self, token: str | None) -> None:
         self.current = token
+        self.asked = 0
 
     def token(self, shard: int) -> str | None:
+        self.asked += 1
         return self.current
 
 
@@ -62,13 +67,6 @@ def parts() -> Iterator[tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeas
     runner.shutdown()
 
 
-def settle(executor: FakeExecutor, runs: int) -> None:
-    deadline = time.monotonic() + 5
-    while executor.runs < runs and time.monotonic() < deadline:
-        time.sleep(0.001)
-    time.sleep(0.05)
-
-
 def test_a_result_under_the_intents_token_is_handed_over_and_runs_once_until_settled(
     parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
@@ -80,23 +78,22 @@ def test_a_result_under_the_intents_token_is_handed_over_and_runs_once_until_set
         SHARD, "r1:7", WORK.id, RESULT
     )  # fmt: skip
     assert outboxes.completed == []
-    # recovery finding the intent still pending in Redis meanwhile
+    # recovery finding the intent still pending in Redis meanwhile: `submit` decides at once
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
-    settle(executor, 1)
     assert executor.runs == 1, "the intent runs once until its result is settled"
     runner.settled([WORK.id])
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
-    settle(executor, 2)
-    assert executor.runs == 2
+    assert runner.wait_results(5), "the settled intent's second run"
+    assert (len(runner.take_results()), executor.runs) == (1, 2)
 
 
 def test_a_result_goes_through_the_stream_while_the_processor_blocks_in_redis(
     parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
-    runner, executor, outboxes, _ = parts
+    runner, _, outboxes, _ = parts
     assert runner.begin_blocking()
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
-    settle(executor, 1)
+    wait_until(lambda: outboxes.completed, 5, "the result in the stream")
     runner.end_blocking()
     assert runner.take_results() == []
     assert [(s, t, e) for s, t, e, _ in outboxes.completed] == [(SHARD, "r1:7", WORK.id)]
@@ -105,10 +102,10 @@ def test_a_result_goes_through_the_stream_while_the_processor_blocks_in_redis(
 def test_a_result_of_a_shard_held_under_another_token_goes_through_the_stream(
     parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
-    runner, executor, outboxes, leases = parts
+    runner, _, outboxes, leases = parts
     leases.current = "r1:9"  # the shard moved and came back while the work ran
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
-    settle(executor, 1)
+    wait_until(lambda: outboxes.completed, 5, "the result in the stream")
     assert runner.take_results() == []
     assert [(s, t, e) for s, t, e, _ in outboxes.completed] == [(SHARD, "r1:9", WORK.id)]
 
@@ -116,8 +113,9 @@ def test_a_result_of_a_shard_held_under_another_token_goes_through_the_stream(
 def test_a_result_of_a_shard_no_longer_held_is_dropped(
     parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
-    runner, executor, outboxes, leases = parts
+    runner, _, outboxes, leases = parts
     leases.current = None
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
-    settle(executor, 1)
+    # once the runner asked whose the shard is, the result's fate is decided: no lease, none
+    wait_until(lambda: leases.asked, 5, "the run's end")
     assert runner.take_results() == [] and outboxes.completed == []
