@@ -339,8 +339,7 @@ def check_paths(message: wire.Downstream, data_roots: DataRoots) -> None:
             places = [("$.spec.url", dataset.spec.url)]
         case wire.JobInsert(job=job):
             places = [("$.spec.outputDir", job.spec.output_dir)]
-            incremental = wire.job_spec(job).incremental
-            config = incremental.hot_update_config if incremental is not None else None
+            config = wire.hot_update_config(job)
             if config is not None:
                 places.append((f"$.metadata.annotations[{wire.HOT_UPDATE_ANNOTATION!r}]", config))
         case _:

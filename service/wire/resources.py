@@ -78,6 +78,7 @@ __all__ = [
     "TrainSpec",
     "Trigger",
     "gate_spec",
+    "hot_update_config",
     "job_gate",
     "job_spec",
     "parse_hhmm",
@@ -539,24 +540,32 @@ _HOT_UPDATE_FIELD = f"$.metadata.annotations[{HOT_UPDATE_ANNOTATION!r}]"
 
 
 def _incremental(job: IncrementalLearningJob) -> IncrementalSpec:
-    spec, meta = job.spec, job.metadata
-    config = None
-    if spec.deploy_spec.model.hot_update_enabled:
-        # Sedna's GM sets the annotation when it creates the inference worker; a job sent
-        # over MQTT without it gets the path the GM would have set
-        default = f"{HOT_UPDATE_ROOT}/{meta.namespace}/incrementallearningjob/{meta.name}"
-        config = meta.annotations.get(HOT_UPDATE_ANNOTATION, f"{default}/model_config.json".lower())
-        if not config.startswith("/") or ".." in config.split("/") or "\0" in config:
-            raise InvalidMessage(
-                "must be an absolute host path without '..'", _HOT_UPDATE_FIELD, code="invalid"
-            )
+    spec = job.spec
     evaluated = spec.eval_spec.initial_model
     return IncrementalSpec(
         initial_model=spec.initial_model.name,
         eval_model=evaluated.name if evaluated is not None else None,
         deploy_model=spec.deploy_spec.model.name,
-        hot_update_config=config,
+        hot_update_config=hot_update_config(job),
     )
+
+
+def hot_update_config(job: LearningJob) -> str | None:
+    """The host path of the inference worker's model config file of an incremental-learning
+    job with hot update (None: another job): the annotation Sedna's GM sets when it creates
+    the worker, or for a job sent over MQTT without it the path the GM would have set."""
+    if not isinstance(job, IncrementalLearningJob):
+        return None
+    if not job.spec.deploy_spec.model.hot_update_enabled:
+        return None
+    meta = job.metadata
+    default = f"{HOT_UPDATE_ROOT}/{meta.namespace}/incrementallearningjob/{meta.name}"
+    config = meta.annotations.get(HOT_UPDATE_ANNOTATION, f"{default}/model_config.json".lower())
+    if not config.startswith("/") or ".." in config.split("/") or "\0" in config:
+        raise InvalidMessage(
+            "must be an absolute host path without '..'", _HOT_UPDATE_FIELD, code="invalid"
+        )
+    return config
 
 
 #: The longest deploy-trigger annotation read (a condition is a few dozen bytes).
