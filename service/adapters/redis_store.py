@@ -40,7 +40,6 @@ The values they take and give (`Commit`, `Quarantine`, `IngressEntry`, `OutboxEn
 `Unreadable`) are plain frozen dataclasses, defined first.
 """
 
-
 import contextlib
 import time
 import zlib
@@ -201,7 +200,8 @@ class Ingress(_StreamReads):
         dedupe_ttl_ms: int = 60_000,
         token: str = "",
     ) -> list[str | None]:
-        """Append (shard, event, dedupe, dup) items, in one round trip: per item its entry
+        """Append (shard, event, dedupe, dup) items, in one round trip (one script run per
+        shard, appending its items in order): per item its entry
         id, or None when it is one already taken in: a redelivery (``dup``), or a message
         another ingress holder (``token``) took in first (``dedupe``: the message's id, kept
         ``dedupe_ttl_ms``).
@@ -211,12 +211,19 @@ class Ingress(_StreamReads):
         redeliveries, ``dup``, takes in exactly what did not)."""
         if not items:
             return []
+        by_shard: dict[int, list[int]] = {}
+        for n, (shard, *_) in enumerate(items):
+            by_shard.setdefault(shard, []).append(n)
         calls = [
-            self._append_call(s, e, d, dup=dup, dedupe_ttl_ms=dedupe_ttl_ms, token=token)
-            for s, e, d, dup in items
+            self._append_call(shard, [items[n] for n in ns], dedupe_ttl_ms, token)
+            for shard, ns in by_shard.items()
         ]
         results = self._redis.eval(calls, what="append", confirm=self._redis.confirm)
-        return [None if r is None else as_str(r) for r in results]
+        ids: list[str | None] = [None] * len(items)
+        for ns, replies in zip(by_shard.values(), results, strict=True):
+            for n, reply in zip(ns, replies, strict=True):
+                ids[n] = None if reply is None else as_str(reply)
+        return ids
 
     def append(
         self,
@@ -235,18 +242,20 @@ class Ingress(_StreamReads):
     def _append_call(
         self,
         shard: int,
-        event: bytes,
-        dedupe: str | None,
-        *,
-        dup: bool,
+        items: Sequence[tuple[int, bytes, str | None, bool]],
         dedupe_ttl_ms: int,
         token: str,
     ) -> Call:
-        keys: tuple[str, ...] = (self.keys.ingress(shard),)
-        if dedupe is not None:
-            keys += (self.keys.seen(shard, dedupe),)
-        args = (event, "1" if dup else "0", dedupe_ttl_ms, token)
-        return self._redis.call("append_ingress", keys, args)
+        """One script run appending a shard's items, in order."""
+        keys = [self.keys.ingress(shard)]
+        args: list[bytes | str | int] = [token, dedupe_ttl_ms]
+        for _, event, dedupe, dup in items:
+            marker = 0
+            if dedupe is not None:
+                keys.append(self.keys.seen(shard, dedupe))
+                marker = len(keys)
+            args += [event, "1" if dup else "0", marker]
+        return self._redis.call("append_ingress", tuple(keys), tuple(args))
 
     def read(
         self, shards: Sequence[int], *, count: int, block_ms: int, pending: bool
@@ -412,99 +421,94 @@ class States:
     ) -> list[list[list[str]] | LeaseLost]:
         """Apply (shard, token, commits) batches, every shard's in one round trip.
 
-        Each commit is one script run, all-or-nothing, fenced by its shard's token. A
-        shard's commits run as one MULTI/EXEC, so none of them writes when its lease is not
-        held by its token (the lease cannot change inside the transaction). On one server
-        every shard's commits share that one transaction; on a Cluster, which refuses a
-        transaction across slots, each shard's is its own, pipelined per node. Nothing
-        needs more: each commit carries its own resource's state, outbox, effects, history
-        and the ingress entries it acknowledges, so two shards' commits never depend on
-        each other, and a shard that committed while another was fenced is exactly what the
-        next owner of the fenced one expects (its entries still pending, its effects and
-        outbox in Redis for it to redo and send).
+        A shard's commits are one script run, all-or-nothing, fenced by its token: one lease
+        check and one acknowledgement of their ingress entries for all of them. Its
+        quarantine ops (rare) are script runs of their own after it, in one MULTI/EXEC with
+        it, so none of them writes when its lease is not held by its token (the lease cannot
+        change inside the transaction). On one server every shard's calls share that one
+        transaction; on a Cluster, which refuses a transaction across slots, each shard's is
+        its own, pipelined per node. Nothing needs more: each shard's commits carry their
+        resources' states, outbox, effects, histories and the ingress entries they
+        acknowledge, so two shards' commits never depend on each other, and a shard that
+        committed while another was fenced is exactly what the next owner of the fenced one
+        expects (its entries still pending, its effects and outbox in Redis for it to redo
+        and send).
 
-        Per batch, in order: the outbox stream ids of each commit's entries (for
+        Per batch, in order: per op, the outbox stream ids of a commit's entries (for
         ``Outboxes.done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
         by its token. With replicas required, returns only once they hold every commit,
         else raises ``StoreUnavailable`` (the commits' fate then unknown to the caller). A
         ``Quarantine`` has no outbox entries (its ids are empty); a commit that clears its
-        resource's mark runs the quarantine script after the commit script, in the same
+        resource's mark is followed by the quarantine script clearing it, in the same
         transaction (same shard, same slot).
         """
         calls: list[Call] = []
-        plans: list[tuple[int, int, list[int]]] = []  # per batch: its calls, each commit's first
-        for shard, token, commits in batches:
-            start, firsts = len(calls), []
-            for c in commits:
-                firsts.append(len(calls) - start)
-                calls.extend(self._commit_calls(shard, token, c))
-            plans.append((start, len(calls), firsts))
+        spans: list[tuple[int, int, int]] = []  # per batch: its calls, and its commits' count
+        for shard, token, ops in batches:
+            start = len(calls)
+            commits = [op for op in ops if isinstance(op, Commit)]
+            for op in ops:
+                if op.rkey is not None and shard_of(op.rkey) != shard:
+                    raise ValueError(f"{op.rkey} belongs to shard {shard_of(op.rkey)}, not {shard}")
+            if commits:
+                calls.append(self._commit_call(shard, token, commits))
+            # after the commits: a mark is cleared once its resource's commit applied
+            calls += [
+                self._quarantine_call(shard, token, Quarantine(c.rkey, ()), clear=True)
+                for c in commits
+                if c.clear_mark
+            ]
+            calls += [
+                self._quarantine_call(shard, token, q) for q in ops if isinstance(q, Quarantine)
+            ]
+            spans.append((start, len(calls), len(commits)))
         if not calls:
             return [[] for _ in batches]
         results = self._redis.eval_raw(
             calls, what="commit", atomic=True, confirm=self._redis.confirm
         )
         with store_errors("commit"):
-            return [_outcome(results[start:end], firsts) for start, end, firsts in plans]
+            return [
+                _outcome(results[start:end], ops, commits)
+                for (start, end, commits), (_, _, ops) in zip(spans, batches, strict=True)
+            ]
 
-    def _commit_calls(self, shard: int, token: str, c: Commit | Quarantine) -> list[Call]:
-        if c.rkey is not None and shard_of(c.rkey) != shard:
-            raise ValueError(f"{c.rkey} belongs to shard {shard_of(c.rkey)}, not {shard}")
-        if isinstance(c, Quarantine):
-            return [self._quarantine_call(shard, token, c)]
-        calls = [self._commit_call(shard, token, c)]
-        if c.clear_mark:
-            calls.append(self._quarantine_call(shard, token, Quarantine(c.rkey, ()), clear=True))
-        return calls
-
-    def _commit_call(self, shard: int, token: str, c: Commit) -> Call:
+    def _commit_call(self, shard: int, token: str, commits: Sequence[Commit]) -> Call:
+        """One script run applying a shard's commits (see commit.lua for the layout)."""
         k = self.keys
-        keys = (
-            k.lease(shard),
-            k.state(c.rkey),
-            k.resource(c.rkey),
-            k.history(c.rkey),
-            k.timers(shard),
-            k.effects(shard),
-            k.index(shard),
-            k.outbox(shard),
-            k.ingress(shard),
-            k.gm_outbox(shard),
-            k.rounds(c.rkey),
-        )
-        mode = "delete" if c.delete else "keep" if c.keep_state else "set"
-        to_gm = [entry for entry in c.outbox if entry.gm]
-        timer = "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1))
+        keys = [
+            k.lease(shard), k.timers(shard), k.effects(shard), k.index(shard),
+            k.outbox(shard), k.ingress(shard), k.gm_outbox(shard),
+        ]  # fmt: skip
+        acks = [i for c in commits for i in c.ack_ids]
         args: list[bytes | str | int] = [
-            token,
-            c.rkey,
-            mode,
-            c.state if mode == "set" and c.state is not None else b"",
-            "keep" if c.resource is None else "set",
-            b"" if c.resource is None else zlib.compress(c.resource),
-            timer,
-            INGRESS_GROUP,
-            HISTORY_MAXLEN,
-            len(c.ack_ids),
-            len(c.outbox),
-            len(c.effects),
-            len(c.history),
-            len(to_gm),
-            len(c.rounds),
-            ROUNDS_MAXLEN,
-            len(c.retire),
-            *c.ack_ids,
-        ]
-        for entry in c.outbox:
-            args += [entry.id, entry.topic, entry.payload]
-        for effect_id, intent in c.effects:
-            args += [effect_id, intent]
-        args += c.history
-        for entry in to_gm:
-            args += [entry.id, entry.payload]
-        args += c.rounds
-        args += c.retire
-        return self._redis.call("commit", keys, tuple(args))
+            token, INGRESS_GROUP, HISTORY_MAXLEN, ROUNDS_MAXLEN, len(commits), len(acks),
+            0, "", 0, *acks,
+        ]  # fmt: skip
+        for c in commits:
+            keys += [k.state(c.rkey), k.resource(c.rkey), k.history(c.rkey), k.rounds(c.rkey)]
+            mode = "delete" if c.delete else "keep" if c.keep_state else "set"
+            to_gm = [entry for entry in c.outbox if entry.gm]
+            args += [
+                c.rkey,
+                mode,
+                c.state if mode == "set" and c.state is not None else b"",
+                "keep" if c.resource is None else "set",
+                b"" if c.resource is None else zlib.compress(c.resource),
+                "" if c.timer_due_ms is None else str(max(c.timer_due_ms, -1)),
+                len(c.outbox), len(c.effects), len(c.history), len(to_gm), len(c.rounds),
+                len(c.retire),
+            ]  # fmt: skip
+            for entry in c.outbox:
+                args += [entry.id, entry.topic, entry.payload]
+            for effect_id, intent in c.effects:
+                args += [effect_id, intent]
+            args += c.history
+            for entry in to_gm:
+                args += [entry.id, entry.payload]
+            args += c.rounds
+            args += c.retire
+        return self._redis.call("commit", tuple(keys), tuple(args))
 
     def _quarantine_call(
         self, shard: int, token: str, q: Quarantine, *, clear: bool = False
@@ -543,14 +547,18 @@ class States:
         return None if mark is None else bytes(mark)
 
 
-def _outcome(results: list[Any], firsts: list[int]) -> list[list[str]] | LeaseLost:
-    """One batch's outcome from its replies: the outbox stream ids of each commit (whose
-    first reply is at ``firsts``), or ``LeaseLost`` when the shard's lease is not held."""
+def _outcome(
+    results: list[Any], ops: Sequence[Commit | Quarantine], commits: int
+) -> list[list[str]] | LeaseLost:
+    """One batch's outcome from its replies (its commits' script run first, when it has
+    commits): per op, the outbox stream ids of a commit's entries ([] for a quarantine), or
+    ``LeaseLost`` when the shard's lease is not held."""
     try:
         replies = [checked(r) for r in results]
     except LeaseLost as e:
         return e
-    return [[as_str(i) for i in replies[f]] if isinstance(replies[f], list) else [] for f in firsts]
+    per_commit = iter(replies[0] if commits else [])
+    return [[as_str(i) for i in next(per_commit)] if isinstance(op, Commit) else [] for op in ops]
 
 
 class Outboxes(_StreamReads):

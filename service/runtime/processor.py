@@ -288,9 +288,11 @@ class _Fold:
                 effects=intents,
             )  # fmt: skip
         kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
+        unchanged = self.state == self.initial  # a forwarded report: nothing to rewrite
         return Commit(
             rkey=self.rkey,
-            state=encode_state(self.state),
+            state=None if unchanged else encode_state(self.state),
+            keep_state=unchanged,
             resource=self.resource,
             timer_due_ms=self.timer_ms,
             ack_ids=ack_ids,

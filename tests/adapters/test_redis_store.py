@@ -232,6 +232,40 @@ def test_commit_of_a_batch_is_one_transaction(store: RedisStore) -> None:
     assert store.states.list_rkeys("job") == sorted(rkeys)
 
 
+def calls_of(raw: redis.Redis[bytes]) -> dict[str, int]:
+    """Commands run since the last CONFIG RESETSTAT, by name (those inside scripts too), but
+    for the reset and this reading."""
+    stats = raw.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+    return {k: n for k, n in calls.items() if k not in ("info", "config|resetstat")}
+
+
+def test_a_shards_commits_are_one_script_run_writing_only_what_changed(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    """One lease check and one acknowledgement for all of a shard's commits; a kept state is
+    not rewritten nor re-indexed, and a capped list is trimmed only once it outgrew its cap."""
+    token = take_shard(store)
+    rkeys = [k for k in (rkey("job", "ns", f"j{i}") for i in range(100)) if shard_of(k) == SHARD]
+    rkeys = rkeys[:3]
+    commit(store, SHARD, token, [Commit(k, b"s-" + k.encode()) for k in rkeys])
+    ids = [appended(store, f"ev-{i}".encode()) for i in range(3)]
+    store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
+    raw.config_resetstat()
+    outbox = (OutboxEntry("m", "t", b"p"),)
+    kept = [
+        Commit(k, None, keep_state=True, ack_ids=(i,), outbox=outbox, history=(b"h1", b"h2"))
+        for k, i in zip(rkeys, ids, strict=True)
+    ]
+    per_commit = commit(store, SHARD, token, kept)
+    assert [len(stream_ids) for stream_ids in per_commit] == [1, 1, 1]
+    calls = calls_of(raw)
+    assert calls == {"evalsha": 1, "get": 1, "xack": 1, "xdel": 1, "xadd": 3, "rpush": 3}
+    assert store.states.load(rkeys) == {k: b"s-" + k.encode() for k in rkeys}
+    assert pending_ids(raw, store) == set()
+    assert store.states.list_rkeys("job") == sorted(rkeys)
+
+
 def test_commit_refuses_a_resource_of_another_shard(store: RedisStore) -> None:
     token = take_shard(store)
     with pytest.raises(ValueError):
@@ -361,6 +395,18 @@ def test_append_ingress_dedupe(store: RedisStore, raw: redis.Redis[bytes]) -> No
     assert results[0] is None
     assert results[1] is not None
     assert results[2] is not None
+
+
+def test_a_shards_appends_are_one_script_run_and_a_new_marker_one_command(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    raw.config_resetstat()
+    items = [(SHARD, b"a", "mid-a", False), (SHARD, b"b", "mid-b", False), (0, b"c", None, False)]
+    assert all(entry_id is not None for entry_id in store.ingress.append_many(items))
+    calls = calls_of(raw)
+    assert calls == {"evalsha": 2, "set": 2, "xadd": 3}
+    got = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
+    assert [e.event for e in got] == [b"a", b"b"], "in order"
 
 
 # -- timers ----------------------------------------------------------------------------

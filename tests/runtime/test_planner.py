@@ -142,7 +142,20 @@ def test_events_that_change_nothing_are_counted_but_not_kept() -> None:
     result = planned(created(), again)
     assert [r.outcome for r in result.records] == ["ignored"]
     assert result.commit.history == ()
-    assert result.commit.state is not None and decode_state(result.commit.state) == created()
+    assert result.commit.keep_state and result.commit.state is None  # nothing rewritten
+    assert result.state == created()
+
+
+def test_a_changed_state_is_written_and_an_unchanged_one_kept() -> None:
+    """A state is rewritten only when an event changed it: a forwarded report leaves it as
+    it was, and only its history record and upstream message are written."""
+    changed = DatasetChanged(namespace=NS, name=JOB, dataset=DATASET, info=info(), num_samples=10)
+    result = planned(created(), changed)
+    assert not result.commit.keep_state and result.commit.state is not None
+    assert decode_state(result.commit.state) == result.state != created()
+    forwarded = planned(result.state, report("inference", "running"))
+    assert forwarded.commit.keep_state and forwarded.commit.state is None
+    assert len(forwarded.commit.outbox) == 1 and len(forwarded.commit.history) == 1
 
 
 def test_an_unreadable_dataset_goes_to_the_errors_topic_and_is_not_a_refusal() -> None:
