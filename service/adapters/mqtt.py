@@ -950,6 +950,12 @@ class MqttClient:
             return
         client.ack(msg.mid, msg.qos)
 
+    def ack_all(self, msgs: Sequence[Inbound]) -> None:
+        """`ack` each of these messages, in one batch (one wake-up of the network thread)."""
+        with self.batch():
+            for msg in msgs:
+                self.ack(msg)
+
     def stop(self, *, timeout_s: float = 5.0, send_will: bool = False) -> None:
         """Disconnect and never reconnect again. Idempotent. ``send_will=True`` has the
         broker publish the will all the same (see `shut_down`)."""

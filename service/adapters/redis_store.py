@@ -144,6 +144,24 @@ class Commit:
 
 
 @dataclass(frozen=True)
+class Markers:
+    """The dedupe markers a shard's commit sets for the messages it takes in directly (handed
+    over by the intake, never appended to the ingress stream): (digest, redelivered) each,
+    set under ``token``, the ingress lease token they were taken in under."""
+
+    token: str
+    items: tuple[tuple[str, bool], ...]
+
+
+@dataclass(frozen=True)
+class Known:
+    """A shard's commit refused, nothing written: the messages of these markers (indexes
+    into its `Markers.items`) were taken in already."""
+
+    markers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Quarantine:
     """Entries taken out of the ingress (their records dead-lettered by the caller) and,
     unless ``rkey`` is None (entries of no known resource), the resource's quarantine mark
@@ -417,8 +435,12 @@ class States:
         return list(records)
 
     def commit(
-        self, batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]]
-    ) -> list[list[list[str]] | LeaseLost]:
+        self,
+        batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]],
+        *,
+        markers: Mapping[int, Markers] | None = None,
+        dedupe_ttl_ms: int = 60_000,
+    ) -> list[list[list[str]] | LeaseLost | Known]:
         """Apply (shard, token, commits) batches, every shard's in one round trip.
 
         A shard's commits are one script run, all-or-nothing, fenced by its token: one lease
@@ -436,8 +458,10 @@ class States:
 
         Per batch, in order: per op, the outbox stream ids of a commit's entries (for
         ``Outboxes.done`` after PUBACK), or ``LeaseLost`` when the shard's lease is not held
-        by its token. With replicas required, returns only once they hold every commit,
-        else raises ``StoreUnavailable`` (the commits' fate then unknown to the caller). A
+        by its token, or ``Known`` when messages its ``markers`` (by shard) name were taken
+        in already (then its commits wrote nothing; see commit.lua). With replicas required,
+        returns only once they hold every commit, else raises ``StoreUnavailable`` (the
+        commits' fate then unknown to the caller). A
         ``Quarantine`` has no outbox entries (its ids are empty); a commit that clears its
         resource's mark is followed by the quarantine script clearing it, in the same
         transaction (same shard, same slot).
@@ -450,8 +474,9 @@ class States:
             for op in ops:
                 if op.rkey is not None and shard_of(op.rkey) != shard:
                     raise ValueError(f"{op.rkey} belongs to shard {shard_of(op.rkey)}, not {shard}")
+            marked = (markers or {}).get(shard)
             if commits:
-                calls.append(self._commit_call(shard, token, commits))
+                calls.append(self._commit_call(shard, token, commits, marked, dedupe_ttl_ms))
             # after the commits: a mark is cleared once its resource's commit applied
             calls += [
                 self._quarantine_call(shard, token, Quarantine(c.rkey, ()), clear=True)
@@ -473,7 +498,14 @@ class States:
                 for (start, end, commits), (_, _, ops) in zip(spans, batches, strict=True)
             ]
 
-    def _commit_call(self, shard: int, token: str, commits: Sequence[Commit]) -> Call:
+    def _commit_call(
+        self,
+        shard: int,
+        token: str,
+        commits: Sequence[Commit],
+        markers: Markers | None,
+        dedupe_ttl_ms: int,
+    ) -> Call:
         """One script run applying a shard's commits (see commit.lua for the layout)."""
         k = self.keys
         keys = [
@@ -481,9 +513,11 @@ class States:
             k.outbox(shard), k.ingress(shard), k.gm_outbox(shard),
         ]  # fmt: skip
         acks = [i for c in commits for i in c.ack_ids]
+        marked = markers.items if markers is not None else ()
         args: list[bytes | str | int] = [
             token, INGRESS_GROUP, HISTORY_MAXLEN, ROUNDS_MAXLEN, len(commits), len(acks),
-            0, "", 0, *acks,
+            len(marked), markers.token if markers is not None else "", dedupe_ttl_ms, *acks,
+            *("1" if dup else "0" for _, dup in marked),
         ]  # fmt: skip
         for c in commits:
             keys += [k.state(c.rkey), k.resource(c.rkey), k.history(c.rkey), k.rounds(c.rkey)]
@@ -508,6 +542,7 @@ class States:
                 args += [entry.id, entry.payload]
             args += c.rounds
             args += c.retire
+        keys += [k.seen(shard, digest) for digest, _ in marked]
         return self._redis.call("commit", tuple(keys), tuple(args))
 
     def _quarantine_call(
@@ -547,12 +582,18 @@ class States:
         return None if mark is None else bytes(mark)
 
 
+#: The error reply of a commit refused for messages taken in already.
+KNOWN = "DUPLICATE"
+
+
 def _outcome(
     results: list[Any], ops: Sequence[Commit | Quarantine], commits: int
-) -> list[list[str]] | LeaseLost:
+) -> list[list[str]] | LeaseLost | Known:
     """One batch's outcome from its replies (its commits' script run first, when it has
     commits): per op, the outbox stream ids of a commit's entries ([] for a quarantine), or
     ``LeaseLost`` when the shard's lease is not held."""
+    if commits and isinstance(results[0], ResponseError) and str(results[0]).startswith(KNOWN):
+        return Known(tuple(int(i) - 1 for i in str(results[0]).split()[1:]))
     try:
         replies = [checked(r) for r in results]
     except LeaseLost as e:

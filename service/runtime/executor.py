@@ -35,7 +35,6 @@ import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
@@ -77,6 +76,7 @@ from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import MODEL_KIND, dataset_key, job_key, parse_rkey, rkey, rkey_path, shard_of
 from service.logs import redact
 from service.metrics import Metrics
+from service.runtime.handoff import Handoff, LocalResult
 from service.runtime.intake import Accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
@@ -425,24 +425,12 @@ EFFECT_RETRY_S = 1.0
 EXPECT_WINDOW_S = 0.05
 
 
-@dataclass(frozen=True)
-class LocalResult:
-    """An intent's result handed to this replica's processor: applied in the commit that
-    retires the intent, fenced by ``token``, the lease token the intent was pending under
-    when it was submitted (the processor drops the result under any other token)."""
-
-    shard: int
-    token: str
-    effect_id: str
-    event: Event
-
-
 class EffectRunner:
     """Each intent runs once per process at a time, from its submission until its outcome is
     settled in Redis; then, in one of two ways:
 
     - In process: a result event of a shard still held under the lease token the intent was
-      submitted under is handed to the processor (`take_results`), which applies it in its
+      submitted under is handed to the processor (`Handoff`), which applies it in its
       next commit and retires the intent in that same fenced transaction (`settled` then
       frees the intent). A crash before that commit leaves the intent pending: the next
       owner redoes it.
@@ -466,8 +454,10 @@ class EffectRunner:
         rejections: Rejections,
         stop: threading.Event,
         heartbeats: Heartbeats,
+        handoff: Handoff,
     ) -> None:
         self._executor = executor
+        self._handoff = handoff
         self._heartbeats = heartbeats
         self._outboxes = outboxes
         self._leases = leases
@@ -478,12 +468,7 @@ class EffectRunner:
         self._pool = ThreadPoolExecutor(EFFECT_WORKERS, thread_name_prefix="effects")
         self._running: set[str] = set()
         self._lock = threading.Lock()
-        # the hand-over to the processor: results, when running intents started, and
-        # whether the processor sits in a blocking Redis read (then results take the stream)
-        self._ready = threading.Condition(self._lock)
-        self._results: list[LocalResult] = []
-        self._started: dict[str, float] = {}
-        self._blocking = False
+        self._started: dict[str, float] = {}  # when each running intent started
 
     def submit(self, shard: int, effect_id: str, work: Work, token: str) -> None:
         """Run the intent, pending in Redis under the shard's lease ``token``."""
@@ -514,36 +499,12 @@ class EffectRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------ the processor's side
-    def take_results(self) -> list[LocalResult]:
-        """The results handed over since the last call (each settled once applied)."""
-        with self._lock:
-            results, self._results = self._results, []
-            return results
-
     def expecting(self) -> bool:
         """Whether an intent started less than `EXPECT_WINDOW_S` ago still runs (its result
         will likely be handed over soon)."""
         now = self._clock.monotonic_s()
         with self._lock:
             return any(now - t < EXPECT_WINDOW_S for t in self._started.values())
-
-    def wait_results(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for a result to be handed over; whether one is there."""
-        with self._ready:
-            return self._ready.wait_for(lambda: bool(self._results), timeout_s)
-
-    def begin_blocking(self) -> bool:
-        """The processor is about to block in its Redis read: from now on results go through
-        the stream (which ends the read). False, and nothing changes, if results wait."""
-        with self._lock:
-            if self._results:
-                return False
-            self._blocking = True
-            return True
-
-    def end_blocking(self) -> None:
-        with self._lock:
-            self._blocking = False
 
     def settled(self, effect_ids: Iterable[str]) -> None:
         """The handed-over results of these intents were committed or dropped: a pending
@@ -597,12 +558,13 @@ class EffectRunner:
         current = self._leases.token(shard)
         if current is None:
             raise LeaseLost(f"shard {shard} is no longer held")
-        if result is not None and current == token and shard_of(target_of(result)) == shard:
-            with self._lock:
-                if not self._blocking:
-                    self._results.append(LocalResult(shard, token, effect_id, result))
-                    self._ready.notify_all()
-                    return True
+        if (
+            result is not None
+            and current == token
+            and shard_of(target_of(result)) == shard
+            and self._handoff.offer_result(LocalResult(shard, token, effect_id, result))
+        ):
+            return True
         data = encode_accepted(Accepted(event=result)) if result is not None else None
         self._outboxes.complete_effect(shard, current, effect_id, data)
         return False

@@ -44,9 +44,11 @@ module's order:
   inference, federated learning; dispatched by `ownerKind`); treated exactly like the MQTT
   worker topic, but answered at once (200, or 400 with the reason).
 - The MQTT intake itself (`Intake`): batches of messages, admitted, appended in one round
-  trip, then acknowledged.
-"""
+  trip, then acknowledged. A batch's first deliveries for shards this replica holds are
+  handed to its processor instead (`service.runtime.handoff`), unless it waits in its Redis
+  read: the commit that applies them makes them durable, and they are acknowledged after it.
 
+"""
 
 import hashlib
 import logging
@@ -95,6 +97,7 @@ from service.errors import InvalidMessage, StoreUnavailable
 from service.heartbeat import Clock, Heartbeats, progress
 from service.keys import NUM_SHARDS, STORED_KINDS, dataset_key, job_key, rkey, shard_of
 from service.metrics import Metrics
+from service.runtime.handoff import Handoff, TakenMessage
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import GmSink
 from service.runtime.rejections import Rejections
@@ -697,9 +700,11 @@ class Intake:
         stop: threading.Event,
         client_factory: ClientFactory,
         admission: Admission,
+        handoff: Handoff,
         gm_factory: GmFactory | None = None,
     ) -> None:
         self._downstream_topic = config.downstream_topic()
+        self._handoff = handoff
         self._data_roots = config.path_policy()
         self._ingress = ingress
         self._leases = leases
@@ -782,7 +787,7 @@ class Intake:
             frames_taken(batch)
 
     def _take_in(self, batch: list[Inbound]) -> None:
-        accepted: list[tuple[Inbound, int, bytes, str | None]] = []
+        accepted: list[tuple[Inbound, int, Accepted, str | None]] = []
         for msg in batch:
             now_ms = self._clock.now_ms()
             try:
@@ -796,11 +801,36 @@ class Intake:
             # MQTT may redeliver a message: its digest lets the store drop the copy. The GM
             # never redelivers, and re-sends a resource on purpose: no marker is needed.
             digest = None if msg.topic == GM_TOPIC else _digest(msg)
-            shard = shard_of(target_of(event.event))
-            accepted.append((msg, shard, encode_accepted(event), digest))
-        if accepted and self._append(accepted):
+            accepted.append((msg, shard_of(target_of(event.event)), event, digest))
+        appended = self._hand_over(accepted)
+        if appended and self._append(appended):
             failpoints.hit("intake-before-ack")
-            self._ack_all([msg for msg, *_ in accepted])
+            self._ack_all([msg for msg, *_ in appended])
+
+    def _hand_over(
+        self, accepted: list[tuple[Inbound, int, Accepted, str | None]]
+    ) -> list[tuple[Inbound, int, bytes, str | None]]:
+        """Hand the first MQTT deliveries of shards this replica holds to its processor, if
+        it takes them now; the rest, to append. A shard whose batch holds any other message
+        (a redelivery, a GM frame) is appended whole, in order."""
+        token = self._leases.ingress_token
+        with self._lock:
+            client = self._client
+        stream = {shard for msg, shard, _, digest in accepted if msg.dup or digest is None}
+        taken: list[TakenMessage] = []
+        rest: list[tuple[Inbound, int, bytes, str | None]] = []
+        for msg, shard, event, digest in accepted:
+            if client is not None and token and shard not in stream and self._leases.token(shard):
+                handed = TakenMessage(
+                    shard=shard, accepted=event, digest=digest, dup=False, ingress_token=token,
+                    msg=msg, ack=client.ack_all,
+                )  # fmt: skip
+                taken.append(handed)
+            else:
+                rest.append((msg, shard, encode_accepted(event), digest))
+        if taken and not self._handoff.offer_messages(taken):
+            return [(t.msg, t.shard, encode_accepted(t.accepted), t.digest) for t in taken] + rest
+        return rest
 
     def _append(self, accepted: list[tuple[Inbound, int, bytes, str | None]]) -> bool:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
@@ -840,12 +870,8 @@ class Intake:
     def _ack_all(self, msgs: list[Inbound]) -> None:
         """PUBACK these messages, in one batch (one wake-up of the client's network thread)."""
         with self._lock:
-            client = self._client
-            if client is None:
-                return
-            with client.batch():
-                for msg in msgs:
-                    client.ack(msg)
+            if self._client is not None:
+                self._client.ack_all(msgs)
 
 
 def _digest(msg: Inbound) -> str:

@@ -20,11 +20,15 @@ The stages, in this module's order:
   decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
 - The processor itself (`Processor`): commits state + outbox + timers + effect intents +
   history + acks atomically, fenced by the shard's lease, every shard of a read in one round
-  trip. Besides the ingress it takes the effect results the runner hands over in process
-  (`EffectRunner.take_results`): each applies like an ingress entry, in a commit that
-  retires its intent instead of acknowledging an entry. A resource whose state or entry
-  cannot be decoded is quarantined (`rejections.Quarantines`) and the rest of its shard
-  goes on.
+  trip. Besides the ingress it takes what other threads hand it in process
+  (`service.runtime.handoff`), each applied like an ingress entry: an effect's result, in a
+  commit that retires its intent instead of acknowledging an entry; a message the intake
+  took in, in a commit that sets its dedupe marker, acknowledged to the broker after it.
+  Such a message is applied only after the shard's stream was read to its end (what the
+  intake appended before it comes first) and once the shard's recovery ran under its
+  current lease; a message of a shard no longer held is appended to the stream for its new
+  owner. A resource whose state or entry cannot be decoded is quarantined
+  (`rejections.Quarantines`) and the rest of its shard goes on.
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from service import failpoints, history
+from service.adapters.mqtt import Inbound
 from service.adapters.redis_store import (
     Commit,
     Ingress,
     IngressEntry,
+    Known,
+    Markers,
     OutboxEntry,
     Outboxes,
     Quarantine,
@@ -73,7 +80,8 @@ from service.heartbeat import Clock, progress
 from service.history import HistoryRecord, worth_keeping
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.executor import EffectRunner, LocalResult, OutputDirs
+from service.runtime.executor import EffectRunner, OutputDirs
+from service.runtime.handoff import Handoff, LocalResult, TakenMessage
 from service.runtime.intake import Accepted, decode_accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
 from service.runtime.outbox import OutboxPublisher, upstream_entry
@@ -169,6 +177,8 @@ class Step:
     #: an effect's result handed over in process: the intent the commit retires (the step
     #: then has no ingress entry to acknowledge)
     effect_id: str | None = None
+    #: a message the intake handed over in process (no ingress entry to acknowledge)
+    taken: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,7 +223,7 @@ def plan(
         fold.records.append(record)
         fold.changed.append(record.view() != view)
         view = record.view()
-    ack_ids = tuple(step.entry_id for step in steps if step.effect_id is None)
+    ack_ids = tuple(s.entry_id for s in steps if s.effect_id is None and not s.taken)
     retire = tuple(step.effect_id for step in steps if step.effect_id is not None)
     commit = dataclasses.replace(fold.commit(ack_ids), retire=retire)
     return Plan(
@@ -420,7 +430,9 @@ class ResourceRunner:
             ctx = self._context(shard, item.entry_id, now_ms)
             outcome = self._claimed(rkey, state, item.accepted.event, ctx)
             state = outcome.state
-            steps.append(Step(item.entry_id, item.accepted, outcome, now_ms, item.effect_id))
+            steps.append(
+                Step(item.entry_id, item.accepted, outcome, now_ms, item.effect_id, item.taken)
+            )
         self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
 
@@ -507,12 +519,28 @@ class _ShardBatch:
     groups: dict[str, list[Held]]
     plans: list[Plan] = field(default_factory=list)
     isolations: list[Isolation] = field(default_factory=list)
-    #: results handed over in process for a resource whose entries are set aside: they take
-    #: the ingress stream (`EffectRunner`'s other way) once the batch committed
+    #: items handed over in process for a resource whose entries are set aside: they take
+    #: the ingress stream once the batch committed (a result as `EffectRunner`'s other way,
+    #: a message as the intake's), so that the quarantine sees them as entries
     deferred: list[Held] = field(default_factory=list)
+    #: the messages the intake handed over, by the entry id they are held under, in order
+    taken: dict[str, TakenMessage] = field(default_factory=dict)
 
     def ops(self) -> list[Commit | Quarantine]:
         return [p.commit for p in self.plans] + [i.op for i in self.isolations]
+
+    def applied(self) -> list[TakenMessage]:
+        """The messages handed over that the commit applies (the deferred ones it does not)."""
+        deferred = {held.entry_id for held in self.deferred}
+        return [m for entry_id, m in self.taken.items() if entry_id not in deferred]
+
+    def markers(self) -> Markers | None:
+        """The dedupe markers the commit sets for the messages it applies."""
+        applied = self.applied()
+        if not applied:
+            return None
+        items = tuple((m.digest, m.dup) for m in applied if m.digest is not None)
+        return Markers(applied[0].ingress_token, items)
 
 
 class Processor:
@@ -528,6 +556,7 @@ class Processor:
         clock: Clock,
         transition: Transition,
         effects: EffectRunner,
+        handoff: Handoff,
         outbox: OutboxPublisher,
         journal: Journal,
         rejections: Rejections,
@@ -542,6 +571,7 @@ class Processor:
         self._leases = leases
         self._clock = clock
         self._effects = effects
+        self._handoff = handoff
         self._outbox = outbox
         self._journal = journal
         self._rejections = rejections
@@ -560,8 +590,14 @@ class Processor:
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
         self._pending_sweep_at_s = 0.0
-        self._results_seq = 0  # numbers the results handed over, for their event ids
+        self._handed_seq = 0  # numbers the items handed over, for their event ids
         self._stream_due = False  # the last pass applied results only: read the stream next
+        #: messages handed over, kept for a later pass (their shard's recovery first, or a
+        #: stream read that may not have reached the end)
+        self._held_back: list[TakenMessage] = []
+        #: per shard, the lease token its last recovery ran under: messages handed over are
+        #: applied only then (the previous owner's pending entries come first)
+        self._recovered: dict[int, str] = {}
 
     def on_acquired(self, shard: int) -> None:
         """A shard just became ours: its pending entries and effects are redone first."""
@@ -584,6 +620,9 @@ class Processor:
         self._metrics.keep_jobs_of(held)
         self._datasets.keep_only(held)
         if not held:
+            results, messages = self._take_handed()
+            self._effects.settled(r.effect_id for r in results)  # no shard: still pending
+            self._pass_on(messages)
             self._stop.wait(0.1)
             return
         fresh = self._take_fresh(held)
@@ -592,39 +631,55 @@ class Processor:
             return
         self._apply(*self._next_read(held))
 
-    def _next_read(self, held: dict[int, str]) -> tuple[list[IngressEntry], list[LocalResult]]:
-        """The ingress entries and the effect results handed over in process to apply next.
+    def _next_read(
+        self, held: dict[int, str]
+    ) -> tuple[list[IngressEntry], list[LocalResult], list[TakenMessage]]:
+        """The ingress entries and the items handed over in process to apply next.
 
-        Results handed over are applied at once, with no Redis read; but never twice in a
-        row while the ingress waits unread. While an effect started moments ago runs, its
-        result is awaited in process (briefly, in turns with reads that do not block);
-        otherwise the read blocks in Redis, and results go through the stream meanwhile."""
-        results = self._effects.take_results()
-        if results and not self._stream_due:
+        Results handed over alone are applied at once, with no Redis read; but never twice
+        in a row while the ingress waits unread. Messages handed over come with a read that
+        does not block, and wait for the next one when this one may not have reached the
+        end of the stream (what the intake appended before them comes first). While an
+        effect started moments ago runs, its result is awaited in process (briefly, in turns
+        with reads that do not block); otherwise the read blocks in Redis, and whatever is
+        handed over meanwhile goes through the stream."""
+        results, messages = self._take_handed()
+        if results and not messages and not self._stream_due:
             self._stream_due = True
-            return [], results
+            return [], results, []
         self._stream_due = False
         block_ms = 0
-        if not results:
+        if not results and not messages:
             if self._effects.expecting():
-                if self._effects.wait_results(RESULT_WAIT_S):
-                    self._stream_due = True
-                    return [], self._effects.take_results()
-            elif self._effects.begin_blocking():
+                if self._handoff.wait(RESULT_WAIT_S):
+                    results, messages = self._take_handed()
+                    if not messages:
+                        self._stream_due = True
+                        return [], results, []
+            elif self._handoff.begin_blocking():
                 block_ms = READ_BLOCK_MS
             else:
-                results = self._effects.take_results()
+                results, messages = self._take_handed()
         try:
             entries = self._ingress.read(
                 sorted(held), count=READ_BATCH, block_ms=block_ms, pending=False
             )
         except BaseException:
             self._effects.settled(r.effect_id for r in results)  # dropped: still pending
+            self._held_back = messages
             raise
         finally:
             if block_ms:
-                self._effects.end_blocking()
-        return entries, results
+                self._handoff.end_blocking()
+        if len(entries) >= READ_BATCH:
+            self._held_back, messages = messages, []
+        return entries, results, messages
+
+    def _take_handed(self) -> tuple[list[LocalResult], list[TakenMessage]]:
+        """What was handed over, after the messages held back from an earlier pass."""
+        results, messages = self._handoff.take()
+        held_back, self._held_back = self._held_back, []
+        return results, held_back + messages
 
     def _take_fresh(self, held: dict[int, str]) -> list[int]:
         """Shards to recover now: the newly acquired ones, or every held one once per lease
@@ -680,9 +735,7 @@ class Processor:
                 progress()
                 # only shards still ours: a lost one's entries stay pending for its new owner
                 readable = [s for s in self._still_ours(shards) if s not in stuck]
-                entries = self._ingress.read(
-                    readable, count=READ_BATCH, block_ms=0, pending=True
-                )
+                entries = self._ingress.read(readable, count=READ_BATCH, block_ms=0, pending=True)
                 if not entries:
                     break
                 for shard in {entry.shard for entry in entries} - replayed:
@@ -691,6 +744,7 @@ class Processor:
                 stuck |= self._apply(entries)
             # the tokens before the read: an intent pending then is pending under them
             tokens = {shard: self._leases.token(shard) for shard in self._still_ours(shards)}
+            self._recovered.update((s, t) for s, t in tokens.items() if t is not None)
             for shard, intents in self._outboxes.pending_effects(list(tokens)).items():
                 token = tokens[shard]
                 for effect_id, data in intents.items():
@@ -707,17 +761,27 @@ class Processor:
 
     # ------------------------------------------------------------ one read
     def _apply(
-        self, entries: list[IngressEntry], results: Sequence[LocalResult] = ()
+        self,
+        entries: list[IngressEntry],
+        results: Sequence[LocalResult] = (),
+        messages: Sequence[TakenMessage] = (),
     ) -> set[int]:
-        """Apply a read's entries and the effect results handed over in process, every owned
-        shard's commits in one round trip; the shards whose events failed (their entries
-        stay pending, the intents of their results too).
+        """Apply a read's entries and the items handed over in process, every owned shard's
+        commits in one round trip; the shards whose events failed (their entries stay
+        pending, the intents of their results too, their messages are held back).
 
         Each result handed over is settled (`EffectRunner.settled`) once its commit is done
         or its fate is unknown: its intent, if still pending in Redis, runs again when
         recovery finds it."""
         try:
-            return self._apply_batches(self._batches(entries, results))
+            batches, gone = self._batches(entries, results, messages)
+            try:
+                failed = self._apply_batches(batches)
+            except BaseException:
+                self._held_back += gone
+                raise
+            self._pass_on(gone)  # messages of shards no longer held: for their next owner
+            return failed
         finally:
             self._effects.settled(r.effect_id for r in results)
 
@@ -728,14 +792,23 @@ class Processor:
             self._load_missing(batches)
             ran = [batch for batch in batches if self._run_shard(batch)]
             failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
+            # a failed shard's messages become entries, pending like its others
+            stuck = [m for b in batches if b.shard in failed for m in b.taken.values()]
             batches = ran
+            self._pass_on(stuck)
             failpoints.hit("process-before-commit")
             if any(p.commit.retire for b in batches for p in b.plans):
                 failpoints.hit("result-before-commit")  # an effect ran; its result waits here
-            outcomes = self._stored.commit([(b.shard, b.token, b.ops()) for b in batches])
+            markers = {b.shard: m for b in batches if (m := b.markers()) is not None}
+            outcomes = self._stored.commit(
+                [(b.shard, b.token, b.ops()) for b in batches], markers=markers
+            )
         except BaseException as e:
             for batch in batches:
                 self._states.forget(batch.shard)  # its fate unknown: Redis is the truth
+                # applied or not: as redeliveries, their markers tell which
+                self._held_back += [dataclasses.replace(m, dup=True) for m in batch.applied()]
+                self._held_back += [batch.taken[h.entry_id] for h in batch.deferred if h.taken]
             if isinstance(e, StoreUnavailable):
                 with self._fresh_lock:  # the commit may or may not have happened
                     self._fresh.update(batch.shard for batch in batches)
@@ -744,8 +817,12 @@ class Processor:
         return failed
 
     def _batches(
-        self, entries: list[IngressEntry], results: Sequence[LocalResult]
-    ) -> list[_ShardBatch]:
+        self,
+        entries: list[IngressEntry],
+        results: Sequence[LocalResult],
+        messages: Sequence[TakenMessage],
+    ) -> tuple[list[_ShardBatch], list[TakenMessage]]:
+        """The read's shard batches, and the messages handed over of shards no longer held."""
         by_shard: dict[int, dict[str, list[Held]]] = {}
         for entry in entries:
             rkey, held = entry_event(entry)
@@ -758,6 +835,15 @@ class Processor:
                 continue  # no longer ours: the entries stay pending for the next owner
             batches.append(_ShardBatch(shard, token, self._states.of(shard, token), groups))
         by_token = {batch.shard: batch for batch in batches}
+
+        def batch_of(shard: int, token: str) -> _ShardBatch:
+            batch = by_token.get(shard)
+            if batch is None:
+                batch = _ShardBatch(shard, token, self._states.of(shard, token), {})
+                by_token[shard] = batch
+                batches.append(batch)
+            return batch
+
         for result in results:
             token = self._leases.token(result.shard)
             if token != result.token:
@@ -769,25 +855,68 @@ class Processor:
                     with self._fresh_lock:
                         self._fresh.add(result.shard)
                 continue
-            batch = by_token.get(result.shard)
-            if batch is None:
-                batch = _ShardBatch(result.shard, token, self._states.of(result.shard, token), {})
-                by_token[result.shard] = batch
-                batches.append(batch)
+            batch = batch_of(result.shard, token)
             batch.groups.setdefault(target_of(result.event), []).append(self._held(result))
-        return batches
+        gone: list[TakenMessage] = []
+        waiting: set[int] = set()  # shards with a message held back: the later ones wait too
+        for message in messages:
+            token = self._leases.token(message.shard)
+            if token is None:
+                gone.append(message)
+                continue
+            batch = batch_of(message.shard, token)
+            first = next(iter(batch.taken.values()), message)
+            if (
+                message.shard in waiting
+                or self._recovered.get(message.shard) != token
+                or first.ingress_token != message.ingress_token
+            ):
+                # its shard's recovery first, or a commit of its own (one marker token each)
+                waiting.add(message.shard)
+                self._held_back.append(message)
+                continue
+            held = self._taken_held(message, token)
+            batch.taken[held.entry_id] = message
+            batch.groups.setdefault(target_of(message.accepted.event), []).append(held)
+        return [batch for batch in batches if batch.groups], gone
 
     def _held(self, result: LocalResult) -> Held:
-        """A result handed over, held like an ingress entry; its id (for the event id that
-        effect and message ids derive from) unique to the lease token's fence and this
-        process (a token's fence is never given out twice)."""
-        self._results_seq += 1
-        fence = result.token.rpartition(":")[2]
-        entry_id = f"L{fence}.{self._results_seq}"
+        """A result handed over, held like an ingress entry (`_handed_id`)."""
+        entry_id = self._handed_id("L", result.token)
         return Held(entry_id, Accepted(event=result.event), effect_id=result.effect_id)
 
+    def _taken_held(self, message: TakenMessage, token: str) -> Held:
+        """A message handed over, held like an ingress entry (`_handed_id`)."""
+        return Held(self._handed_id("T", token), message.accepted, taken=True)
+
+    def _handed_id(self, kind: str, token: str) -> str:
+        """The id of an item handed over (for the event id that effect and message ids
+        derive from): unique to the lease token's fence and this process (a token's fence
+        is never given out twice)."""
+        self._handed_seq += 1
+        return f"{kind}{token.rpartition(':')[2]}.{self._handed_seq}"
+
+    def _pass_on(self, messages: Sequence[TakenMessage]) -> None:
+        """Append messages handed over to their shards' streams (each under the ingress
+        token it was taken in under), then acknowledge them; those not appended are held
+        back (the store unreachable: raised)."""
+        if not messages:
+            return
+        try:
+            for token in dict.fromkeys(m.ingress_token for m in messages):
+                items = [m for m in messages if m.ingress_token == token]
+                self._ingress.append_many(
+                    [(m.shard, encode_accepted(m.accepted), m.digest, m.dup) for m in items],
+                    token=token,
+                )
+                messages = [m for m in messages if m.ingress_token != token]
+                _acknowledge(items)
+        except StoreUnavailable:
+            self._held_back += [dataclasses.replace(m, dup=True) for m in messages]
+            raise
+
     def _committed(
-        self, batches: list[_ShardBatch], outcomes: list[list[list[str]] | LeaseLost]
+        self, batches: list[_ShardBatch], outcomes: list[list[list[str]] | LeaseLost | Known]
     ) -> None:
         """Keep what committed, start its effects and publish its messages, then log, count
         and dead-letter it (after: the effects and messages are what a round waits for)."""
@@ -796,6 +925,10 @@ class Processor:
             if isinstance(outcome, LeaseLost):
                 self._states.forget(batch.shard)
                 self._leases.lost(batch.shard, batch.token)
+                self._held_back += batch.taken.values()  # to the stream, for the next owner
+                continue
+            if isinstance(outcome, Known):
+                self._known(batch, outcome)
                 continue
             for p in batch.plans:
                 _remember(batch.states, p.commit)
@@ -809,13 +942,40 @@ class Processor:
                 if ids:
                     upstream.append((batch.shard, list(zip(ids, p.commit.outbox, strict=True))))
         self._outbox.send(upstream)
+        applied = [m for batch, _ in done for m in batch.applied()]
+        if applied:
+            failpoints.hit("taken-before-ack")
+            _acknowledge(applied)
         for batch, _ in done:
             self._record(batch)
         for batch, _ in done:
             for held in batch.deferred:
-                assert held.accepted is not None and held.effect_id is not None
+                assert held.accepted is not None
+                if held.taken:
+                    self._pass_on([batch.taken[held.entry_id]])
+                    continue
+                assert held.effect_id is not None
                 data = encode_accepted(held.accepted)
                 self._outboxes.complete_effect(batch.shard, batch.token, held.effect_id, data)
+
+    def _known(self, batch: _ShardBatch, known: Known) -> None:
+        """A commit refused for messages handed over that were taken in already (by another
+        ingress holder first): those are dropped and acknowledged, the rest held back, and
+        the shard recovered first (its entries of this read are pending again; its marks
+        reloaded). The shard's quarantine ops ran all the same (other scripts of its
+        transaction): their entries are out of the stream, so their dead letters are
+        written."""
+        with_marker = [m for m in batch.applied() if m.digest is not None]
+        dropped = [with_marker[i] for i in known.markers]
+        for message in dropped:
+            log.info("shard %d: a message on %s was taken in already; dropped",
+                     batch.shard, message.msg.topic)  # fmt: skip
+        _acknowledge(dropped)
+        self._held_back += [m for m in batch.taken.values() if m not in dropped]
+        self._record_isolations(batch)
+        self._states.forget(batch.shard)
+        with self._fresh_lock:
+            self._fresh.add(batch.shard)
 
     def _record(self, batch: _ShardBatch) -> None:
         """The journal, rejections, dataset health and quarantines of a committed batch."""
@@ -828,6 +988,10 @@ class Processor:
             self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
             if p.commit.clear_mark:
                 self._quarantines.ended(batch.shard, p.commit.rkey)
+        self._record_isolations(batch)
+
+    def _record_isolations(self, batch: _ShardBatch) -> None:
+        """The quarantines and dead letters of a batch's entries set aside (applied)."""
         for isolation in batch.isolations:
             self._quarantines.committed(isolation)
             for letter in isolation.letters:
@@ -850,15 +1014,13 @@ class Processor:
                 if not items:
                     continue
                 result = self._runner.plan(batch.shard, batch.token, rkey, batch.states, items)
-                if isinstance(result, Isolation) and any(i.effect_id for i in items):
-                    # newly set aside: its results go the stream's way, after the rest
-                    batch.deferred.extend(i for i in items if i.effect_id is not None)
-                    items = [i for i in items if i.effect_id is None]
+                if isinstance(result, Isolation) and any(i.in_process for i in items):
+                    # newly set aside: what was handed over goes the stream's way, after
+                    batch.deferred.extend(i for i in items if i.in_process)
+                    items = [i for i in items if not i.in_process]
                     if not items:
                         continue
-                    result = self._runner.plan(
-                        batch.shard, batch.token, rkey, batch.states, items
-                    )
+                    result = self._runner.plan(batch.shard, batch.token, rkey, batch.states, items)
                 if isinstance(result, Plan):
                     batch.plans.append(result)
                 else:
@@ -870,17 +1032,17 @@ class Processor:
         return True
 
     def _without_deferred(self, batch: _ShardBatch, rkey: str, items: list[Held]) -> list[Held]:
-        """The resource's items to plan: its results handed over are deferred to the stream
-        when its entries are set aside (quarantined, or one of them cannot be decoded), so
-        the quarantine sees them as entries like any other."""
-        if not any(i.effect_id for i in items):
+        """The resource's items to plan: what was handed over in process is deferred to the
+        stream when its entries are set aside (quarantined, or one of them cannot be
+        decoded), so the quarantine sees them as entries like any other."""
+        if not any(i.in_process for i in items):
             return items
         if self._quarantines.mark_of(batch.shard, rkey) is None and all(
             i.accepted is not None for i in items
         ):
             return items
-        batch.deferred.extend(i for i in items if i.effect_id is not None)
-        return [i for i in items if i.effect_id is None]
+        batch.deferred.extend(i for i in items if i.in_process)
+        return [i for i in items if not i.in_process]
 
     def _load_missing(self, batches: list[_ShardBatch]) -> None:
         """Read the states the cache lacks, every shard's in one round trip."""
@@ -892,6 +1054,15 @@ class Processor:
             for rkey in batch.groups:
                 if rkey not in batch.states:
                     batch.states[rkey] = loaded[rkey]
+
+
+def _acknowledge(messages: Sequence[TakenMessage]) -> None:
+    """PUBACK messages handed over, on the connections they came on, a batch per connection."""
+    by_ack: dict[Callable[[Sequence[Inbound]], None], list[Inbound]] = {}
+    for m in messages:
+        by_ack.setdefault(m.ack, []).append(m.msg)
+    for ack, msgs in by_ack.items():
+        ack(msgs)
 
 
 def _remember(states: dict[str, bytes | None], commit: Commit) -> None:

@@ -264,6 +264,13 @@ class Held:
     error: str = ""
     #: an effect's result handed over in process (no ingress entry): the intent it retires
     effect_id: str | None = None
+    #: a message the intake handed over in process (no ingress entry)
+    taken: bool = False
+
+    @property
+    def in_process(self) -> bool:
+        """Handed over in process: no ingress entry holds it."""
+        return self.effect_id is not None or self.taken
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from service.heartbeat import Clock, Heartbeats, SystemClock
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner, Executor
+from service.runtime.handoff import Handoff
 from service.runtime.intake import (
     Admission,
     GmBridge,
@@ -132,9 +133,10 @@ class Replica:
             ingress_subscribed=lambda: self.intake.subscribed,
             live=lambda: self.heartbeats.live()[0],
         )  # fmt: skip
+        self.handoff = Handoff()
         self.intake = Intake(
             config=config, ingress=self.store.ingress, leases=self.leases,
-            rejections=self.rejections,
+            rejections=self.rejections, handoff=self.handoff,
             clock=self.clock, stop=self._stop, client_factory=ingress_client_factory(config),
             admission=Admission(config=config, index=self.store.states, clock=self.clock),
             gm_factory=self._gm_factory() if config.gm_address else None,
@@ -215,12 +217,13 @@ class Replica:
             outboxes=self.store.outboxes,
             leases=self.leases, clock=self.clock, metrics=self.metrics,
             rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,
+            handoff=self.handoff,
         )  # fmt: skip
         self.processor = Processor(
             config=self.config, ingress=self.store.ingress, states=self.store.states,
             outboxes=self.store.outboxes, records=self.store.records, leases=self.leases,
             clock=self.clock,
-            transition=transition, effects=self.effects, outbox=self.outbox,
+            transition=transition, effects=self.effects, handoff=self.handoff, outbox=self.outbox,
             journal=Journal(self.metrics), rejections=self.rejections,
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip

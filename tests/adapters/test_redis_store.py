@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 import redis
 
-from service.adapters.redis_store import Commit, OutboxEntry, RedisStore
+from service.adapters.redis_store import Commit, Known, Markers, OutboxEntry, RedisStore
 from service.errors import LeaseLost, StoreUnavailable
 from service.keys import INGRESS_GROUP, NUM_SHARDS, Keys, rkey, shard_of
 from tests.servers import Server
@@ -21,9 +21,7 @@ SHARD = shard_of(JOB)
 TTL_MS = 10_000
 
 
-def commit(
-    store: RedisStore, shard: int, token: str, commits: Sequence[Commit]
-) -> list[list[str]]:
+def commit(store: RedisStore, shard: int, token: str, commits: Sequence[Commit]) -> list[list[str]]:
     """One shard's batch through the store's multi-shard commit; LeaseLost raised."""
     [outcome] = store.states.commit([(shard, token, commits)])
     if isinstance(outcome, LeaseLost):
@@ -187,7 +185,9 @@ def test_keep_state_leaves_state_and_timer_cancel(
     store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     commit(
         store,
-        SHARD, token, [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))]
+        SHARD,
+        token,
+        [Commit(JOB, None, keep_state=True, timer_due_ms=-1, ack_ids=(entry_id,))],
     )
     assert store.states.load([JOB]) == {JOB: b"state-1"}
     assert store.ingress.next_timer_ms(SHARD) is None
@@ -407,6 +407,35 @@ def test_a_shards_appends_are_one_script_run_and_a_new_marker_one_command(
     assert calls == {"evalsha": 2, "set": 2, "xadd": 3}
     got = store.ingress.read([SHARD], count=10, block_ms=0, pending=False)
     assert [e.event for e in got] == [b"a", b"b"], "in order"
+
+
+def test_a_commit_takes_messages_in_by_their_markers_and_refuses_known_ones(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    """Messages handed straight to a commit (no ingress entry) are deduplicated there as the
+    append does: a redelivery, or a message another ingress holder took in first, refuses
+    the whole commit with nothing written (a marker it set taken back), naming them."""
+    token = take_shard(store)
+
+    def run(state: bytes, markers: Markers) -> list[list[list[str]] | LeaseLost | Known]:
+        batch = [(SHARD, token, [Commit(JOB, state, history=(state,))])]
+        return store.states.commit(batch, markers={SHARD: markers})
+
+    def marker(digest: str) -> bytes | None:
+        return raw.get(store.keys.seen(SHARD, digest))
+
+    assert run(b"s1", Markers("in:1", (("d1", False), ("d2", False)))) == [[[]]]
+    assert (marker("d1"), marker("d2")) == (b"in:1", b"in:1")
+    assert 0 < raw.pttl(store.keys.seen(SHARD, "d1")) <= 60_000
+
+    assert run(b"s2", Markers("in:1", (("d3", False), ("d1", True)))) == [Known((1,))]
+    assert marker("d3") is None, "the refused commit took back the marker it set"
+    assert run(b"s2", Markers("in:2", (("d2", False),))) == [Known((0,))]
+    assert store.states.load([JOB]) == {JOB: b"s1"} and store.states.history(JOB) == [b"s1"]
+
+    # a first delivery under the same token: a second message with the same digest
+    assert run(b"s3", Markers("in:1", (("d2", False), ("d3", True)))) == [[[]]]
+    assert store.states.load([JOB]) == {JOB: b"s3"} and marker("d3") == b"in:1"
 
 
 # -- timers ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from service.heartbeat import Heartbeats, SystemClock
 from service.keys import dataset_key, shard_of
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner
+from service.runtime.handoff import Handoff, LocalResult
 from tests.wait import wait_until
 
 SHARD = shard_of(dataset_key("ns", "ds"))  # the shard of the effect's own resource
@@ -54,11 +55,28 @@ class FakeLeases:
         return self.current
 
 
+class Runner(EffectRunner):
+    """The runner with the processor's side of its hand-off."""
+
+    def __init__(self, handoff: Handoff, **parts: Any) -> None:
+        super().__init__(handoff=handoff, **parts)
+        self.handoff = handoff
+
+    def take_results(self) -> list[LocalResult]:
+        results, messages = self.handoff.take()
+        assert messages == []
+        return results
+
+    def wait_results(self, timeout_s: float) -> bool:
+        return self.handoff.wait(timeout_s)
+
+
 @pytest.fixture
-def parts() -> Iterator[tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases]]:
+def parts() -> Iterator[tuple[Runner, FakeExecutor, FakeOutboxes, FakeLeases]]:
     executor, outboxes, leases = FakeExecutor(), FakeOutboxes(), FakeLeases("r1:7")
     clock = SystemClock()
-    runner = EffectRunner(
+    runner = Runner(
+        Handoff(),
         executor=cast(Any, executor), outboxes=cast(Any, outboxes), leases=cast(Any, leases),
         clock=clock, metrics=Metrics(), rejections=cast(Any, None),
         stop=threading.Event(), heartbeats=Heartbeats(clock.monotonic_s, 10.0),
@@ -68,7 +86,7 @@ def parts() -> Iterator[tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeas
 
 
 def test_a_result_under_the_intents_token_is_handed_over_and_runs_once_until_settled(
-    parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
+    parts: tuple[Runner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
     runner, executor, outboxes, _ = parts
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
@@ -88,19 +106,19 @@ def test_a_result_under_the_intents_token_is_handed_over_and_runs_once_until_set
 
 
 def test_a_result_goes_through_the_stream_while_the_processor_blocks_in_redis(
-    parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
+    parts: tuple[Runner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
     runner, _, outboxes, _ = parts
-    assert runner.begin_blocking()
+    assert runner.handoff.begin_blocking()
     runner.submit(SHARD, WORK.id, WORK, "r1:7")
     wait_until(lambda: outboxes.completed, 5, "the result in the stream")
-    runner.end_blocking()
+    runner.handoff.end_blocking()
     assert runner.take_results() == []
     assert [(s, t, e) for s, t, e, _ in outboxes.completed] == [(SHARD, "r1:7", WORK.id)]
 
 
 def test_a_result_of_a_shard_held_under_another_token_goes_through_the_stream(
-    parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
+    parts: tuple[Runner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
     runner, _, outboxes, leases = parts
     leases.current = "r1:9"  # the shard moved and came back while the work ran
@@ -111,7 +129,7 @@ def test_a_result_of_a_shard_held_under_another_token_goes_through_the_stream(
 
 
 def test_a_result_of_a_shard_no_longer_held_is_dropped(
-    parts: tuple[EffectRunner, FakeExecutor, FakeOutboxes, FakeLeases],
+    parts: tuple[Runner, FakeExecutor, FakeOutboxes, FakeLeases],
 ) -> None:
     runner, _, outboxes, leases = parts
     leases.current = None

@@ -11,6 +11,7 @@ from service.adapters.mqtt import Inbound, MqttClient
 from service.adapters.redis_store import Ingress
 from service.config import Config
 from service.heartbeat import SystemClock
+from service.runtime.handoff import Handoff
 from service.runtime.intake import Admission, Intake
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
@@ -48,7 +49,7 @@ def test_a_slow_stop_blocks_neither_state_nor_acks() -> None:
         config=Config(node_name="edge-1"), ingress=cast(Ingress, unused),
         leases=cast(LeaseKeeper, unused), rejections=cast(Rejections, unused),
         clock=SystemClock(), stop=threading.Event(), client_factory=factory,
-        admission=cast(Admission, unused),
+        admission=cast(Admission, unused), handoff=Handoff(),
     )  # fmt: skip
     intake.on_ingress_lease(True)
     assert intake.state == "up"

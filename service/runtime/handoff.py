@@ -1,0 +1,112 @@
+"""The processor's in-process inbox: what other threads of this replica hand it directly,
+instead of through a shard's ingress stream in Redis.
+
+Two kinds of items come this way, both for shards this replica holds:
+
+- an effect's result (`LocalResult`), from the effect runner: the commit that applies it
+  retires its intent;
+- a message the intake took in (`TakenMessage`), first delivered over MQTT: the commit that
+  applies it sets its dedupe marker, and only then is it acknowledged to the broker.
+
+Either saves a Redis round trip (the append, then the processor's read) and the event's
+encoding for the stream. While the processor blocks in its Redis read it cannot be woken
+in process: `offer` then refuses, and the item takes the stream, whose append ends that
+read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from service.adapters.mqtt import Inbound
+from service.core.events import Event
+
+if TYPE_CHECKING:  # the intake hands messages over through this module
+    from service.runtime.intake import Accepted
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """An intent's result handed to this replica's processor: applied in the commit that
+    retires the intent, fenced by ``token``, the lease token the intent was pending under
+    when it was submitted (the processor drops the result under any other token)."""
+
+    shard: int
+    token: str
+    effect_id: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class TakenMessage:
+    """A message the intake took in, handed to the processor instead of being appended.
+
+    ``digest`` names it for deduplication (its marker is set by the commit that applies
+    it, under ``ingress_token``, the ingress lease token it was taken in under); ``ack``
+    sends its PUBACK on the connection it came on, once that commit is durable."""
+
+    shard: int
+    accepted: Accepted
+    digest: str | None
+    dup: bool
+    ingress_token: str
+    msg: Inbound
+    ack: Callable[[Sequence[Inbound]], None]
+
+
+class Handoff:
+    """Thread-safe: offered by the intake and the effect runner, taken by the processor."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._results: list[LocalResult] = []
+        self._messages: list[TakenMessage] = []
+        self._blocking = False
+
+    def offer_result(self, result: LocalResult) -> bool:
+        """Hand a result over; False when the processor blocks in Redis (take the stream)."""
+        with self._lock:
+            if self._blocking:
+                return False
+            self._results.append(result)
+            self._ready.notify_all()
+            return True
+
+    def offer_messages(self, messages: Sequence[TakenMessage]) -> bool:
+        """Hand messages over, in order; False when the processor blocks in Redis."""
+        with self._lock:
+            if self._blocking:
+                return False
+            self._messages.extend(messages)
+            self._ready.notify_all()
+            return True
+
+    def take(self) -> tuple[list[LocalResult], list[TakenMessage]]:
+        """Everything handed over since the last call, in order."""
+        with self._lock:
+            results, self._results = self._results, []
+            messages, self._messages = self._messages, []
+            return results, messages
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for anything to be handed over; whether it is there."""
+        with self._ready:
+            return self._ready.wait_for(lambda: bool(self._results or self._messages), timeout_s)
+
+    def begin_blocking(self) -> bool:
+        """The processor is about to block in its Redis read: from now on offers are refused
+        (their items take the stream, which ends the read). False, and nothing changes, if
+        items wait."""
+        with self._lock:
+            if self._results or self._messages:
+                return False
+            self._blocking = True
+            return True
+
+    def end_blocking(self) -> None:
+        with self._lock:
+            self._blocking = False
