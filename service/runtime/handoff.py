@@ -10,8 +10,9 @@ Two kinds of items come this way, both for shards this replica holds:
 
 Either saves a Redis round trip (the append, then the processor's read) and the event's
 encoding for the stream. While the processor blocks in its Redis read it cannot be woken
-in process: `offer` then refuses, and the item takes the stream, whose append ends that
-read.
+in process, and while Redis fails it cannot commit: the offer is then refused, and the item
+takes the stream, whose append ends that read (or is retried until Redis answers, the
+message held unacknowledged meanwhile).
 """
 
 from __future__ import annotations
@@ -66,20 +67,23 @@ class Handoff:
         self._results: list[LocalResult] = []
         self._messages: list[TakenMessage] = []
         self._blocking = False
+        self._closed = False  # the processor's last pass failed on Redis
 
     def offer_result(self, result: LocalResult) -> bool:
-        """Hand a result over; False when the processor blocks in Redis (take the stream)."""
+        """Hand a result over; False when the processor blocks in Redis or cannot commit
+        (then the result takes the stream)."""
         with self._lock:
-            if self._blocking:
+            if self._blocking or self._closed:
                 return False
             self._results.append(result)
             self._ready.notify_all()
             return True
 
     def offer_messages(self, messages: Sequence[TakenMessage]) -> bool:
-        """Hand messages over, in order; False when the processor blocks in Redis."""
+        """Hand messages over, in order; False when the processor blocks in Redis or cannot
+        commit."""
         with self._lock:
-            if self._blocking:
+            if self._blocking or self._closed:
                 return False
             self._messages.extend(messages)
             self._ready.notify_all()
@@ -110,3 +114,13 @@ class Handoff:
     def end_blocking(self) -> None:
         with self._lock:
             self._blocking = False
+
+    def close(self) -> None:
+        """The processor's pass failed on Redis: offers are refused until `open`."""
+        with self._lock:
+            self._closed = True
+
+    def open(self) -> None:
+        """The processor's pass went through: offers are taken again."""
+        with self._lock:
+            self._closed = False

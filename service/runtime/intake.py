@@ -47,8 +47,8 @@ module's order:
   trip, then acknowledged. A batch's first deliveries for shards this replica holds are
   handed to its processor instead (`service.runtime.handoff`), unless it waits in its Redis
   read: the commit that applies them makes them durable, and they are acknowledged after it.
-
 """
+
 
 import hashlib
 import logging

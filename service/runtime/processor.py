@@ -611,7 +611,10 @@ class Processor:
             # Redis may be restarting and come back having lost its last writes (an AOF
             # fsynced every second): only what it holds then is the truth
             self._states.clear()
+            # what is handed over meanwhile takes the stream's way, and its retries
+            self._handoff.close()
             raise
+        self._handoff.open()
 
     def _process_owned(self) -> None:
         held = self._leases.held()
