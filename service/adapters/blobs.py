@@ -98,10 +98,7 @@ def ascending_runs(ranges: Sequence[SampleRange]) -> list[list[SampleRange]]:
 
 class RoundWriter:
     """Writes the csv header once, then sample lines (and their index entries), refusing to
-    write more than ``max_bytes`` in all.
-
-    A clean block is lent to the data file's writer, not copied (see `copy_run`): it must
-    stay as it is until the writer's next call returns, which `end_of_batch` sees to."""
+    write more than ``max_bytes`` in all."""
 
     def __init__(
         self, data: PipelinedWriter, index: BinaryIO | None, needs_header: bool, max_bytes: int
@@ -112,7 +109,6 @@ class RoundWriter:
         self._data = data
         self._index = index
         self._max_bytes = max_bytes
-        self._called = False  # whether the data file's writer was called for this batch
 
     def _count(self, size: int) -> None:
         self.bytes += size
@@ -122,10 +118,9 @@ class RoundWriter:
                 "(LIFELONG_MAX_ROUND_BYTES); nothing was written"
             )
 
-    def _put(self, data: Chunk, *, lent: bool = False) -> None:
+    def _put(self, data: Chunk) -> None:
         self._count(len(data))
-        self._data.write(data, lent=lent)
-        self._called = True
+        self._data.write(data)
 
     def header(self, line: bytes) -> None:
         self._put(line + b"\n")
@@ -140,21 +135,12 @@ class RoundWriter:
         self.written += len(lines)
 
     def clean(self, body: Chunk, count: int) -> None:
-        """``count`` samples as newline-terminated lines with no empty one: already output.
-        ``body`` is lent (see the class)."""
+        """``count`` samples as newline-terminated lines with no empty one: already output."""
         if self._index is not None:
             self.samples(sample_lines(body))
             return
-        self._put(body, lent=True)
+        self._put(body)
         self.written += count
-
-    def end_of_batch(self) -> None:
-        """The scanner is about to read again. If the data file's writer was not called for
-        this batch, a block lent before may still be in flight, from the buffer the next
-        read overwrites: it lands first."""
-        if not self._called:
-            self._data.wait()
-        self._called = False
 
 
 def _take(
@@ -223,18 +209,13 @@ def copy_run(
     of ranges; lines over ``max_line`` bytes are refused."""
     i = 0
     with source.range(0) as read_into:
-        # two buffers: a clean block is written from one, lent, while the next is read into
-        # the other and scanned
-        scanner = SampleScanner(
-            fmt, expected_bytes=source.size, max_line=max_line, source=url, two_buffers=True
-        )
+        scanner = SampleScanner(fmt, expected_bytes=source.size, max_line=max_line, source=url)
         for batch in iter_batches(read_into, scanner):
             if writer.needs_header and scanner.header is not None:
                 writer.header(scanner.header)
             i = _take(batch, run, i, writer, scanner.census)
             if i >= len(run) and not writer.needs_header:
                 return
-            writer.end_of_batch()
 
 
 def prune(files: LocalFiles, phase_dir: str, keep: Callable[[int], bool]) -> list[int]:

@@ -44,8 +44,7 @@ class SampleBatch:
 
     ``body`` is b"\\n"-terminated lines with CRLF folded; it may still contain empty lines
     (``sample_lines`` drops them) and never contains the csv header. It is usually a view of
-    the scanner's buffer: valid until the scanner's next ``read_from`` (the one after that,
-    for a scanner with two buffers).
+    the scanner's buffer: valid until the scanner's next ``read_from``.
     """
 
     first: int
@@ -126,9 +125,7 @@ class SampleScanner:
     ``keep_lines=False`` (counting only) a long partial line is shortened to two bytes, which
     keeps its emptiness verdict, so one endless line cannot grow memory. Either way, a line
     longer than ``max_line`` bytes (its newline not counted; at least one block) raises
-    ``Refused`` naming ``source`` and where the line starts. With ``two_buffers``, blocks
-    are read into two buffers in turn, so a batch's body stays as it is until the read
-    after next: one batch can be written out while the next is read and scanned.
+    ``Refused`` naming ``source`` and where the line starts.
     """
 
     def __init__(
@@ -143,7 +140,6 @@ class SampleScanner:
         expected_bytes: int | None = None,
         max_line: int = DEFAULT_MAX_LINE_BYTES,
         source: str = "the dataset",
-        two_buffers: bool = False,
     ) -> None:
         if max_line < BLOCK_BYTES:
             raise ValueError(f"a line cap of {max_line} bytes is below one block ({BLOCK_BYTES})")
@@ -160,10 +156,6 @@ class SampleScanner:
         self._recent = self.tail
         self._position = offset
         self._buf = bytearray()
-        # the buffers read into in turn (one, or two with two_buffers); _buf is the current
-        self._buffers = [self._buf, bytearray()] if two_buffers else [self._buf]
-        self._turn = 0
-        self._holds_batch = False  # whether the last read completed a batch
         self._carry_at = 0  # the partial last line is _buf[_carry_at : _carry_at + _carry_len]
         self._carry_len = 0
         self._keep_lines = keep_lines
@@ -176,8 +168,8 @@ class SampleScanner:
         """Read the next block; return its size (0 at the end) and the batch of lines it
         completed, if any.
 
-        The block is read straight into a reused buffer of the scanner, behind the partial
-        line left over, so no large object is allocated per block (fresh megabytes cost page
+        The block is read straight into the scanner's reused buffer, behind the partial line
+        left over, so no large object is allocated per block (fresh megabytes cost page
         faults that outweigh the scan); the batch body is a view of that buffer.
         """
         buf = self._make_room(self._block)
@@ -209,7 +201,6 @@ class SampleScanner:
         folded: Chunk = memoryview(buf)[:line_end]
         if buf.find(b"\r", 0, line_end) >= 0:  # memchr speed; most files have no CR at all
             folded = bytes(folded).replace(b"\r\n", b"\n")
-        self._holds_batch = True
         return size, self._batch(folded)
 
     def _check_line(self, length: int) -> None:
@@ -236,22 +227,15 @@ class SampleScanner:
         ]
 
     def _make_room(self, size: int) -> bytearray:
-        """Move the partial line to the front of the next buffer in turn if the last read
-        completed a batch (the batch last read into that one is done with), else of this
-        one, and make sure ``size`` more bytes fit behind it. (A long line read across many
-        blocks stays in one buffer: it is not copied over at every block.)"""
-        old, at, carry = self._buf, self._carry_at, self._carry_len
-        if self._holds_batch:
-            self._turn = (self._turn + 1) % len(self._buffers)
-            self._holds_batch = False
-        buf = self._buffers[self._turn]
+        """Move the partial line to the buffer's front (the previous batch is done with it)
+        and make sure ``size`` more bytes fit behind it."""
+        buf, at, carry = self._buf, self._carry_at, self._carry_len
         if carry + size > len(buf):
             grown = bytearray(max(carry + size, 2 * len(buf)))
-            grown[:carry] = old[at : at + carry]
-            self._buffers[self._turn] = buf = grown
-        elif at or buf is not old:
-            buf[:carry] = old[at : at + carry]
-        self._buf = buf
+            grown[:carry] = buf[at : at + carry]
+            self._buf = buf = grown
+        elif at:
+            buf[:carry] = buf[at : at + carry]
         self._carry_at = 0
         return buf
 

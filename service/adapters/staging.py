@@ -154,9 +154,7 @@ class PipelinedWriter:
 
     - Big writes run on a helper thread, so that reading and scanning the next block
       overlaps writing this one. Each is first copied into one of two reused buffers (the
-      caller's bytes are a view of a buffer its next read overwrites), unless the caller
-      lends them: it leaves them unchanged until its next call to the writer returns (a
-      round file's blocks, read into two buffers in turn: 20 MB copied less per 1M samples).
+      caller's bytes are a view of a scanner's buffer, which its next read overwrites).
     - The kernel is asked to start writing back each megabyte once it is written:
       ``POSIX_FADV_DONTNEED`` on pages still dirty only starts their writeback on Linux, so
       the closing fsync waits for the last stretch instead of the whole file (16 ms -> 11 ms
@@ -188,30 +186,25 @@ class PipelinedWriter:
                 self._helper.shutdown(wait=True)
                 self._helper = None
 
-    def write(self, data: Chunk, *, lent: bool = False) -> int:
-        """Write ``data`` after what was written before; ``lent``: the caller leaves it
-        unchanged until its next call to this writer (or the end of the with block)
-        returns, so a big write is not copied first."""
+    def write(self, data: Chunk) -> int:
         heartbeat.progress()  # a big copy is many writes: each one shows it moves
         size = len(data)
         if size < PIPELINED_MIN_BYTES:
             self.wait()
             self._written += size
             return self._file.write(data)
-        if lent:
-            view = memoryview(data)
-        else:
-            buffer = self._buffers[self._turn]
-            if len(buffer) < size:
-                buffer = self._buffers[self._turn] = bytearray(size)
-            buffer[:size] = data
-            self._turn ^= 1
-            view = memoryview(buffer)[:size]
+        buffer = self._buffers[self._turn]
+        if len(buffer) < size:
+            buffer = self._buffers[self._turn] = bytearray(size)
+        buffer[:size] = data
+        self._turn ^= 1
         self.wait()
         self._written += size
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="blob-writer")
-        self._in_flight = self._helper.submit(self._write_behind, view, self._written)
+        self._in_flight = self._helper.submit(
+            self._write_behind, memoryview(buffer)[:size], self._written
+        )
         return size
 
     def flush(self) -> None:

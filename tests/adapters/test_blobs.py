@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from service.adapters import staging
 from service.adapters.blobs import BlobStore
 from service.adapters.s3 import S3Clients, S3Location, parse_s3_url, translate
 from service.core.rounds import ModelDigest
@@ -113,33 +111,6 @@ def test_round_ranges_across_block_boundaries(store: BlobStore, tmp_path: Path) 
     src = tmp_path / "big.txt"
     src.write_bytes(b"\r\n".join(lines) + b"\r\n")
     ranges = [(100_000, 100_010), (5, 90_000), (149_990, 150_000), (90_000, 90_001)]
-    out = tmp_path / "out" / "data.txt"
-    written = write_round(store, src, out, ranges)
-    expected = [line for start, end in ranges for line in lines[start:end]]
-    assert written == len(expected)
-    assert out.read_bytes() == b"\n".join(expected) + b"\n"
-
-
-def test_a_block_written_behind_lands_before_its_buffer_is_read_into_again(
-    store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A clean block is lent to the writer, not copied, while the next one is read into the
-    scanner's other buffer; a run with a gap of blocks (nothing written while they are
-    scanned) must still wait for the lent block before its buffer is read into again. The
-    writer thread here is slow, so a block read too early would be what lands."""
-    lines = [b"line-%06d %s" % (i, b"x" * (i % 13)) for i in range(300_000)]  # ~5.7 MiB
-    src = tmp_path / "big.txt"
-    src.write_bytes(b"\n".join(lines) + b"\n")  # no CR: blocks are views of the buffers
-    write_behind = staging.PipelinedWriter._write_behind
-
-    def slow(self: staging.PipelinedWriter, data: memoryview, end: int) -> None:
-        time.sleep(0.2)
-        write_behind(self, data, end)
-
-    monkeypatch.setattr(staging.PipelinedWriter, "_write_behind", slow)
-    # the third block, then a block with nothing to write, then the third block's buffer
-    # read into again (both buffers have grown to their size by then)
-    ranges = [(110_000, 150_000), (280_000, 280_010)]
     out = tmp_path / "out" / "data.txt"
     written = write_round(store, src, out, ranges)
     expected = [line for start, end in ranges for line in lines[start:end]]
