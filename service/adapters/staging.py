@@ -156,9 +156,9 @@ class PipelinedWriter:
       and hashing the next block overlaps writing this one. Each is first copied into one
       of two reused buffers (the caller's bytes are a view of a buffer its next read
       overwrites). Without (a round file), they are made on the caller's thread: scanning
-      a block costs less than writing it, and handing 1 MB blocks to another thread cost
-      more CPU here (cross-core hand-offs: 15-24 ms per 20 MB instead of 13) than the
-      overlap saved (none measurable on 2 shared cores).
+      a block costs less than writing it, and handing each 1 MB block to another thread
+      cost more here than the overlap saved (15-24 ms of CPU per 20 MB instead of 13, for
+      no wall time measurably saved on 2 shared cores).
     - The kernel is asked to start writing back each megabyte once it is written:
       ``POSIX_FADV_DONTNEED`` on pages still dirty only starts their writeback on Linux, so
       the closing fsync waits for the last stretch instead of the whole file (16 ms -> 11 ms

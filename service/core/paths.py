@@ -272,7 +272,8 @@ class DataRoots:
         found: tuple[str, tuple[str, ...]] | None = None
         for root in self.roots:
             root_parts = segments(root)
-            beneath = root_parts is not None and parts[: len(root_parts)] == root_parts
-            if beneath and (found is None or len(root_parts or ()) > len(found[1])):
-                found = root, root_parts or ()
+            if root_parts is None or parts[: len(root_parts)] != root_parts:
+                continue
+            if found is None or len(root_parts) > len(found[1]):
+                found = root, root_parts
         return None if found is None else (found[0], parts[len(found[1]) :])
