@@ -187,7 +187,7 @@ def round_writer(
     ``max_bytes`` together."""
     with ExitStack() as stack:
         data_file = stack.enter_context(staging.staged(data_url, cred))
-        data = stack.enter_context(PipelinedWriter(data_file))
+        data = stack.enter_context(PipelinedWriter(data_file, behind=False))
         index = None
         if index_url is not None:
             index = stack.enter_context(staging.staged(index_url, cred))

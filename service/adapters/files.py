@@ -167,11 +167,10 @@ class LocalFiles:
         """The root to start from and the components below it; ``NotAllowed`` by the
         policy."""
         problem = self._roots.disk_problem(path)
-        root = self._roots.root_of(path)
-        parts, root_parts = segments(path), segments(root or "")
-        if problem is not None or root is None or parts is None or root_parts is None:
+        found = self._roots.locate(path)
+        if problem is not None or found is None:
             raise NotAllowed(problem or f"{path} is not under a data root")
-        return root, parts[len(root_parts) :]
+        return found
 
     def _open_beneath(self, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
         """A descriptor of the directory ``names`` beneath ``root``, opened in one call
@@ -191,7 +190,7 @@ class LocalFiles:
             return self._walk(root, names, create=create)
         parent, _ = self._open_beneath(root, names[:-1], create=True)
         try:
-            return _open_step(parent, root, names, create=True)
+            return _open_step(parent, root, names, create=True, missing=True)
         finally:
             os.close(parent)
 
@@ -241,13 +240,15 @@ def _descend(
     return fd, made
 
 
-def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) -> tuple[int, bool]:
+def _open_step(
+    parent: int, root: str, names: tuple[str, ...], *, create: bool, missing: bool = False
+) -> tuple[int, bool]:
     """The directory ``names[-1]`` in ``parent`` (the directory ``names[:-1]`` beneath
     ``root``), made first if missing and ``create``, and whether it was made; ``NotAllowed``
-    if it is no directory."""
+    if it is no directory. ``missing``: see `_open_dir`."""
     name = names[-1]
     try:
-        return _open_dir(parent, name, create=create)
+        return _open_dir(parent, name, create=create, missing=missing)
     except OSError as e:
         if e.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
@@ -255,16 +256,20 @@ def _open_step(parent: int, root: str, names: tuple[str, ...], *, create: bool) 
         raise _not_wanted(posixpath.join(root, *names), mode, "a directory") from e
 
 
-def _open_dir(parent: int, name: str, *, create: bool) -> tuple[int, bool]:
+def _open_dir(
+    parent: int, name: str, *, create: bool, missing: bool = False
+) -> tuple[int, bool]:
     """A descriptor of the directory ``name`` in ``parent`` (never through a symlink),
     made first if missing and ``create``, and whether this call made it. Opened first:
     every round writes into directories that mostly exist already, and a mkdir that fails
-    with EEXIST costs as much as one that succeeds."""
-    try:
-        return os.open(name, _OPEN_DIR, dir_fd=parent), False
-    except FileNotFoundError:
-        if not create:
-            raise
+    with EEXIST costs as much as one that succeeds; but made first when ``missing`` (with
+    ``create``: it was found missing a moment ago, so an open would fail)."""
+    if not (missing and create):
+        try:
+            return os.open(name, _OPEN_DIR, dir_fd=parent), False
+        except FileNotFoundError:
+            if not create:
+                raise
     try:
         os.mkdir(name, dir_fd=parent)
     except FileExistsError:  # another writer made it meanwhile

@@ -263,7 +263,17 @@ class DataRoots:
         """``problem`` for a path that already carries the volume prefix."""
         return outside_roots(path, self.roots, self.prefix)
 
-    def root_of(self, path: str) -> str | None:
-        """The innermost root ``path`` lies under (where a walk down to it starts)."""
-        under = [root for root in self.roots if is_beneath(path, root)]
-        return max(under, key=lambda root: len(segments(root) or ()), default=None)
+    def locate(self, path: str) -> tuple[str, tuple[str, ...]] | None:
+        """The innermost root ``path`` lies under (where a walk down to it starts) and the
+        components of ``path`` below it; None if it lies under no root."""
+        parts = segments(path)
+        if parts is None:
+            return None
+        found: tuple[str, tuple[str, ...]] | None = None
+        for root in self.roots:
+            root_parts = segments(root)
+            if root_parts is None or parts[: len(root_parts)] != root_parts:
+                continue
+            if found is None or len(root_parts) > len(found[1]):
+                found = root, root_parts
+        return None if found is None else (found[0], parts[len(found[1]) :])

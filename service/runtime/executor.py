@@ -275,6 +275,8 @@ class Executor:
         """Remove the data files of this phase's rounds older than the newest
         ``rounds_kept``, but for those the job keeps (deployed, or a rollback target)."""
         oldest = work.version - self._rounds_kept + 1
+        if oldest <= 0:
+            return  # every round (its version a directory name, >= 0) is among the newest
         removed = self._blobs.prune_rounds(work.data_url, lambda v: v >= oldest or v in work.keep)
         if removed:
             log.info(

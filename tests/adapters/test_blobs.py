@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
+from service.adapters import staging
 from service.adapters.blobs import BlobStore
 from service.adapters.s3 import S3Clients, S3Location, parse_s3_url, translate
 from service.core.rounds import ModelDigest
@@ -116,6 +117,28 @@ def test_round_ranges_across_block_boundaries(store: BlobStore, tmp_path: Path) 
     expected = [line for start, end in ranges for line in lines[start:end]]
     assert written == len(expected)
     assert out.read_bytes() == b"\n".join(expected) + b"\n"
+
+
+def test_a_round_file_is_written_on_the_calling_thread(
+    store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes and the writeback they start stay on the thread that scans (no hand-off to a
+    helper thread per block); the writeback is still started as the file grows."""
+    lines = [b"line-%06d" % i for i in range(400_000)]  # ~4.2 MiB: a few blocks
+    src = tmp_path / "big.txt"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    threads: list[str] = []
+    fadvise = staging.os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        threads.append(threading.current_thread().name)
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(staging.os, "posix_fadvise", record)
+    out = tmp_path / "out" / "data.txt"
+    assert write_round(store, src, out, [(0, 400_000)]) == 400_000
+    assert out.read_bytes() == src.read_bytes()
+    assert len(threads) >= 2 and set(threads) == {threading.current_thread().name}
 
 
 def test_round_past_the_end_writes_what_exists(

@@ -602,6 +602,32 @@ def test_openat2_follows_no_link_anywhere_on_the_path(tmp_path: Path) -> None:
         assert refused.value.errno == errno.ELOOP
 
 
+def test_a_new_round_dir_is_made_without_an_open_that_fails_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each round writes into a new version directory: openat2 found it missing, so it is
+    made at once, not opened in vain first (an open that fails costs as much as a mkdir)."""
+    if files_module.kernel_openat2() is None:
+        pytest.skip("this kernel has no openat2 (paths are walked)")
+    files = LocalFiles(DataRoots(roots=(str(tmp_path),)))
+    (tmp_path / "out" / "data" / "eval").mkdir(parents=True)
+    failed: list[str] = []
+    real_open = os.open
+
+    def open_(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        try:
+            return real_open(path, flags, mode, dir_fd=dir_fd)
+        except FileNotFoundError:
+            failed.append(path)
+            raise
+
+    monkeypatch.setattr(os, "open", open_)
+    with files.directory(str(tmp_path / "out" / "data" / "eval" / "7"), create=True) as (_, made):
+        assert made
+    assert (tmp_path / "out" / "data" / "eval" / "7").is_dir()
+    assert failed == []
+
+
 @WAYS
 def test_dot_dot_and_missing_roots(tmp_path: Path, in_one_call: bool) -> None:
     """'..' never climbs out of a root; a root that does not exist yet is made on a write."""

@@ -104,3 +104,29 @@ def test_writeback_is_started_once_per_stretch_written(tmp_path: Path) -> None:
     assert calls and calls[0][0] == 0
     assert all(offset == end for (offset, _), end in zip(calls[1:], ends, strict=False))
     assert all(length >= block for _, length in calls)
+
+
+def test_without_behind_big_writes_are_made_on_the_callers_thread(tmp_path: Path) -> None:
+    """A round file's writer: each write done when the call returns, writeback still
+    started per stretch written."""
+    threads: list[str] = []
+    real = pipelining.os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(fd, offset, length, advice)
+
+    out = tmp_path / "out.bin"
+    block = pipelining.BLOCK_BYTES
+    with (
+        mock.patch.object(pipelining.os, "posix_fadvise", side_effect=record),
+        open(out, "wb") as file,
+        PipelinedWriter(file, behind=False) as pipelined,
+    ):
+        for i in range(3):
+            scratch = bytearray(bytes([i]) * block)
+            pipelined.write(memoryview(scratch))
+            scratch[:] = b"\xff" * block  # written already: changing it changes nothing
+        file.flush()
+        assert out.read_bytes() == b"".join(bytes([i]) * block for i in range(3))
+    assert threads == [threading.current_thread().name] * 3

@@ -157,11 +157,13 @@ def test_data_roots_check_worker_visible_urls() -> None:
     assert "system directory /etc" in (mounted.problem("/etc") or "")
     assert "file system root" in (mounted.problem("/") or "")
     assert mounted.problem("s3://bkt/etc") is None  # not a local path
-    assert mounted.root_of("/rootfs/output") == "/rootfs"
+    assert mounted.locate("/rootfs/output") == ("/rootfs", ("output",))
     nested = DataRoots(roots=("/", "/data", "/data/jobs"))
-    assert nested.root_of("/data/jobs/j/x") == "/data/jobs"
-    assert nested.root_of("/database") == "/"
-    assert DataRoots(roots=("/data",)).root_of("/srv") is None
+    assert nested.locate("/data/jobs/j/x") == ("/data/jobs", ("j", "x"))
+    assert nested.locate("/data/jobs") == ("/data/jobs", ())
+    assert nested.locate("/database") == ("/", ("database",))
+    assert DataRoots(roots=("/data",)).locate("/srv") is None
+    assert DataRoots(roots=("/data",)).locate("/data/../srv") is None
 
 
 def test_claim_dir_is_the_one_spelling_on_disk() -> None:

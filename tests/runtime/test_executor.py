@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,34 @@ def test_write_round_streams_the_ranges_and_reports_written(
     )  # fmt: skip
     assert executor.run(work, 0) == RoundWritten(namespace=NS, name="j", phase="train", version=1)
     assert data.read_text().splitlines() == ["s2", "s3", "s7", "s8"]
+
+
+def test_write_round_removes_the_rounds_older_than_the_newest_kept(
+    executor: Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "d.txt"
+    source.write_text("s0\n")
+    phase = tmp_path / "out" / "data" / "train"
+    listed: list[str] = []
+    prune_rounds = BlobStore.prune_rounds
+
+    def spy(self: BlobStore, data_url: str, keep: Callable[[int], bool]) -> list[int]:
+        listed.append(data_url)
+        return prune_rounds(self, data_url, keep)
+
+    monkeypatch.setattr(BlobStore, "prune_rounds", spy)
+    for version in range(1, 6):
+        work = WriteRound(
+            id=f"e/{version}", namespace=NS, name="j", phase="train", version=version,
+            dataset="ds", source_url=str(source), format="txt", ranges=((0, 1),),
+            data_url=str(phase / str(version) / "data.txt"),
+        )  # fmt: skip
+        assert executor.run(work, 0) == RoundWritten(
+            namespace=NS, name="j", phase="train", version=version
+        )
+    assert sorted(p.name for p in phase.iterdir()) == ["3", "4", "5"]  # 3 kept by default
+    # the first rounds, with no round older than the kept ones, list nothing
+    assert listed == [str(phase / str(version) / "data.txt") for version in (3, 4, 5)]
 
 
 def test_write_round_of_a_missing_dataset_reports_why(executor: Executor, tmp_path: Path) -> None:
