@@ -16,7 +16,8 @@ the Redis master) while the controller sits exactly at that step.
 Points (docs/reliability.md): ``intake-before-durable``, ``intake-before-ack``,
 ``process-before-commit``, ``result-before-commit`` (an effect's result handed over in
 process, before the commit that applies it), ``process-before-effects``, ``taken-before-ack``
-(a message the intake handed over in process, committed and not yet acknowledged),
+(a message the intake handed over in process, committed and not yet acknowledged: the moment
+``intake-before-ack`` also stops at, for such a message),
 ``outbox-before-publish``, ``blob-mid-write``, ``blob-mid-copy``.
 """
 

@@ -802,6 +802,8 @@ class Intake:
             # never redelivers, and re-sends a resource on purpose: no marker is needed.
             digest = None if msg.topic == GM_TOPIC else _digest(msg)
             accepted.append((msg, shard_of(target_of(event.event)), event, digest))
+        if accepted:  # decoded, handed over or appended next: not yet in Redis
+            failpoints.hit("intake-before-durable")
         appended = self._hand_over(accepted)
         if appended and self._append(appended):
             failpoints.hit("intake-before-ack")
@@ -835,7 +837,6 @@ class Intake:
     def _append(self, accepted: list[tuple[Inbound, int, bytes, str | None]]) -> bool:
         """Make the batch durable; False when stopping first (then it is not acknowledged,
         and the broker redelivers it to the next holder)."""
-        failpoints.hit("intake-before-durable")
         retry = False
         while not self._stop.is_set():
             progress()  # waiting for Redis is not a stall of this thread

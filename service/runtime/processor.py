@@ -948,6 +948,7 @@ class Processor:
         applied = [m for batch, _ in done for m in batch.applied()]
         if applied:
             failpoints.hit("taken-before-ack")
+            failpoints.hit("intake-before-ack")  # the same moment, for messages handed over
             _acknowledge(applied)
         for batch, _ in done:
             self._record(batch)
