@@ -19,7 +19,6 @@ Mappings typed as free-form (`dict[str, Any]`: pod templates, annotations) are n
 import base64
 import binascii
 import difflib
-import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -453,11 +452,16 @@ def unknown_fields(value: object, type_: type[Any], path: str = "$") -> list[Unk
     return list(_walk(value, _type_info(type_), path))
 
 
-@functools.cache
-def _type_info(type_: Any) -> msgspec.inspect.Type:
+_TYPE_INFO: dict[object, msgspec.inspect.Type] = {}
+
+
+def _type_info(type_: object) -> msgspec.inspect.Type:
     """`msgspec.inspect.type_info`, once per type: it evaluates every annotation of the
     type's structs again on each call (about a millisecond for a job's spec)."""
-    return msgspec.inspect.type_info(type_)
+    info = _TYPE_INFO.get(type_)
+    if info is None:
+        info = _TYPE_INFO[type_] = msgspec.inspect.type_info(type_)
+    return info
 
 
 def unknown_spec_fields(obj: Mapping[str, Any]) -> list[UnknownField]:
