@@ -173,6 +173,10 @@ class Quarantine:
     retry_at_ms: int | None = None
 
 
+#: How long a message's dedupe marker lives: one lifetime for the markers an append sets and
+#: those a commit of messages handed over in process sets, since either checks the other's.
+DEDUPE_TTL_MS = 60_000
+
 #: On a Cluster one blocking read cannot span shards (they live in different slots): an
 #: idle read polls every owned shard, then blocks on one of them (in turn) this long.
 CLUSTER_BLOCK_MS = 50
@@ -215,7 +219,7 @@ class Ingress(_StreamReads):
         self,
         items: Sequence[tuple[int, bytes, str | None, bool]],
         *,
-        dedupe_ttl_ms: int = 60_000,
+        dedupe_ttl_ms: int = DEDUPE_TTL_MS,
         token: str = "",
     ) -> list[str | None]:
         """Append (shard, event, dedupe, dup) items, in one round trip (one script run per
@@ -250,7 +254,7 @@ class Ingress(_StreamReads):
         *,
         dedupe: str | None = None,
         dup: bool = False,
-        dedupe_ttl_ms: int = 60_000,
+        dedupe_ttl_ms: int = DEDUPE_TTL_MS,
         token: str = "",
     ) -> str | None:
         """Append one event, as `append_many` does: its entry id, or None when taken in already."""
@@ -439,7 +443,7 @@ class States:
         batches: Sequence[tuple[int, str, Sequence[Commit | Quarantine]]],
         *,
         markers: Mapping[int, Markers] | None = None,
-        dedupe_ttl_ms: int = 60_000,
+        dedupe_ttl_ms: int = DEDUPE_TTL_MS,
     ) -> list[list[list[str]] | LeaseLost | Known]:
         """Apply (shard, token, commits) batches, every shard's in one round trip.
 
