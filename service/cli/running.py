@@ -6,6 +6,7 @@ optionally on its own broker and Redis), `lifelong worker` (the reference worker
 import argparse
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import shlex
@@ -80,6 +81,7 @@ def _embedded_servers(enabled: bool) -> Iterator[tuple[str, str] | None]:
     with tempfile.TemporaryDirectory(prefix="lifelong-") as tmp:
         broker = processes.mosquitto_server(Path(tmp) / "mosquitto")
         redis = processes.redis_server(Path(tmp) / "redis", "--appendonly", "yes")
+        broker.own_session = redis.own_session = True  # stopped after the replica's stop
         with processes.running(broker, redis):
             print(
                 f"embedded mosquitto on mqtt://127.0.0.1:{broker.port}, "
@@ -137,8 +139,15 @@ def _serve(args: argparse.Namespace) -> int:
             stopping.set()
             replica.stop()
 
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        # a closed terminal (SIGHUP) too: the embedded servers, in sessions of their own,
+        # are stopped on the way out
+        for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(stop_signal, _on_signal)
+        # What is alive now (modules, their clients and tables: ~75,000 objects) lives as
+        # long as the process: out of the collector's sight, a full collection need not
+        # walk it each time (55 ms each on the bench's machine, 7% of the CPU of a burst).
+        gc.collect()
+        gc.freeze()
         replica.start()
         if urls is not None:
             _announce_when_ready(replica, cfg, stopping)

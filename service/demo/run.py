@@ -135,6 +135,7 @@ def _run_in(
 ) -> bool:
     broker = processes.mosquitto_server(workdir / "mosquitto")
     redis = processes.redis_server(workdir / "redis", "--appendonly", "yes")
+    broker.own_session = redis.own_session = True  # stopped after the controllers' stop
     with processes.running(broker, redis):
         mqtt_url = f"mqtt://127.0.0.1:{broker.port}"
         env = {
@@ -238,13 +239,15 @@ def _drain(client: MqttClient) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` stops what it started."""
+    """SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C, so every `finally` stops
+    what it started (the servers, in sessions of their own, get no signal of their own)."""
 
     def _raise(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -18,14 +18,16 @@ period), kills, freezes and thaws it. What settings a replica runs with is its c
 business: the demo's, the tests' and the benchmarks' differ.
 """
 
-
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,11 +37,78 @@ from pathlib import Path
 
 from service.errors import ConfigError
 
+#: Where `free_port` looks when the kernel's ephemeral range cannot be read.
+_EPHEMERAL_LOW = 32768
+#: The lowest port `free_port` hands out: above the well-known and common service ports.
+_LOWEST = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_LOW
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class _Ports:
+    """The ports handed out on this machine: one sequence below the kernel's ephemeral range,
+    shared by every process that draws (a counter in a file, under an exclusive lock), each
+    port checked by binding it.
+
+    A port the kernel hands out itself (bind to port 0) is one it may give any outgoing
+    connection the moment it is released, such as the client connections of a replica
+    already running; the server it was meant for then fails with "address already in use".
+    Below that range only servers take ports. Between a draw and the server's listen (a
+    replica takes a second to import) the bind check cannot see the port taken, so no draw
+    may repeat another's until the sequence wraps, in this process or any other (pytest's
+    workers, a controller started by a test): sequences walked by each process from its own
+    start meet once one walks faster, and then take each other's ports for good."""
+
+    def __init__(self, counter: Path) -> None:
+        self._counter = counter
+
+    def draw(self) -> int:
+        low, high = _LOWEST, _ephemeral_low()
+        if high - low < 1000:  # a kernel range leaving too little below it: ask the kernel
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                return int(s.getsockname()[1])
+        with open(self._counter, "a+", encoding="ascii") as counter:
+            # each open is its own lock holder, threads of one process included; the lock
+            # goes with the file's close
+            fcntl.flock(counter, fcntl.LOCK_EX)
+            counter.seek(0)
+            text = counter.read().strip()
+            following = int(text) if text.isdigit() else 0
+            if not low <= following < high:  # a new counter, or a range changed since
+                following = random.SystemRandom().randrange(low, high)
+            for _ in range(high - low):
+                port = following
+                following = port + 1 if port + 1 < high else low
+                if _bindable(port):
+                    counter.seek(0)
+                    counter.truncate()
+                    counter.write(str(following))
+                    return port
+        raise OSError(f"no free port on 127.0.0.1 between {low} and {high}")
+
+
+_PORTS = _Ports(Path(tempfile.gettempdir()) / f"lifelong-free-ports-{os.getuid()}")
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 that nothing is bound to now, for a server started next: see
+    `_Ports` for why it is not one the kernel picks."""
+    return _PORTS.draw()
 
 
 def wait_port(port: int, timeout_s: float = 10.0) -> None:
@@ -100,19 +169,26 @@ def _text_of(log_path: Path) -> str:
 
 @dataclass
 class Server(ChildProcess):
-    """A server process on a fixed port that can be stopped and started again."""
+    """A server process on a fixed port that can be stopped and started again.
+
+    ``own_session``: started in a session of its own, so that a terminal's Ctrl-C (SIGINT to
+    its foreground process group) reaches only the process that started it, which stops the
+    server after its own graceful stop (a controller's needs Redis and its broker to the
+    end)."""
 
     name: str
     argv: list[str]
     port: int
     workdir: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    own_session: bool = False
 
     def start(self) -> None:
         with open(self.workdir / f"{self.name}.log", "ab") as log:
             self.proc = subprocess.Popen(
-                self.argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT
-            )
+                self.argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=self.own_session,
+            )  # fmt: skip
         wait_port(self.port)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

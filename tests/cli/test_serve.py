@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.cli.runner import run_cli, start_cli, wait_rows
+from tests.cli.runner import LIFELONG, ROOT, run_cli, start_cli, wait_rows
 
 # What a fresh shell has: no LIFELONG_ settings, and a HOSTNAME that is not the examples' node.
 FRESH_ENV = {
@@ -77,3 +79,39 @@ def test_a_second_shell_applies_the_examples_with_the_printed_exports(
         second_shell, "jobs", lambda r: [j["name"] for j in r] == ["atcii-classifier-demo"]
     )
     assert rows[0]["phase"] == "train"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_stops_the_replica_gracefully_then_its_servers(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    """A terminal's Ctrl-C is SIGINT to its whole foreground process group. It reached the
+    embedded redis-server and mosquitto too, which died first: the replica's graceful stop
+    then found Redis gone ("could not release leases"). They now stop after it. A closed
+    terminal (SIGHUP) stops them all the same way: in sessions of their own, the servers
+    would otherwise outlive it."""
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [*LIFELONG, "serve", "--embedded"], env=FRESH_ENV, stdout=subprocess.PIPE,
+            stderr=stderr, text=True, cwd=ROOT, start_new_session=True,  # a shell's job
+        )  # fmt: skip
+        try:
+            printed, variables = exported(proc)
+            os.killpg(proc.pid, stop_signal)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        stderr.seek(0)
+        log = stderr.read()
+    assert f"signal {stop_signal.name}: shutting down" in log
+    assert "redis unavailable" not in log and "could not release" not in log, log
+    for url in (variables["LIFELONG_MQTT_URL"], variables["LIFELONG_REDIS_URL"]):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+            pass  # stopped with the replica
+    assert any(line.startswith("embedded mosquitto") for line in printed), printed
