@@ -273,6 +273,25 @@ class SingleLink:
     def load_scripts(self, texts: Sequence[str]) -> None:
         self.run([Routed(None, ("SCRIPT", "LOAD", text)) for text in texts])
 
+    def run_blocking(
+        self, command: Routed, on_blocked: Callable[[int | ResponseError], None]
+    ) -> Any:
+        """Run a blocking command (a read with BLOCK); its reply (an error as a value).
+
+        ``on_blocked`` is told the client id of its connection once the server holds the
+        command, so that another connection can end the wait early (CLIENT UNBLOCK), or the
+        error refusing CLIENT ID (an ACL). The id comes from a CLIENT ID written together
+        with the command: the server runs both in one pass over what it read and sends
+        replies after that pass, so when the id is read, the command is blocked (or
+        answered) already. Were the two ever split between reads on the server, an unblock
+        could come too early and find nothing to end: the command then waits out its
+        BLOCK."""
+        with _borrowed([self._pool]) as (connection,):
+            wire = _packed((("CLIENT", "ID"), command.args))
+            connection.send_packed_command([wire])  # type: ignore[list-item]
+            on_blocked(_read(connection))
+            return _read(connection)
+
     def close(self) -> None:
         self._pool.disconnect()
         self._on_close()

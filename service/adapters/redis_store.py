@@ -18,8 +18,9 @@ broker or an HTTP client is answered, a commit before its upstream messages and 
 lease before its fencing token is used, an effect's outcome) is followed, in the same
 exchange, by ``WAIT min_replicas``; too few confirmations within the bound raise
 ``StoreUnavailable``, and the caller treats the write as not done. Reads whose content is
-about to be acted on (unsent outbox and GM outbox entries, pending effect intents) end with
-a barrier write and the same WAIT, so nothing a failover could take back goes out.
+about to be acted on (unsent outbox and GM outbox entries, pending effect intents, the state
+an HTTP report is judged against) end with a barrier write and the same WAIT, so nothing a
+failover could take back goes out.
 
 Library errors never leave this module: connection-level failures, a topology in motion
 and unconfirmed writes become ``StoreUnavailable``, a fenced script ``LeaseLost``, anything
@@ -41,6 +42,7 @@ The values they take and give (`Commit`, `Quarantine`, `IngressEntry`, `OutboxEn
 """
 
 import contextlib
+import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +57,7 @@ from service.adapters.redis_link import (
     Commands,
     NotReplicated,
     Routed,
+    SingleLink,
     as_str,
     checked,
     field_map,
@@ -66,6 +69,8 @@ from service.core.paths import ancestors, canonical_dir
 from service.errors import LeaseLost, PermanentError, StoreUnavailable
 from service.keys import INGRESS_CONSUMER, INGRESS_GROUP, NUM_SHARDS, Keys, shard_of
 from service.urls import parse_redis_url
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,8 @@ class Ingress(_StreamReads):
     def __init__(self, redis: Commands, *, cluster: bool, socket_timeout_s: float) -> None:
         super().__init__(redis, cluster=cluster, socket_timeout_s=socket_timeout_s)
         self._rotation = 0
+        #: whether a blocking read can be ended early: one server, allowing CLIENT UNBLOCK
+        self._unblocking = isinstance(redis.link, SingleLink)
 
     def ensure_groups(self) -> None:
         """Create every shard's ingress stream and consumer group (idempotent).
@@ -280,7 +287,13 @@ class Ingress(_StreamReads):
         return self._redis.call("append_ingress", tuple(keys), tuple(args))
 
     def read(
-        self, shards: Sequence[int], *, count: int, block_ms: int, pending: bool
+        self,
+        shards: Sequence[int],
+        *,
+        count: int,
+        block_ms: int,
+        pending: bool,
+        on_blocked: Callable[[Callable[[], bool]], None] | None = None,
     ) -> list[IngressEntry]:
         """Read the owned shards' ingress in one round trip.
 
@@ -288,10 +301,14 @@ class Ingress(_StreamReads):
         owner's, since all owners share one consumer name) and never blocks; ``pending=False``
         reads new entries, blocking up to ``block_ms`` (0: do not block).
 
-        One server: one XREADGROUP over every stream. A Cluster refuses a command whose keys
+        One server: one XREADGROUP over every stream. Once it blocks there, ``on_blocked``
+        (if given) is handed a wake-up: called from another thread, it ends the read at
+        once, with no entries, and says whether it did (False: the read had ended, or the
+        server refuses CLIENT UNBLOCK; then no later read offers one). An empty read ended
+        by it saw every stream at its end when woken. A Cluster refuses a command whose keys
         span slots, so there each shard is read alone (all in one round trip, pipelined per
         node); with nothing new, the read then blocks on one shard (each in turn) for at most
-        ``CLUSTER_BLOCK_MS``.
+        ``CLUSTER_BLOCK_MS``, and offers no wake-up.
         """
         if not shards:
             return []
@@ -300,6 +317,8 @@ class Ingress(_StreamReads):
         start = "0" if pending else ">"
         block = 0 if pending else max(0, block_ms)
         if not self._cluster:
+            if block and on_blocked is not None and self._unblocking:
+                return self._read_blocking(list(shards), count, block, on_blocked)
             return self._read_streams([list(shards)], count, block, start)
         entries = self._read_streams([[s] for s in shards], count, 0, start)
         if entries or pending or block == 0:
@@ -309,26 +328,80 @@ class Ingress(_StreamReads):
             [[shards[self._rotation]]], count, min(block, CLUSTER_BLOCK_MS), start
         )
 
+    def _read_blocking(
+        self,
+        shards: list[int],
+        count: int,
+        block_ms: int,
+        on_blocked: Callable[[Callable[[], bool]], None],
+    ) -> list[IngressEntry]:
+        """`read` of new entries that blocks on one server and hands ``on_blocked`` its
+        wake-up."""
+        link = self._redis.link
+        assert isinstance(link, SingleLink)  # `_unblocking` says so
+        command = self._group_read(shards, count, block_ms, ">")
+
+        def blocked(client_id: int | ResponseError) -> None:
+            if isinstance(client_id, int):
+                on_blocked(lambda: self._unblock(client_id))
+            else:
+                self._refused(client_id)
+
+        with store_errors("ingress.read"):
+            reply = link.run_blocking(command, blocked)
+            if isinstance(reply, ResponseError) and str(reply).startswith("NOGROUP"):
+                self.ensure_groups()
+                reply = link.run_blocking(command, blocked)
+            reply = checked(reply)
+        return self._entries({self.keys.ingress(s): s for s in shards}, [reply])
+
+    def _unblock(self, client_id: int) -> bool:
+        """End the blocking read of connection ``client_id``; whether one was ended. Redis
+        out of reach ends nothing (the read fails or waits out its BLOCK, and its caller
+        finds the message then); a server refusing CLIENT UNBLOCK (an ACL): `_refused`."""
+        try:
+            (ended,) = self._redis.run(
+                [Routed(None, ("CLIENT", "UNBLOCK", client_id))], what="ingress.unblock"
+            )
+        except StoreUnavailable:
+            return False
+        except PermanentError as e:
+            self._refused(e)
+            return False
+        return bool(ended == 1)
+
+    def _refused(self, why: Exception) -> None:
+        """The server refuses CLIENT ID or CLIENT UNBLOCK: said once, and no later read
+        offers a wake-up."""
+        if self._unblocking:
+            log.warning("an idle processor is not woken early (%s): messages handed over "
+                        "while it waits in Redis take the ingress stream", why)  # fmt: skip
+        self._unblocking = False
+
     def _read_streams(
         self, groups: list[list[int]], count: int, block_ms: int, start: str
     ) -> list[IngressEntry]:
         """One XREADGROUP per group of shards, in one round trip; the groups recreated once
         if they vanished (a Redis that restarted empty)."""
-        commands = []
-        for group in groups:
-            streams = [self.keys.ingress(s) for s in group]
-            blocking = ("BLOCK", block_ms) if block_ms > 0 else ()
-            args = ("XREADGROUP", "GROUP", INGRESS_GROUP, INGRESS_CONSUMER, "COUNT", count)
-            commands.append(
-                Routed(streams[0], (*args, *blocking, "STREAMS", *streams, *[start] * len(group)))
-            )
+        commands = [self._group_read(group, count, block_ms, start) for group in groups]
         with store_errors("ingress.read"):
             replies = self._redis.link.run(commands)
             if any(isinstance(r, ResponseError) and str(r).startswith("NOGROUP") for r in replies):
                 self.ensure_groups()
                 replies = self._redis.link.run(commands)
             replies = [checked(r) for r in replies]
-        shard_by_key = {self.keys.ingress(s): s for group in groups for s in group}
+        return self._entries({self.keys.ingress(s): s for group in groups for s in group}, replies)
+
+    def _group_read(self, shards: list[int], count: int, block_ms: int, start: str) -> Routed:
+        """The XREADGROUP of the shards' streams from ``start`` (blocking if ``block_ms``)."""
+        streams = [self.keys.ingress(s) for s in shards]
+        blocking = ("BLOCK", block_ms) if block_ms > 0 else ()
+        args = ("XREADGROUP", "GROUP", INGRESS_GROUP, INGRESS_CONSUMER, "COUNT", count)
+        return Routed(streams[0], (*args, *blocking, "STREAMS", *streams, *[start] * len(shards)))
+
+    @staticmethod
+    def _entries(shard_by_key: Mapping[str, int], replies: list[Any]) -> list[IngressEntry]:
+        """The entries of XREADGROUP replies, with the shard of each one's stream."""
         return [
             _ingress_entry(shard_by_key[as_str(name)], entry_id, fields)
             for reply in replies
@@ -397,12 +470,17 @@ class States:
         self._redis = redis
         self.keys = redis.keys
 
-    def load(self, rkeys: Sequence[str]) -> dict[str, bytes | None]:
-        """The opaque state of each resource (None: none), in one round trip."""
+    def load(self, rkeys: Sequence[str], *, barrier: bool = False) -> dict[str, bytes | None]:
+        """The opaque state of each resource (None: none), in one round trip; with
+        ``barrier``, only once the replicas hold it (a state about to be acted on)."""
         if not rkeys:
             return {}
         keys = [self.keys.state(rkey) for rkey in rkeys]
-        values = self._redis.run([Routed(k, ("GET", k)) for k in keys], what="load")
+        values = self._redis.run(
+            [Routed(k, ("GET", k)) for k in keys],
+            what="load",
+            confirm=self._redis.barrier if barrier else None,
+        )
         return dict(zip(rkeys, values, strict=True))
 
     def load_resource(self, rkey: str) -> bytes | None:

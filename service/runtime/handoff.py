@@ -9,10 +9,14 @@ Two kinds of items come this way, both for shards this replica holds:
   applies it sets its dedupe marker, and only then is it acknowledged to the broker.
 
 Either saves a Redis round trip (the append, then the processor's read) and the event's
-encoding for the stream. While the processor blocks in its Redis read it cannot be woken
-in process, and while Redis fails it cannot commit: the offer is then refused, and the item
-takes the stream, whose append ends that read (or is retried until Redis answers, the
-message held unacknowledged meanwhile).
+encoding for the stream. While the processor blocks in its Redis read (idle, nothing else
+to wait for), a message offered ends that read early with CLIENT UNBLOCK from the offering
+thread: the read comes back empty, so every stream was at its end when the message was
+offered, and the message is applied at once. A result offered while the processor blocks,
+a message while it blocks in a read that cannot be ended that way (a Redis Cluster; an
+ACL refusing the command), and every offer while Redis fails (it cannot commit) are
+refused: the item then takes the stream, whose append ends that read (or is retried until
+Redis answers, the message held unacknowledged meanwhile).
 """
 
 from __future__ import annotations
@@ -68,10 +72,18 @@ class Handoff:
         self._messages: list[TakenMessage] = []
         self._blocking = False
         self._closed = False  # the processor's last pass failed on Redis
+        #: while the processor blocks in its Redis read: what ends that read early (None:
+        #: not known yet, or none), whether an offer has called it, and whether it ended
+        #: the read; `_read` numbers the blocking reads, so that a wake-up's answer coming
+        #: back after its read ended counts for no later one
+        self._wake: Callable[[], bool] | None = None
+        self._waking = False
+        self._woken = False
+        self._read = 0
 
     def offer_result(self, result: LocalResult) -> bool:
         """Hand a result over; False when the processor blocks in Redis or cannot commit
-        (then the result takes the stream)."""
+        (then the result takes the stream, which ends the read)."""
         with self._lock:
             if self._blocking or self._closed:
                 return False
@@ -80,14 +92,23 @@ class Handoff:
             return True
 
     def offer_messages(self, messages: Sequence[TakenMessage]) -> bool:
-        """Hand messages over, in order; False when the processor blocks in Redis or cannot
-        commit."""
+        """Hand messages over, in order; False when the processor cannot commit, or blocks
+        in a Redis read that cannot be ended early. The first offer into such a read ends
+        it (on the offering thread: a round trip to Redis)."""
         with self._lock:
-            if self._blocking or self._closed:
+            if self._closed or (self._blocking and self._wake is None):
                 return False
             self._messages.extend(messages)
             self._ready.notify_all()
-            return True
+            wake, read = None, self._read
+            if self._blocking and not self._waking:
+                wake, self._waking = self._wake, True
+        if wake is not None:
+            woken = wake()
+            with self._lock:
+                if self._blocking and self._read == read:
+                    self._woken = woken
+        return True
 
     def take(self) -> tuple[list[LocalResult], list[TakenMessage]]:
         """Everything handed over since the last call, in order."""
@@ -102,18 +123,29 @@ class Handoff:
             return self._ready.wait_for(lambda: bool(self._results or self._messages), timeout_s)
 
     def begin_blocking(self) -> bool:
-        """The processor is about to block in its Redis read: from now on offers are refused
-        (their items take the stream, which ends the read). False, and nothing changes, if
-        items wait."""
+        """The processor is about to block in its Redis read: from now on results are
+        refused (they take the stream, which ends the read), and messages too until the
+        read says how to end it (`blocked`). False, and nothing changes, if items wait."""
         with self._lock:
             if self._results or self._messages:
                 return False
-            self._blocking = True
+            self._blocking, self._read, self._woken = True, self._read + 1, False
             return True
 
-    def end_blocking(self) -> None:
+    def blocked(self, wake: Callable[[], bool]) -> None:
+        """The processor's read blocks in Redis now; ``wake`` ends it early (called once,
+        by the first message offered), and says whether it did."""
         with self._lock:
-            self._blocking = False
+            if self._blocking:
+                self._wake = wake
+
+    def end_blocking(self) -> bool:
+        """The processor's read returned; whether a message offered meanwhile ended it
+        (then the read saw every stream at its end, with the message already offered)."""
+        with self._lock:
+            woken = self._woken
+            self._blocking, self._wake, self._waking, self._woken = False, None, False, False
+            return woken
 
     def close(self) -> None:
         """The processor's pass failed on Redis: offers are refused until `open`."""

@@ -633,7 +633,9 @@ class WorkerEndpoint:
             event = accepted.event
             assert isinstance(event, WorkerReported | OwnerReported)
             job = target_of(event)
-            raw = self._states.load([job])[job]
+            # judged against what the replicas hold: a state a failover could take back
+            # (a commit whose WAIT fell short) neither accepts nor refuses it
+            raw = self._states.load([job], barrier=True)[job]
             try:
                 state = decode_state(raw) if raw else None
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -819,10 +821,14 @@ class Intake:
         with self._lock:
             client = self._client
         stream = {shard for msg, shard, _, digest in accepted if msg.dup or digest is None}
+        # decided once per shard: a lease lost halfway through the batch must not hand its
+        # first messages over and append the later ones (they would overtake them)
+        shards = {s for _, s, _, _ in accepted} - stream
+        held = {s for s in shards if self._leases.token(s)}
         taken: list[TakenMessage] = []
         rest: list[tuple[Inbound, int, bytes, str | None]] = []
         for msg, shard, event, digest in accepted:
-            if client is not None and token and shard not in stream and self._leases.token(shard):
+            if client is not None and token and shard in held:
                 handed = TakenMessage(
                     shard=shard, accepted=event, digest=digest, dup=False, ingress_token=token,
                     msg=msg, ack=client.ack_all,

@@ -8,7 +8,7 @@ The stages, in this module's order:
   verdict, and a log line for those worth one (the same records the commit stored as the
   resource's history). A dataset's sample gauge is `DatasetHealth`'s, which also removes it.
 - The state cache (`ShardStates`): the committed states of owned shards' resources, kept so
-  the hot path skips a read.
+  the hot path skips a read, and the decode of what it read or committed once before.
 - The planner (`plan`): folds the transitions of one resource's events into one commit,
   pure, so it is tested without Redis. Everything the transitions produced lands in one
   `Commit` (state, resource JSON, timer, acknowledged entries, upstream messages (built by
@@ -134,6 +134,10 @@ def _view(record: HistoryRecord) -> str:
     return " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
 
 
+Cached = bytes | State | None
+"""A resource's state in `ShardStates`: as read (bytes), decoded, or None (there is none)."""
+
+
 class ShardStates:
     """The committed states of owned shards' resources, each shard's valid for one lease token.
 
@@ -142,12 +146,16 @@ class ShardStates:
     new token (the shard came back, maybe changed by another replica meanwhile) starts empty;
     a commit that failed or whose fate is unknown empties it, replaying a shard's pending
     entries empties it, and any Redis outage empties all. Used by the processor thread only.
+
+    A state is held as read from Redis (`Cached` bytes) until a pass decodes it, then as
+    the decoded state, as is the state a commit wrote: states are frozen values, so the next
+    pass starts from the same object instead of decoding the same bytes again.
     """
 
     def __init__(self) -> None:
-        self._by_shard: dict[int, tuple[str, dict[str, bytes | None]]] = {}
+        self._by_shard: dict[int, tuple[str, dict[str, Cached]]] = {}
 
-    def of(self, shard: int, token: str) -> dict[str, bytes | None]:
+    def of(self, shard: int, token: str) -> dict[str, Cached]:
         current = self._by_shard.get(shard)
         if current is None or current[0] != token:
             current = (token, {})
@@ -365,7 +373,7 @@ class ResourceRunner:
         shard: int,
         token: str,
         rkey: str,
-        states: dict[str, bytes | None],
+        states: dict[str, Cached],
         items: list[Held],
     ) -> Plan | Isolation:
         """The resource's plan, or its entries set aside when it is (or now becomes)
@@ -381,12 +389,13 @@ class ResourceRunner:
         elif mark is not None and now_ms < mark.retry_at_ms:
             failure = None  # waiting for its next try
         else:
-            raw = states[rkey]
+            cached = states[rkey]
             try:
-                initial = decode_state(raw) if raw is not None else None
+                initial = decode_state(cached) if isinstance(cached, bytes) else cached
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 failure = ("state", f"its stored state cannot be decoded: {e}")
             else:
+                states[rkey] = initial
                 result = self._fold(shard, token, rkey, initial, items)
                 if mark is None:
                     return result
@@ -515,7 +524,7 @@ class _ShardBatch:
 
     shard: int
     token: str
-    states: dict[str, bytes | None]
+    states: dict[str, Cached]
     groups: dict[str, list[Held]]
     plans: list[Plan] = field(default_factory=list)
     isolations: list[Isolation] = field(default_factory=list)
@@ -644,8 +653,9 @@ class Processor:
         does not block, and wait for the next one when this one may not have reached the
         end of the stream (what the intake appended before them comes first). While an
         effect started moments ago runs, its result is awaited in process (briefly, in turns
-        with reads that do not block); otherwise the read blocks in Redis, and whatever is
-        handed over meanwhile goes through the stream."""
+        with reads that do not block); otherwise the read blocks in Redis, a message handed
+        over meanwhile ends it and is applied with it (`Handoff`), and a result goes through
+        the stream."""
         results, messages = self._take_handed()
         if results and not messages and not self._stream_due:
             self._stream_due = True
@@ -663,17 +673,22 @@ class Processor:
                 block_ms = READ_BLOCK_MS
             else:
                 results, messages = self._take_handed()
+        woken = False
         try:
             entries = self._ingress.read(
-                sorted(held), count=READ_BATCH, block_ms=block_ms, pending=False
-            )
+                sorted(held), count=READ_BATCH, block_ms=block_ms, pending=False,
+                on_blocked=self._handoff.blocked if block_ms else None,
+            )  # fmt: skip
         except BaseException:
             self._effects.settled(r.effect_id for r in results)  # dropped: still pending
             self._held_back = messages
             raise
         finally:
             if block_ms:
-                self._handoff.end_blocking()
+                woken = self._handoff.end_blocking()
+        if woken and not entries:
+            # offered while the read blocked, which it ended: every stream was at its end
+            results, messages = self._take_handed()
         if len(entries) >= READ_BATCH:
             self._held_back, messages = messages, []
         return entries, results, messages
@@ -934,7 +949,7 @@ class Processor:
                 self._known(batch, outcome)
                 continue
             for p in batch.plans:
-                _remember(batch.states, p.commit)
+                _remember(batch.states, p)
             done.append((batch, outcome[: len(batch.plans)]))
         failpoints.hit("process-before-effects")
         upstream: list[tuple[int, list[tuple[str, OutboxEntry]]]] = []
@@ -1069,12 +1084,13 @@ def _acknowledge(messages: Sequence[TakenMessage]) -> None:
         ack(msgs)
 
 
-def _remember(states: dict[str, bytes | None], commit: Commit) -> None:
-    """The cache follows what the commit wrote."""
+def _remember(states: dict[str, Cached], committed: Plan) -> None:
+    """The cache follows what the plan's commit wrote."""
+    commit = committed.commit
     if commit.delete:
         states[commit.rkey] = None
     elif not commit.keep_state:
-        states[commit.rkey] = commit.state
+        states[commit.rkey] = committed.state
 
 
 class DatasetHealth:

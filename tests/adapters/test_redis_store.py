@@ -712,3 +712,81 @@ def test_a_message_taken_in_by_another_holder_is_dropped(redis_proc: Server) -> 
     assert store.ingress.append(3, b"e", dedupe="m1", dup=False, token="B") is not None
     # and a redelivery is dropped whoever holds the ingress
     assert store.ingress.append(3, b"e", dedupe="m1", dup=True, token="B") is None
+
+
+def test_a_blocking_read_hands_out_a_wake_up_that_ends_it_early(
+    store: RedisStore, raw: redis.Redis[bytes]
+) -> None:
+    """The wake-up comes while the read is blocked in Redis (one blocked client); called,
+    it ends the read with nothing, and says so; once the read ended it ends nothing. An
+    entry appended meanwhile still ends a read as it always did, wake-up unused."""
+    wakes: list[Callable[[], bool]] = []
+    blocked_clients: list[int] = []
+
+    def on_blocked(wake: Callable[[], bool]) -> None:
+        blocked_clients.append(raw.info("clients")["blocked_clients"])
+        wakes.append(wake)
+
+    woken: list[bool] = []
+    waker = threading.Thread(
+        target=lambda: (wait_until(lambda: bool(wakes), 10, "the read to block"),
+                        woken.append(wakes[0]())),
+    )  # fmt: skip
+    waker.start()
+    # a block longer than this test may take (but below the socket timeout)
+    entries = store.ingress.read([SHARD], count=10, block_ms=1900, pending=False,
+                                 on_blocked=on_blocked)  # fmt: skip
+    waker.join()
+    assert (entries, woken, blocked_clients) == ([], [True], [1])
+    assert wakes[0]() is False, "the read had ended: nothing to end"
+
+    def append_soon() -> None:
+        wait_until(lambda: len(wakes) == 2, 10, "the second read to block")
+        appended(store, b"ev")
+
+    appender = threading.Thread(target=append_soon)
+    appender.start()
+    entries = store.ingress.read([SHARD], count=10, block_ms=1900, pending=False,
+                                 on_blocked=wakes.append)  # fmt: skip
+    appender.join()
+    assert [e.event for e in entries] == [b"ev"]
+
+
+def test_a_server_refusing_client_commands_gets_no_wake_up_and_says_so_once(
+    redis_proc: Server, raw: redis.Redis[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under an ACL refusing CLIENT ID, a blocking read hands out no wake-up (it waits out
+    its block, as before); the log says why once, and later reads do not ask again."""
+    raw.acl_setuser("limited", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                    commands=["+@all", "-client|id", "-client|unblock"])  # fmt: skip
+    url = f"redis://limited:pw@127.0.0.1:{redis_proc.port}/0"
+    limited = RedisStore(url, Keys("t"), socket_timeout_s=2.0)
+    try:
+        limited.ingress.ensure_groups()
+        raw.config_resetstat()
+        wakes: list[Callable[[], bool]] = []
+        for _ in range(2):
+            entries = limited.ingress.read([SHARD], count=10, block_ms=50, pending=False,
+                                           on_blocked=wakes.append)  # fmt: skip
+            assert (entries, wakes) == ([], [])
+        refused = [r for r in caplog.records if "not woken early" in r.getMessage()]
+        assert len(refused) == 1 and "client|id" in refused[0].getMessage()
+        stats = raw.info("commandstats")
+        assert stats["cmdstat_client|id"]["rejected_calls"] == 1, "asked again"
+        assert stats["cmdstat_xreadgroup"]["calls"] == 2
+    finally:
+        limited.close()
+        raw.acl_deluser("limited")
+
+
+def test_a_state_about_to_be_acted_on_waits_for_the_replicas(redis_proc: Server) -> None:
+    """With replicas required and none confirming (a lone server here: WAIT answers 0), a
+    state loaded behind the barrier is not given out: a failover could take it back. A plain
+    load still is."""
+    store = RedisStore(url_of(redis_proc), Keys("t"), socket_timeout_s=0.2, min_replicas=1)
+    try:
+        assert store.states.load([JOB]) == {JOB: None}
+        with pytest.raises(StoreUnavailable, match="load"):
+            store.states.load([JOB], barrier=True)
+    finally:
+        store.close()

@@ -1,0 +1,79 @@
+"""The processor's inbox while it blocks in its Redis read: a message offered then ends
+that read through the wake-up the read handed out, once, and only an answer to this read's
+wake-up says it ended it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from service.adapters.mqtt import Inbound
+from service.core.events import Tick
+from service.runtime.handoff import Handoff, TakenMessage
+from service.runtime.intake import Accepted
+
+
+def message(mid: int) -> TakenMessage:
+    msg = Inbound(topic="t", payload=b"", qos=1, dup=False, mid=mid, received_at=0.0)
+    event = Tick(kind="job", namespace="ns", name="j", due_ms=0)
+    return TakenMessage(shard=0, accepted=Accepted(event=event), digest=f"d{mid}", dup=False,
+                        ingress_token="i:1", msg=msg, ack=lambda _: None)  # fmt: skip
+
+
+def waker(answers: list[bool]) -> tuple[Callable[[], bool], list[int]]:
+    calls: list[int] = []
+
+    def wake() -> bool:
+        calls.append(1)
+        return answers.pop(0)
+
+    return wake, calls
+
+
+def test_a_message_offered_while_the_read_blocks_ends_it_once() -> None:
+    handoff = Handoff()
+    assert handoff.begin_blocking()
+    # blocked, but the read has not said how to end it yet: the stream's way
+    assert not handoff.offer_messages([message(1)])
+    wake, calls = waker([True])
+    handoff.blocked(wake)
+    assert handoff.offer_messages([message(2)]) and handoff.offer_messages([message(3)])
+    assert len(calls) == 1, "the first offer ends the read; the others only join it"
+    assert handoff.end_blocking() is True
+    _, messages = handoff.take()
+    assert [m.msg.mid for m in messages] == [2, 3]
+
+
+def test_a_wake_up_that_found_the_read_ended_says_so() -> None:
+    handoff = Handoff()
+    assert handoff.begin_blocking()
+    wake, _ = waker([False])
+    handoff.blocked(wake)
+    assert handoff.offer_messages([message(1)])
+    assert handoff.end_blocking() is False, "the read ended by itself: it may have missed it"
+
+
+def test_an_answer_after_its_read_ended_counts_for_no_later_read() -> None:
+    handoff = Handoff()
+    assert handoff.begin_blocking()
+    answered: list[bool] = []
+
+    def wake() -> bool:
+        # the read ends (by itself) before this answer comes back, and the message waits
+        assert handoff.end_blocking() is False
+        assert handoff.begin_blocking() is False, "the message waits: no blocking now"
+        answered.append(True)
+        return True
+
+    handoff.blocked(wake)
+    assert handoff.offer_messages([message(1)])
+    assert answered and handoff.take()[1]
+    assert handoff.begin_blocking()
+    assert handoff.end_blocking() is False, "the next read was not ended by anything"
+
+
+def test_no_wake_up_outside_a_blocking_read() -> None:
+    handoff = Handoff()
+    wake, calls = waker([True])
+    handoff.blocked(wake)  # a read that is not blocking (or has ended) hands out nothing
+    assert handoff.offer_messages([message(1)])
+    assert calls == [] and handoff.end_blocking() is False
