@@ -4,6 +4,7 @@ against `cp` of the same bytes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -134,6 +135,10 @@ def round_file(s: Stack, *, samples: int, repeats: int = 5) -> list[Result]:
     out.parent.mkdir(parents=True, exist_ok=True)
     copy = s.workdir / "round" / "copy.txt"
     cp = shutil.which("cp") or "/bin/cp"
+    # the earlier suites' dirty pages (datasets, round files, logs) written back first: the
+    # writer's closing fsync waits for the disk, and would otherwise wait behind their
+    # writeback too, which `cp` (no fsync) never does
+    os.sync()
     write_s: list[float] = []
     cp_s: list[float] = []
     for _ in range(repeats):

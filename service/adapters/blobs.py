@@ -35,7 +35,7 @@ import hashlib
 import logging
 import os
 import posixpath
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import BinaryIO, TypeVar
 
@@ -538,6 +538,20 @@ class BlobStore:
                 out.write(data)
 
         self._retry(once)
+
+    def make_dirs(self, urls: Iterable[str]) -> None:
+        """Make the local directories ``urls`` that do not exist yet (with those they lie
+        in), as the file access policy allows. Best effort: a failure is logged, never
+        raised (the write that needs a directory makes it). S3 URLs are left alone: S3 has
+        no directories."""
+        for url in urls:
+            if paths.is_remote(url):
+                continue
+            try:
+                with self._files.directory(url, create=True):
+                    pass
+            except (OSError, Refused) as e:
+                log.warning("directory %s not made ahead: %s", url, e)
 
     def prune_rounds(self, data_url: str, keep: Callable[[int], bool]) -> list[int]:
         """Remove the local data files of the rounds beside the round file ``data_url`` (its

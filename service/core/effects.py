@@ -132,6 +132,9 @@ class WriteRound(_Addressed, frozen=True, kw_only=True, tag="write-round"):
     #: a rollback can restore
     keep: tuple[int, ...] = ()
     models: IncrementalSpec | None = None
+    #: directories the job's next steps write into, made once this round's files are
+    #: written (`training.made_ahead`)
+    ahead: tuple[str, ...] = ()
 
 
 class HotUpdate(msgspec.Struct, frozen=True, kw_only=True):

@@ -228,6 +228,7 @@ class Executor:
             error = redact(f"writing {work.phase} data of round {work.version} failed: {e}")
         else:
             self._prune(work)
+            self._blobs.make_dirs(work.ahead)
         models = None
         if work.models is not None and error is None:
             models, error = self._models(work.namespace, work.phase, work.models)

@@ -76,6 +76,27 @@ def test_write_round_streams_the_ranges_and_reports_written(
     assert data.read_text().splitlines() == ["s2", "s3", "s7", "s8"]
 
 
+def test_write_round_makes_the_directories_ahead_and_a_refused_one_fails_nothing(
+    executor: Executor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = tmp_path / "d.txt"
+    source.write_text("s0\n")
+    out = tmp_path / "out"
+    (tmp_path / "blocked").write_text("a file where a directory would go")
+    ahead = (out / "data" / "eval" / "1", tmp_path / "blocked" / "deploy", out / "deploy")
+    work = WriteRound(
+        id="e/0", namespace=NS, name="j", phase="train", version=1, dataset="ds",
+        source_url=str(source), format="txt", ranges=((0, 1),),
+        data_url=str(out / "data" / "train" / "1" / "data.txt"), ahead=tuple(map(str, ahead)),
+    )  # fmt: skip
+    assert executor.run(work, 0) == RoundWritten(namespace=NS, name="j", phase="train", version=1)
+    assert ahead[0].is_dir() and ahead[2].is_dir()
+    assert not list(ahead[0].iterdir()), "made empty: the eval round writes into it"
+    (refused,) = [r for r in caplog.records if "not made ahead" in r.getMessage()]
+    assert str(ahead[1]) in refused.getMessage()
+    assert executor.run(work, 0) == RoundWritten(namespace=NS, name="j", phase="train", version=1)
+
+
 def test_write_round_removes_the_rounds_older_than_the_newest_kept(
     executor: Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
