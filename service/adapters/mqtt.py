@@ -73,9 +73,13 @@ whatever the protocol:
 - Under MQTT 5 the clean start flag and the session expiry go with each CONNECT; under
   3.1.1 the clean session flag is fixed when the object is made.
 - `LeanClient`: a bare PUBACK (the broker took the message; no properties) completes its
-  publish without paho decoding a reason code and a properties object for it; a packet
-  paho's own thread queues writes it no wake-up byte, and a `LeanClient.batch` of packets
-  one in all.
+  publish without paho decoding a reason code and a properties object for it. A packet
+  another thread queues is written by that thread (at the end of its `LeanClient.batch`),
+  not by paho's thread woken to write it; over TLS paho's thread writes, woken once per
+  batch; a packet paho's own thread queues writes it no wake-up byte. It reads the socket
+  in blocks and joins the packets it writes into one send, where paho makes a system call
+  per packet written and several per packet read, and it takes in a plain PUBLISH (no
+  properties) without paho's decoder.
 - `shut_down` makes paho stop reconnecting for good, so a holder displaced from its client
   id never grabs the id back (the ping-pong seen on mosquitto 2.0 + paho 2.2). A normal
   DISCONNECT discards the will; ``send_will`` asks the broker to publish it anyway: reason
@@ -91,12 +95,14 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.client import DISCONNECT, PUBACK, PUBLISH
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion, _ConnectionState
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -595,6 +601,12 @@ class ConnectionStatus:
 _QOS_WILL = 1
 _PACKET_ID_LENGTH = 2
 _WAKE_UP = b"0"  # the byte paho writes to its wake-up socket pair
+#: How much `LeanClient` reads from its socket at once: many small packets (a burst of
+#: reports, of PUBACKs) in one system call.
+READ_BLOCK = 65536
+#: About how much `LeanClient` joins into one send of the packets queued for the broker.
+WRITE_BLOCK = 65536
+_CONNECTED = _ConnectionState.MQTT_CS_CONNECTED
 # MQTT 5 reason code of a DISCONNECT asking the broker to publish the will (spec, 2.4).
 DISCONNECT_WITH_WILL = 0x04
 
@@ -606,10 +618,56 @@ PUBACK_TAKEN = {
     for code in (0x00, 0x10)  # Success; No matching subscribers
 }
 PUBACK_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+# What a plain received PUBLISH (`plain_publish`) carries: under MQTT 5 this one empty
+# `Properties`, and the publish-tracking object paho makes for every message though only a
+# publish of ours uses it. Every such message shares them; they must only be read.
+PUBLISH_NO_PROPERTIES = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+_NO_INFO = paho.MQTTMessageInfo(0)
+
+
+def plain_publish(
+    command: int, packet: bytes | bytearray, *, v5: bool
+) -> tuple[int, bytes, bytes] | None:
+    """The packet id, topic and payload of a plain PUBLISH (``packet``: what follows its
+    fixed header, whose first byte is ``command``): QoS 0 or 1, a topic of one byte or more
+    and, under MQTT 5, no properties (a property length of 0). None for any other, which
+    paho's decoder is to read (it also raises for a malformed one)."""
+    qos = (command & 0x06) >> 1
+    size = len(packet)
+    if qos > 1 or size < 2:
+        return None
+    topic_end = 2 + ((packet[0] << 8) | packet[1])
+    start = topic_end + 2 * qos  # the property length under MQTT 5, else the payload
+    if topic_end == 2 or start + v5 > size or (v5 and packet[start] != 0):
+        return None
+    mid = (packet[topic_end] << 8) | packet[topic_end + 1] if qos else 0
+    return mid, bytes(packet[2:topic_end]), bytes(packet[start + v5 :])
+
+
+class _Received(paho.MQTTMessage):
+    """A plain received message, as paho's handler fills in its `MQTTMessage`, with the
+    shared `_NO_INFO` in place of the `MQTTMessageInfo` paho would make for it."""
+
+    def __init__(  # paho's __init__ is what this avoids: it makes the info object
+        self, mid: int, topic: bytes, payload: bytes, command: int, properties: Properties | None
+    ) -> None:
+        self.timestamp = time.monotonic()  # paho's clock for messages
+        self.state = paho.mqtt_ms_invalid
+        self.dup = bool(command & 0x08)
+        self.mid = mid
+        self._topic = topic
+        self.payload = payload
+        self.qos = (command & 0x06) >> 1
+        self.retain = bool(command & 0x01)
+        self.info = _NO_INFO
+        self.properties = properties
 
 
 class LeanClient(paho.Client):
-    """A paho client that completes a publish on a bare PUBACK without decoding it.
+    """A paho client that spends less per message: it completes a publish on a bare PUBACK
+    without decoding it, takes in a plain PUBLISH without paho's decoder (`_handle_publish`),
+    reads its socket in blocks, joins the packets it writes, and has a thread that queues
+    packets write them itself rather than wake its network thread to write them.
 
     A bare PUBACK says the broker took the message and carries no properties: its packet id
     alone (under 3.1.1 every PUBACK), or under MQTT 5 also a reason code of `PUBACK_TAKEN`,
@@ -621,6 +679,19 @@ class LeanClient(paho.Client):
     through paho's handler. This overrides a private paho method; the tests pin that a bare
     PUBACK from a real broker takes this path and completes the publish, so a paho that
     renames or reshapes it fails them instead of quietly decoding again.
+
+    paho reads each packet with two or more system calls (its first byte, each byte of its
+    length, its rest) and writes each packet with one; a burst of reports cost the ingress
+    client four reads and a write per message. Here reads take up to `READ_BLOCK` bytes
+    and paho's reader is served from them, and the packets queued together go out in one
+    send. Both override private paho methods too (`_sock_recv`, `_packet_write`, and
+    `loop_read`, which goes on while a block holds more); the tests pin each by counting
+    the system calls a burst takes.
+
+    paho wakes its network thread to write every packet another thread queues; here that
+    thread writes them itself (`_write_queued`), and paho's thread is woken only for what
+    the socket cannot take now. The tests pin which thread writes, and that what is left
+    arrives once the broker reads again.
     """
 
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
@@ -637,6 +708,44 @@ class LeanClient(paho.Client):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batch = threading.local()  # per thread: inside `batch`, and anything queued
+        # held while writing to the socket: by paho's thread, or by a thread writing what it
+        # queued itself (`_write_queued`)
+        self._write_lock = threading.Lock()
+        # bytes read from the socket ``_read_from`` and not handed to paho yet
+        self._read: bytes = b""
+        self._read_pos = 0
+        self._read_from: object = None
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        """What paho's packet reader asks of the socket (a packet's first byte, a byte of its
+        length, its rest), served from blocks of up to `READ_BLOCK` bytes read at once. The
+        block belongs to one socket: a new connection starts with nothing read."""
+        sock = self._sock
+        if sock is not self._read_from:
+            self._read, self._read_pos, self._read_from = b"", 0, sock
+        if self._read_pos >= len(self._read):
+            block = super()._sock_recv(READ_BLOCK)  # BlockingIOError: nothing to read now
+            if not block:
+                return block  # the connection ended
+            self._read, self._read_pos = block, 0
+        start = self._read_pos
+        chunk = self._read[start : start + bufsize]
+        self._read_pos = start + len(chunk)
+        return chunk
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        """paho's read of up to ``max_packets`` packets, again while a block read holds
+        more: paho waits for the socket to be readable before it reads again, and the
+        socket says nothing of packets already read from it."""
+        rc = super().loop_read(max_packets)
+        while (
+            rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+            and self._sock is not None
+            and self._sock is self._read_from
+            and self._read_pos < len(self._read)
+        ):
+            rc = super().loop_read(max_packets)
+        return rc
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -651,7 +760,54 @@ class LeanClient(paho.Client):
         finally:
             self._batch.open = False
             if self._batch.queued:
-                self._wake()
+                self._write_queued()
+
+    def _write_queued(self) -> None:
+        """Write what this thread queued, from this thread, when paho's thread need not: on a
+        plain TCP connection that is up, while no other thread writes, every packet at the
+        head of the queue that paho does nothing with once written (`_plain`). Whatever is
+        left (the socket full, another writer, a packet paho must complete) wakes paho's
+        thread, as paho does after queueing. Waking paho's thread costs a system call and a
+        pass of its loop, and the caller then waits for the interpreter lock while that
+        thread writes: on a one-at-a-time round trip, a hand-off between threads for each
+        message sent. A TLS socket is left to paho's thread: OpenSSL does not let two threads
+        read and write one connection at once."""
+        sock = self._sock
+        if (
+            type(sock) is socket.socket
+            and self._state == _CONNECTED
+            and self._write_lock.acquire(blocking=False)
+        ):
+            try:
+                written = self._send_plain(sock, self._out_packet)
+            finally:
+                self._write_lock.release()
+            if written:
+                return
+        self._wake()
+
+    def _send_plain(self, sock: socket.socket, packets: deque[Any]) -> bool:
+        """Send the plain packets at the head of ``packets``, paho's queue (joined, as
+        `_packet_write` does), with the writer lock held; True once the queue is empty. A
+        packet sent in part keeps its place and its position, for paho's thread to go on
+        with. They go on ``sock``, the connection found up: should paho's thread close it
+        meanwhile and open the next (with a new queue), a send fails on the closed one
+        rather than reach the next before its CONNECT."""
+        while packets and _plain(packets[0]["command"], packets[0]["qos"]):
+            _join_head(packets)
+            packet = packets[0]
+            try:
+                sent = self._sock_send(packet["packet"][packet["pos"] :], sock)
+            except OSError:  # full (paho's thread waits for room) or broken (it finds out)
+                return False
+            packet["pos"] += sent
+            packet["to_process"] -= sent
+            if packet["to_process"]:
+                return False
+            packets.popleft()
+        with self._msgtime_mutex:
+            self._last_msg_out = time.monotonic()  # paho's clock for its keepalive
+        return not packets
 
     def _wake(self) -> None:
         """What paho does after queueing a packet: one byte on its wake-up socket pair, so
@@ -669,19 +825,20 @@ class LeanClient(paho.Client):
         qos: int,
         info: paho.MQTTMessageInfo | None = None,
     ) -> MQTTErrorCode:
-        """Queue a packet for paho's thread to write. paho also wakes that thread each time
-        (`_wake`); here it is not woken for a packet queued inside `batch` (`batch` wakes it
-        once at the end), nor for one queued on that thread itself: it computes what to
-        wait for after handling what it read, and a non-empty queue makes it wait for the
-        socket to be writable. A PUBACK letting the next queued publish out is queued on
-        that thread."""
+        """Queue a packet to be written. paho then wakes its thread to write it (`_wake`).
+        Here a packet queued on another thread is written by that thread (`_write_queued`),
+        at once or, inside `batch`, with the rest of the batch at its end. paho's thread is
+        not woken for a packet it queued itself: it computes what to wait for after handling
+        what it read, and a non-empty queue makes it wait for the socket to be writable (a
+        PUBACK letting the next queued publish out is queued on that thread)."""
         thread = self._thread
         if thread is None:
             return super()._packet_queue(command, packet, mid, qos, info)
-        if threading.current_thread() is not thread:
-            if not getattr(self._batch, "open", False):
-                return super()._packet_queue(command, packet, mid, qos, info)
-            self._batch.queued = True
+        now = True
+        if threading.current_thread() is thread:
+            now = False
+        elif getattr(self._batch, "open", False):
+            self._batch.queued, now = True, False
         self._out_packet.append(
             {
                 "command": command,
@@ -693,7 +850,47 @@ class LeanClient(paho.Client):
                 "info": info,
             }
         )
+        if now:
+            self._write_queued()
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _packet_write(self) -> MQTTErrorCode:
+        """paho's writer (on paho's thread), with the packets at the head of the queue that
+        need nothing done once written joined into one send (`_join_head`). Packets leave
+        the queue only from its head, with the writer lock held (here, or in
+        `_write_queued`); other threads add at its tail."""
+        with self._write_lock:
+            _join_head(self._out_packet)
+            return super()._packet_write()
+
+    def _sock_send(self, buf: bytes | bytearray, sock: socket.socket | None = None) -> int:
+        """paho's send on its current socket, or (`_send_plain`) a send on ``sock``."""
+        if sock is None:
+            return super()._sock_send(buf)
+        return sock.send(buf)
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        """A PUBLISH received: paho's handling, without its decoder for a plain one (QoS 0 or
+        1, a topic, no properties; `plain_publish`). paho builds a `Properties` for every
+        MQTT 5 PUBLISH, even one with none, and an `MQTTMessageInfo` with its Condition for
+        every message, which only a publish of ours uses: together more than a third of
+        its thread's time in a burst of reports. Any other PUBLISH goes to paho's handler."""
+        command = self._in_packet["command"]
+        v5 = self._protocol == MQTTProtocolVersion.MQTTv5
+        plain = plain_publish(command, self._in_packet["packet"], v5=v5)
+        if plain is None:
+            return super()._handle_publish()
+        mid, topic, payload = plain
+        message = _Received(mid, topic, payload, command, PUBLISH_NO_PROPERTIES if v5 else None)
+        if self._logger is not None or self.on_log is not None:
+            self._easy_log(
+                paho.MQTT_LOG_DEBUG, "Received PUBLISH (d%d, q%d, r%d, m%d), %r, ...  (%d bytes)",
+                message.dup, message.qos, message.retain, mid, topic, len(payload),
+            )  # fmt: skip
+        self._handle_on_message(message)
+        if message.qos == 0 or self._manual_ack:
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return self._send_puback(mid)
 
     def _bare_puback_reason(self, packet: bytearray) -> ReasonCode | None:
         """The reason code of a bare PUBACK (the packet after its fixed header); None for any
@@ -706,6 +903,40 @@ class LeanClient(paho.Client):
         if size == _PACKET_ID_LENGTH + 2 and packet[3] != 0:  # properties follow
             return None
         return PUBACK_TAKEN.get(packet[2])
+
+
+def _join_head(packets: deque[Any]) -> None:
+    """Join the packets at the head of paho's queue that need nothing done once written
+    into one: PUBACKs of a batch of reports taken in, publishes let out by PUBACKs read in
+    one block (up to about `WRITE_BLOCK` bytes)."""
+    if len(packets) < 2:
+        return
+    joined, size = [], 0
+    while packets and size < WRITE_BLOCK and _plain(packets[0]["command"], packets[0]["qos"]):
+        joined.append(packet := packets.popleft())
+        size += packet["to_process"]
+    if len(joined) == 1:
+        packets.appendleft(joined[0])
+    elif joined:
+        data = b"".join(p["packet"][p["pos"] :] for p in joined)
+        packets.appendleft(
+            {
+                "command": PUBACK,  # a packet paho writes and then forgets
+                "mid": 0,
+                "qos": 1,
+                "pos": 0,
+                "to_process": len(data),
+                "packet": data,
+                "info": None,
+            }
+        )
+
+
+def _plain(command: int, qos: int) -> bool:
+    """Whether paho does nothing with a queued packet once it is written: all but a QoS 0
+    PUBLISH (its publish completes then) and a DISCONNECT (the connection ends)."""
+    kind = command & 0xF0
+    return not ((kind == PUBLISH and qos == 0) or kind == DISCONNECT)
 
 
 def new_client(
@@ -1092,15 +1323,18 @@ class MqttClient:
     ) -> None:
         if client is not self._paho:
             return
+        was_connected = self._status.connected
         connected_at = self._status.closed()
+        # Down before acting on the close: a fallback launches the next client, whose own
+        # thread may be up before this callback returns.
+        self._status.down()
         if self._stopped:
-            if self._status.connected:
+            if was_connected:
                 log.info("MQTT disconnected from %s", self._broker)
         elif connected_at is not None:
             self._on_connection_lost(client, flags, reason_code, connected_at)
         elif not self._status.answered:
             self._on_closed_before_connack(client, flags, reason_code)
-        self._status.down()
 
     def _on_closed_before_connack(
         self, client: paho.Client, flags: paho.DisconnectFlags, reason_code: ReasonCode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -19,9 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as paho
 import pytest
 from paho.mqtt import _packet as paho_packet
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from service.adapters.mqtt import (
     PUBACK_NO_PROPERTIES,
@@ -30,6 +34,7 @@ from service.adapters.mqtt import (
     LeanClient,
     MqttClient,
     MqttSettings,
+    plain_publish,
 )
 from service.errors import ConfigError
 from tests.servers import Server, free_port, locked_mosquitto, mosquitto_server, pipe, running
@@ -114,6 +119,16 @@ def subscribed(client: MqttClient, url: str, topic: str) -> None:
                 if get(client.inbound, 0.2).payload == b"probe":
                     return
         pytest.fail(f"subscription to {topic} never became active")
+
+
+def past_probes(client: MqttClient, count: int) -> list[Inbound]:
+    """The next ``count`` messages, leaving out late copies of `subscribed`'s proof."""
+    received: list[Inbound] = []
+    while len(received) < count:
+        message = get(client.inbound)
+        if message.payload != b"probe":
+            received.append(message)
+    return received
 
 
 # -- holder subprocess ----------------------------------------------------------------------
@@ -225,6 +240,7 @@ class ConnectProxy:
         self.port = self.listener.getsockname()[1]
         self.levels_seen: list[int] = []
         self.sockets: list[socket.socket] = [self.listener]
+        self._closed = False
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -233,10 +249,22 @@ class ConnectProxy:
         return f"mqtt://127.0.0.1:{self.port}"
 
     def close(self) -> None:
-        for sock in self.sockets:
+        with self._lock:
+            self._closed = True
+            sockets = list(self.sockets)
+        for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def _keep(self, sock: socket.socket) -> bool:
+        """Hold ``sock`` for `close`; or, once closed, close it now (False)."""
+        with self._lock:
+            if not self._closed:
+                self.sockets.append(sock)
+                return True
+        sock.close()
+        return False
 
     def _accept(self) -> None:
         while True:
@@ -244,7 +272,8 @@ class ConnectProxy:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            self.sockets.append(conn)
+            if not self._keep(conn):
+                return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _action(self, level: int) -> str:
@@ -275,7 +304,8 @@ class ConnectProxy:
                 conn.close()
                 return
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            self.sockets.append(upstream)
+            if not self._keep(upstream):
+                return
             upstream.sendall(first)
             threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
             pipe(conn, upstream)
@@ -344,6 +374,40 @@ def test_falls_back_to_311_when_broker_closes_after_v5_connect(
             "changes.count(True) == 2 and client.connected",
         )
         assert proxy.levels_seen == [5, 4, 4]
+
+
+def test_the_new_client_up_before_the_old_ones_close_ends_stays_up(
+    mosquitto: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback's new client runs on its own thread: it can connect while the old
+    client's close callback, which launched it, has yet to return. What that callback does
+    after the launch must not mark the new connection down."""
+    launch = MqttClient._launch
+
+    def launch_then_wait_until_up(self: MqttClient, client: paho.Client) -> None:
+        launch(self, client)
+        if client is not first:  # the fallback's launch, on the old client's thread
+            old_threads.append(threading.current_thread())
+            assert self.wait_subscribed(10), "the new client did not subscribe"
+
+    monkeypatch.setattr(MqttClient, "_launch", launch_then_wait_until_up)
+    old_threads: list[threading.Thread] = []
+    changes: list[bool] = []
+    with proxy_for(mosquitto, on_v5="close") as proxy:
+        settings = MqttSettings(url=proxy.url, client_id=unique("fbr"), reconnect_min_s=0.1)
+        client = MqttClient(settings, subscriptions=["fbr/in"], on_connection_change=changes.append)
+        first = client._paho
+        client.start()
+        try:
+            assert client.wait_connected(10)
+            [old_thread] = old_threads
+            old_thread.join(10)  # its close callback, which launched the new client, is over
+            assert not old_thread.is_alive()
+            assert proxy.levels_seen == [5, 4]
+            assert client.connected and client.subscribed
+            assert changes == [True]
+        finally:
+            client.stop()
 
 
 def test_no_fallback_when_nothing_listens_yet(tmp_path: Path) -> None:
@@ -619,44 +683,269 @@ class _CountingWakeUps:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
+    @classmethod
+    def installed_on(cls, client: MqttClient) -> _CountingWakeUps:
+        """Put one in place of the wake-up socket of the client's paho (a test-only peek)."""
+        lean = client._paho
+        counting = cls(lean._sockpairW)
+        lean._sockpairW = counting  # type: ignore[assignment]
+        return counting
 
-def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(mosquitto: Server) -> None:
+
+def _count_sends(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the sends to the broker each thread makes, by thread name."""
+    by_thread: dict[str, int] = {}
+    send = LeanClient._sock_send
+
+    def counting(client: LeanClient, buffer: bytes | bytearray, *on: socket.socket) -> int:
+        name = threading.current_thread().name
+        by_thread[name] = by_thread.get(name, 0) + 1
+        return send(client, buffer, *on)
+
+    monkeypatch.setattr(LeanClient, "_sock_send", counting)
+    return by_thread
+
+
+def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(
+    mosquitto: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """paho keeps 20 publishes in flight and lets the next one out on its own thread as a
-    PUBACK comes: `LeanClient` queues those without writing paho a wake-up byte. Should
-    paho rename or reshape what it overrides, its thread would write them (or nothing would
-    go out) and this fails."""
+    PUBACK comes: `LeanClient` queues those without writing paho a wake-up byte, and paho's
+    thread writes them. The publishing thread writes the first ones itself. Should paho
+    rename or reshape what it overrides, its thread would be woken for each (or nothing
+    would go out) and this fails."""
+    sends = _count_sends(monkeypatch)
     with client_for(url_of(mosquitto)) as client:
         lean = client._paho  # test-only peek
-        counting = _CountingWakeUps(lean._sockpairW)
-        lean._sockpairW = counting  # type: ignore[assignment]
+        counting = _CountingWakeUps.installed_on(client)
         tickets = [client.publish("lean/out", b"m") for _ in range(200)]
         assert all(ticket.wait(10) for ticket in tickets)
         assert lean._thread is not None
-        assert counting.by_thread.get(lean._thread.name, 0) == 0
-        assert counting.by_thread.get(threading.current_thread().name, 0) >= 1
+        assert counting.by_thread == {}
+        assert sends.get(lean._thread.name, 0) >= 1
+        assert sends.get(threading.current_thread().name, 0) >= 1
 
 
-def test_a_batch_of_publishes_wakes_pahos_thread_once(mosquitto: Server) -> None:
-    """Inside `MqttClient.batch` the publishing thread queues its packets without waking
-    paho's thread, and wakes it once at the end: all go out."""
+def test_a_batch_of_publishes_goes_out_from_its_thread_in_one_send(
+    mosquitto: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside `MqttClient.batch` the publishing thread queues its packets, and at the end
+    writes them itself, joined into one send: paho's thread is not woken, and all go out
+    in order."""
     url = url_of(mosquitto)
     with client_for(url, subscriptions=("lean/+",)) as sub, client_for(url) as client:
         subscribed(sub, url, "lean/probe")
-        lean = client._paho  # test-only peek
-        counting = _CountingWakeUps(lean._sockpairW)
-        lean._sockpairW = counting  # type: ignore[assignment]
+        counting = _CountingWakeUps.installed_on(client)
+        sends = _count_sends(monkeypatch)
         with client.batch():
             tickets = [client.publish("lean/out", str(n).encode()) for n in range(10)]
-            with client.batch():  # nested: the outer one wakes
+            with client.batch():  # nested: the outer one writes
                 tickets.append(client.publish("lean/out", b"10"))
-        assert counting.by_thread == {threading.current_thread().name: 1}
+            assert sends == {}
+        # paho's thread also loops once a second, and writes whatever is queued then: it may
+        # have written the first of these, never more than the one send the rest took
+        assert sends.get(threading.current_thread().name) == 1
+        assert sum(sends.values()) <= 2
+        assert counting.by_thread == {}
         assert all(ticket.wait(10) for ticket in tickets)
-        received: list[bytes] = []
-        while len(received) < 11:
-            payload = get(sub.inbound).payload
-            if payload != b"probe":  # a late copy of the subscription's proof
-                received.append(payload)
+        received = [m.payload for m in past_probes(sub, 11)]
         assert received == [str(n).encode() for n in range(11)]
+
+
+def test_a_write_that_found_a_connection_up_goes_on_that_connection_only(
+    mosquitto: Server,
+) -> None:
+    """A thread writes what it queued on the connection it found up. Should paho's thread
+    close that connection and open the next before the send, the send fails on the closed
+    one (and paho's thread is left to write) instead of reaching the next connection,
+    whose first packet must be its CONNECT."""
+    changes: list[bool] = []
+    with client_for(url_of(mosquitto), on_change=changes.append) as client:
+        lean = client._paho  # test-only peek
+        found = lean._sock
+        assert isinstance(found, socket.socket)
+        drop_connection(client)
+        wait_until(lambda: changes == [True, False, True], 10, "connected again")
+        assert lean._sock is not found
+        packet = b"\x40\x02\x00\x01"  # a PUBACK: plain
+        queued: collections.deque[Any] = collections.deque(
+            [{"command": paho.PUBACK, "mid": 1, "qos": 1, "pos": 0, "to_process": 4,
+              "packet": packet, "info": None}]
+        )  # fmt: skip
+        with lean._write_lock:
+            assert lean._send_plain(found, queued) is False
+        assert queued[0]["pos"] == 0 and queued[0]["to_process"] == 4
+
+
+def test_what_the_socket_cannot_take_now_paho_writes_later(tmp_path: Path) -> None:
+    """A batch bigger than the socket takes while the broker reads nothing: the publishing
+    thread writes what fits, wakes paho's thread for the rest and returns; once the broker
+    reads again, everything arrives, in order and whole."""
+    broker = mosquitto_server(tmp_path)
+    with running(broker):
+        url = url_of(broker)
+        with client_for(url, subscriptions=("full/+",)) as sub, client_for(url) as client:
+            subscribed(sub, url, "full/probe")
+            lean = client._paho  # test-only peek
+            counting = _CountingWakeUps.installed_on(client)
+            payloads = [n.to_bytes(4, "big") * 262144 for n in range(20)]  # 1 MiB each
+            broker.freeze()
+            try:
+                with client.batch():
+                    tickets = [client.publish("full/in", p) for p in payloads]
+                assert counting.by_thread == {threading.current_thread().name: 1}
+                assert lean._out_packet, "the socket took 20 MiB with the broker stopped"
+            finally:
+                broker.thaw()
+            assert all(ticket.wait(30) for ticket in tickets)
+            assert [m.payload for m in past_probes(sub, len(payloads))] == payloads
+
+
+def test_packets_read_in_one_block_are_all_handled_at_once(
+    mosquitto: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LeanClient` reads its socket in blocks: a burst that piled up while paho's thread was
+    busy takes a few reads, not three per message, and every message read is handled then.
+    paho reads one packet per readable socket here, and the socket says nothing of packets
+    already read from it: the rest of a block would wait for the next bytes to arrive
+    (nothing here: no ping falls due) and this fails."""
+    reads: list[int] = []
+    recv = paho.Client._sock_recv
+
+    def counting(client: paho.Client, bufsize: int) -> bytes:
+        reads.append(bufsize)
+        return recv(client, bufsize)
+
+    monkeypatch.setattr(paho.Client, "_sock_recv", counting)
+    url = url_of(mosquitto)
+    count = 50
+    with client_for(url, subscriptions=("burst/+",)) as sub, client_for(url) as pub:
+        subscribed(sub, url, "burst/probe")
+        busy = sub._paho._in_callback_mutex  # test-only peek: paho's thread waits for it
+        with busy:
+            tickets = [pub.publish("burst/in", str(n).encode()) for n in range(count)]
+            assert all(ticket.wait(10) for ticket in tickets)  # the broker sent them on
+            reads.clear()
+        received = [get(sub.inbound).payload for _ in range(count)]
+    assert received == [str(n).encode() for n in range(count)]
+    assert len(reads) < count, reads
+
+
+def test_packets_queued_together_go_out_in_one_send_in_order(
+    mosquitto: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LeanClient` joins the packets queued for the broker into one send: a batch of
+    publishes, and the PUBACKs of messages taken in together, take a few sends, not one
+    each, and arrive in the order they were queued."""
+    sends: list[int] = []
+    send = LeanClient._sock_send
+
+    def counting(client: LeanClient, buffer: bytes | bytearray, *on: socket.socket) -> int:
+        sends.append(len(buffer))
+        return send(client, buffer, *on)
+
+    url = url_of(mosquitto)
+    count = 50
+    subscriber = client_for(url, subscriptions=("joined/+",), manual_ack=True)
+    with subscriber as sub, client_for(url) as pub:
+        subscribed(sub, url, "joined/probe")
+        monkeypatch.setattr(LeanClient, "_sock_send", counting)
+        with pub.batch():
+            tickets = [pub.publish("joined/in", str(n).encode()) for n in range(count)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        published = len(sends)
+        received = past_probes(sub, count)
+        sub.ack_all(received)
+        puback = 4  # fixed header, length and packet id: a bare PUBACK
+        wait_until(lambda: sum(sends[published:]) == count * puback, 10, "every PUBACK sent")
+    assert [m.payload for m in received] == [str(n).encode() for n in range(count)]
+    assert published < count / 2, sends
+    assert len(sends) - published < count / 2, sends[published:]
+
+
+@pytest.mark.parametrize("v5", [False, True])
+@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("flags", [0x00, 0x01, 0x08, 0x09])  # retain, dup
+@pytest.mark.parametrize("topic", [b"t", b"lifelong/node/workers/ns/w-1/info", b"\xff/x"])
+@pytest.mark.parametrize("payload", [b"", b"{}", bytes(range(256)) * 3])
+def test_a_plain_publish_means_to_paho_what_lean_client_reads(
+    v5: bool, qos: int, flags: int, topic: bytes, payload: bytes
+) -> None:
+    """paho's decoder reads a plain PUBLISH (QoS 0 or 1, a topic, no properties) as
+    `plain_publish` does, and `LeanClient` makes of it the message paho would."""
+    protocol = MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311
+    command = 0x30 | (qos << 1) | flags
+    mid = b"\x12\x34" if qos else b""
+    packet = len(topic).to_bytes(2, "big") + topic + mid + (b"\x00" if v5 else b"") + payload
+    decoded = paho_packet.decode_publish(command, packet, protocol)
+    read = plain_publish(command, packet, v5=v5)
+    assert read == (decoded.mid, decoded.topic, decoded.payload)
+    client = LeanClient(CallbackAPIVersion.VERSION2, protocol=protocol)
+    made: list[paho.MQTTMessage] = []
+    client.on_message = lambda _c, _u, message: made.append(message)
+    client._in_packet["command"] = command
+    client._in_packet["packet"] = packet
+    client._manual_ack = True
+    assert client._handle_publish() == 0
+    [message] = made
+    fields = ("mid", "_topic", "payload", "qos", "dup", "retain", "state")
+    expected = paho.MQTTMessage(decoded.mid, decoded.topic)
+    expected.qos, expected.dup, expected.retain = decoded.qos, decoded.dup, decoded.retain
+    expected.payload = decoded.payload
+    assert [getattr(message, f) for f in fields] == [getattr(expected, f) for f in fields]
+    if v5:
+        assert message.properties is not None and decoded.properties is not None
+        assert message.properties.json() == decoded.properties.json() == {}
+    else:
+        assert message.properties is None is decoded.properties
+
+
+@pytest.mark.parametrize(
+    "v5, packet",
+    [
+        (True, b"\x00\x01t\x12\x34\x03\x23\x00\x01payload"),  # a topic alias property
+        (True, b"\x00\x00\x12\x34\x03\x23\x00\x01payload"),  # no topic: the alias names it
+        (False, b"\x00\x00\x12\x34payload"),  # no topic (malformed under 3.1.1)
+        (False, b"\x00\x09t\x12"),  # cut short
+        (True, b"\x00\x01t\x12\x34"),  # no property length
+        (False, b"\x00"),
+    ],
+)
+def test_any_other_publish_is_left_to_pahos_decoder(v5: bool, packet: bytes) -> None:
+    assert plain_publish(0x32, packet, v5=v5) is None
+    assert plain_publish(0x34, b"\x00\x01t\x12\x34\x00", v5=True) is None  # QoS 2
+
+
+@pytest.mark.parametrize("pin", ["", "?protocol=3.1.1"])
+def test_plain_publishes_arrive_without_pahos_decoder(
+    mosquitto: Server, pin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages from a real broker take `LeanClient`'s way in and arrive whole; one with
+    properties (MQTT 5) takes paho's. Should paho rename or reshape what it overrides, its
+    decoder would run for every message (or none would arrive) and this fails."""
+    decoded: list[bytes] = []
+    decode_publish = paho_packet.decode_publish
+
+    def counting(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
+        result = decode_publish(header, packet, protocol)
+        decoded.append(result.payload)
+        return result
+
+    url = url_of(mosquitto) + pin
+    with client_for(url, subscriptions=("plain/+",)) as sub, client_for(url) as pub:
+        subscribed(sub, url, "plain/probe")
+        monkeypatch.setattr(paho_packet, "decode_publish", counting)
+        tickets = [pub.publish("plain/in", str(n).encode()) for n in range(20)]
+        assert all(ticket.wait(10) for ticket in tickets)
+        received = [m.payload for m in past_probes(sub, 20)]
+        assert received == [str(n).encode() for n in range(20)]
+        assert decoded == []
+        if not pin:
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            properties.UserProperty = ("k", "v")
+            pub._paho.publish("plain/in", b"with", qos=1, properties=properties).wait_for_publish(5)
+            assert [m.payload for m in past_probes(sub, 1)] == [b"with"]
+            assert decoded == [b"with"]
 
 
 @pytest.mark.parametrize(

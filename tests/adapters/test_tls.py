@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
+from service.adapters.mqtt import MqttClient, MqttSettings
 from service.embedded.processes import Server, find_binary, free_port, redis_server
 from tests.harness import (
     Cloud,
@@ -310,3 +312,34 @@ def _mqtt_connack(port: int, password: str, *, tls_ca: str | None) -> int | None
         return None
     finally:
         client.disconnect()
+
+
+def test_over_tls_only_pahos_thread_writes(tls_servers: TlsServers) -> None:
+    """OpenSSL does not let two threads use one connection at once, so over TLS a batch
+    published from another thread wakes paho's thread to write it, as paho does, instead
+    of being written by the publishing thread (as on plain TCP). Every publish is taken."""
+    servers = tls_servers
+    url = (
+        f"mqtts://lifelong:{servers.passwords['lifelong']}@127.0.0.1:{servers.broker.port}"
+        f"?ca={servers.pki.ca}"
+    )
+    client = MqttClient(MqttSettings(url=url, client_id="tls-writer"))
+    client.start()
+    try:
+        assert client.wait_connected(10)
+        lean = client._paho  # test-only peek
+        wake_ups: list[str] = []
+        wake = lean._wake
+
+        def counting() -> None:
+            wake_ups.append(threading.current_thread().name)
+            wake()
+
+        lean._wake = counting  # type: ignore[method-assign]
+        with client.batch():
+            tickets = [client.publish("sedna/tls/upstream", b"m") for _ in range(50)]
+        assert wake_ups == [threading.current_thread().name]
+        assert all(ticket.wait(10) for ticket in tickets)
+        assert not any(ticket.refused for ticket in tickets)
+    finally:
+        client.stop()

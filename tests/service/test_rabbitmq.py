@@ -34,6 +34,10 @@ from tests.rabbitmq import RabbitNode
 
 DATASET = "rabbit-dataset"
 FALLBACK = "closed the connection after our MQTT 5 CONNECT without answering it"
+#: How long a controller may take to be ready on RabbitMQ: its subscriptions' queues are set
+#: up by the broker's Erlang node, which took over 15 s (the default) once while the test
+#: suite's three workers loaded the machine's two cores.
+READY_S = 60
 
 
 @pytest.fixture
@@ -86,7 +90,7 @@ def test_full_round_on_rabbitmq_found_by_itself(
     controller = controller_on(rabbitmq_node, redis_proc, tmp_path, "rabbit-round", "rround")
     controller.start()
     try:
-        controller.wait_ready()
+        controller.wait_ready(READY_S)
         wait_ingress(controller, cloud)
         log = controller.log()
         assert FALLBACK in log
@@ -131,7 +135,7 @@ def test_sigkill_resumes_on_the_persistent_session_and_the_will_says_offline(
     controller = controller_on(rabbitmq_node, redis_proc, tmp_path, "rabbit-kill", "rkill")
     controller.start()
     try:
-        controller.wait_ready()
+        controller.wait_ready(READY_S)
         wait_ingress(controller, cloud)  # the ingress session now exists on the broker
         assert retained_presence(rabbitmq_node, "rabbit-kill")["state"] == "online"
 
@@ -145,7 +149,7 @@ def test_sigkill_resumes_on_the_persistent_session_and_the_will_says_offline(
         cloud.insert_job(job, DATASET, tmp_path / "out")
 
         controller.start()
-        controller.wait_ready()
+        controller.wait_ready(READY_S)
         cloud.wait_for(lambda: 10 in cloud.samples(DATASET), 20, "numberOfSamples 10")
         cloud.wait_status(job, "train", "ready")
         log = controller.log()
