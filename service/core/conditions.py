@@ -21,9 +21,10 @@ a status again (it was written after the GM took the status in). A ready thus ne
 the completed before it until the GM has taken that in, and goes out at most once per
 (round, stage). When no copy is seen holding a status the job sent (the write-back dropped
 it before its copy went out), the job believes the GM's latest copy `STAGED_DOUBT_MS` after
-it last sent something when a stage waits to start, else after `Context.gm_resend_ms`. While
-the GM still shows a stage `Waiting` `gm_resend_ms` after its ready went out (the frame died
-with its connection, or the write-back dropped it), the same ready is sent again.
+it last sent something when a stage waits to start (a staged stage, or the next round's
+train trigger at Train/Waiting), else after `Context.gm_resend_ms`. While the GM still
+shows a stage `Waiting` `gm_resend_ms` after its ready went out (the frame died with its
+connection, or the write-back dropped it), the same ready is sent again.
 
 When the GM moves the job elsewhere mid-round (a pod failed: `*/Failed`, then
 `Train/Waiting`), the job follows: the round fails as on a worker's `failed` report. When the
@@ -55,11 +56,12 @@ _MODELS_KEPT = reports.MAX_MODELS_KEPT
 #: The stages whose condition makes a running stage's end: the GM went past it, or back.
 _FAILED = "failed"
 
-#: How long a staged job doubts a copy that lacks a status it sent the GM. The GM takes a
-#: status in and sends the copy that holds it within milliseconds; when its write-back
-#: dropped the status before that copy went out (a forwarded `completed` racing the GM's
-#: own pod-succeeded path), no copy ever holds it, and the job believes the latest copy
-#: after this long instead of after `Context.gm_resend_ms`.
+#: How long a job with a stage waiting to start (staged, or its train trigger) doubts a copy
+#: that lacks a status it sent the GM. The GM takes a status in and sends the copy that
+#: holds it within milliseconds; when its write-back dropped the status before that copy
+#: went out (a forwarded `completed` racing the GM's own pod-succeeded path), no copy ever
+#: holds it, and the job believes the latest copy after this long instead of after
+#: `Context.gm_resend_ms`.
 STAGED_DOUBT_MS = 2_000
 
 _status_decoder = msgspec.json.Decoder(JobStatus)
@@ -364,16 +366,18 @@ def _waiting_on_gm(job: JobState) -> bool:
 
 
 def _doubt_ms(job: JobState, out: Recorder) -> int:
-    """How long after its last status to the GM the job doubts a copy that lacks it."""
-    if job.step == "staged":
+    """How long after its last status to the GM the job doubts a copy that lacks it: not
+    long while a stage waits to start on the GM's word (a staged stage, or the next round's
+    train trigger), else the resend interval."""
+    if job.step == "staged" or (job.phase, job.step) == ("train", "waiting"):
         return min(STAGED_DOUBT_MS, out.ctx.gm_resend_ms)
     return out.ctx.gm_resend_ms
 
 
 def _wait_timer(job: JobState, out: Recorder) -> JobState:
     """While the job waits on the GM, a timer `gm_resend_ms` after it last sent the GM
-    something (or after its last ready), or, while a staged job doubts the GM's copy, when
-    the doubt ends; for `resend` to look again."""
+    something (or after its last ready), or, while it doubts the GM's copy, when the doubt
+    ends; for `resend` to look again."""
     if not _waiting_on_gm(job):
         return job
     base_ms = job.gm_sent.at_ms if job.gm_sent is not None else job.gm_sent_ms
@@ -389,10 +393,10 @@ def _wait_timer(job: JobState, out: Recorder) -> JobState:
 
 def resend(job: JobState, event: Tick, out: Recorder) -> JobState:
     """A timer while the job waits on the GM. A status the job sent that no copy holds
-    `gm_resend_ms` later (`STAGED_DOUBT_MS` for a staged job) was dropped by the GM's
-    write-back: the job believes the GM's latest copy (and starts what it shows). The last
-    ready goes again if the GM still shows its stage `Waiting` `gm_resend_ms` after it went
-    out."""
+    `gm_resend_ms` later (`STAGED_DOUBT_MS` while a stage waits to start) was dropped by
+    the GM's write-back: the job believes the GM's latest copy (and starts what it shows).
+    The last ready goes again if the GM still shows its stage `Waiting` `gm_resend_ms`
+    after it went out."""
     gm = job.gm
     if gm is None:
         return job

@@ -251,7 +251,9 @@ def test_the_deploy_decision_waits_for_deploy_waiting() -> None:
     assert driver.job.version == 2, "the next round starts once the GM shows Train/Waiting"
 
 
-def test_a_held_back_model_sends_deploy_completed_at_deploy_waiting() -> None:
+def gated_to_a_worse_model() -> tuple[Driver, Gm]:
+    """A gated job: round 1 deployed, round 2's model worse, its eval reported (deploy/
+    staged)."""
     gate = Condition(operator=">", threshold=0.01, metric="accuracy_delta[0]")
     driver, gm = started(msgspec.structs.replace(spec(), gate=gate))
     deployed_round(driver, gm)  # round 1: nothing deployed to beat
@@ -263,6 +265,11 @@ def test_a_held_back_model_sends_deploy_completed_at_deploy_waiting() -> None:
         {"format": "pkl", "url": f"{OUT}/eval/1/m.pkl", "metrics": {"accuracy": [0.9]}},
     ]
     gm_round_to_deploy(driver, gm, worse)
+    return driver, gm
+
+
+def test_a_held_back_model_sends_deploy_completed_at_deploy_waiting() -> None:
+    driver, gm = gated_to_a_worse_model()
     assert (driver.job.phase, driver.job.step) == ("deploy", "staged")
     copies = len(driver.of(CopyModel))
     gm.step("Eval", "Completed")
@@ -419,6 +426,29 @@ def test_a_staged_eval_believes_the_gm_soon_when_its_write_back_dropped_the_comp
     driver.tick()
     assert driver.job.step == "preparing" and driver.last_write().phase == "eval"
     assert readies(driver.written("eval")) == [("eval", "ready")]
+
+
+def test_the_next_trigger_believes_the_gm_soon_when_its_write_back_dropped_the_last_status(
+) -> None:
+    """A held-back model's deploy `completed` goes to the GM, whose write-back drops it as
+    it moves the job to Train/Waiting: no copy will ever hold it. The next round's trigger,
+    a stage waiting to start as a staged one does, fires once the doubt is over, not a
+    resend interval (30 s) later."""
+    driver, gm = gated_to_a_worse_model()
+    gm.step("Eval", "Completed")
+    assert readies(gm.step("Deploy", "Waiting")) == [("deploy", "completed")]
+    gm.add("Deploy", "Completed")
+    gm.taken -= 1  # (not taken in: the write-back dropped it)
+    gm.conditions[-1] = JobCondition(stage="Deploy", type="Completed")  # the GM's own
+    gm.step("Train", "Waiting")
+    driver.dataset(30, info())
+    assert driver.job.version == 2, "a copy lacking the completed is doubted at first"
+    driver.now_ms += STAGED_DOUBT_MS - 1
+    driver.tick()
+    assert (driver.job.phase, driver.job.step, driver.job.version) == ("train", "waiting", 2)
+    driver.now_ms += 1
+    driver.tick()
+    assert (driver.job.step, driver.job.version) == ("preparing", 3)
 
 
 def test_a_copy_after_one_that_held_every_status_counts_though_it_lost_one() -> None:

@@ -116,8 +116,19 @@ def apply(gm: SednaGm, stack: Stack, *, train_node: str = NODE,
 
 def check(gm: SednaGm, rounds: int, timeout_s: float = 240) -> None:
     gm.wait_rounds(JOB, rounds, timeout_s)
-    assert gm.order_problems(JOB) == []
+    assert gm.order_problems(JOB) == [], described(gm)
     assert gm.refused == [], "the GM refused statuses"
+
+
+def described(gm: SednaGm) -> str:
+    """The job's conditions, one a line, with who made each (the GM, or a status "reported
+    by lc") and when; and its pods."""
+    conditions = gm.job(JOB)["status"]["conditions"] or []
+    return "\n".join(
+        [f"{i + 1}: {c['stage']}/{c['type']} {c['lastTransitionTime']} {c['message']!r}"
+         for i, c in enumerate(conditions)]
+        + [f"pod {p.name} ({p.type}): {p.phase}" for p in gm.pods(JOB)]
+    )  # fmt: skip
 
 
 def running(gm: SednaGm, stage: str, after_rounds: int) -> Callable[[], bool]:
