@@ -71,9 +71,11 @@ class OutboxPublisher:
         clock: Clock,
         rejections: Rejections,
         puback_timeout_s: float = 10.0,
+        idle_wait_s: float = IDLE_WAIT_S,
         on_depth: Callable[[int], None] = lambda _depth: None,
     ) -> None:
         self._outboxes = outboxes
+        self._idle_wait_s = idle_wait_s
         self._mqtt = mqtt
         self._held_shards = held_shards
         self._clock = clock
@@ -134,7 +136,7 @@ class OutboxPublisher:
         self._forget_acknowledged()
 
     def wait(self, stop: threading.Event) -> None:
-        self._wake.wait(BUSY_WAIT_S if self.depth else IDLE_WAIT_S)
+        self._wake.wait(BUSY_WAIT_S if self.depth else self._idle_wait_s)
         if stop.is_set():
             self._wake.set()
 

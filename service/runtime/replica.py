@@ -19,6 +19,7 @@ Nothing here decides anything about a job or a dataset: that is `service.core`.
 
 
 import logging
+import math
 import os
 import queue
 import socket
@@ -36,7 +37,7 @@ from service.adapters.s3 import S3Clients
 from service.config import Config
 from service.core.lifecycle import transition
 from service.errors import ServiceError, StoreUnavailable
-from service.heartbeat import Clock, Heartbeats, SystemClock
+from service.heartbeat import Beat, Clock, Heartbeats, SystemClock
 from service.keys import Keys
 from service.metrics import Metrics
 from service.runtime.executor import EffectRunner, Executor
@@ -50,6 +51,7 @@ from service.runtime.intake import (
     ingress_client_factory,
 )
 from service.runtime.leases import LeaseKeeper, Presence, presence_payload
+from service.runtime.outbox import IDLE_WAIT_S as OUTBOX_IDLE_WAIT_S
 from service.runtime.outbox import OutboxPublisher
 from service.runtime.processor import DatasetHealth, Journal, Processor, Transition
 from service.runtime.rejections import Rejections
@@ -194,6 +196,8 @@ class Replica:
             self.store.outboxes, self.publisher, lambda: sorted(self.leases.held()),
             clock=self.clock,
             rejections=self.rejections, puback_timeout_s=tuning.puback_timeout_s,
+            # its thread beats once per wait: idle, it must wake well within the stall limit
+            idle_wait_s=min(OUTBOX_IDLE_WAIT_S, self.heartbeats.check_interval_s),
             on_depth=self.metrics.outbox_depth.set,
         )  # fmt: skip
         s3 = S3Clients()
@@ -307,14 +311,24 @@ class Replica:
                 except StoreUnavailable as e:
                     log.warning("%s: redis unavailable: %s", name, e)
                     beat()
-                    self._stop.wait(LOOP_FAILURE_PAUSE_S)
+                    self._pause(LOOP_FAILURE_PAUSE_S, beat)
                 except Exception:
                     log.exception("%s loop failed; continuing", name)
                     beat()
-                    self._stop.wait(LOOP_FAILURE_PAUSE_S)
+                    self._pause(LOOP_FAILURE_PAUSE_S, beat)
                 beat()
                 if interval_s:
-                    self._stop.wait(interval_s)
+                    self._pause(interval_s, beat)
+
+    def _pause(self, seconds: float, beat: Beat) -> None:
+        """Wait ``seconds`` (less once stopped), beating at least once per watchdog check: a
+        loop that pauses as long as the stall limit (presence's 0.5 s on the shortest lease,
+        1 s) must not be reported stalled between its runs."""
+        slices = math.ceil(seconds / self.heartbeats.check_interval_s)
+        for _ in range(slices):
+            if self._stop.wait(seconds / slices):
+                return
+            beat()
 
     # ================================================================ health
     def ready(self) -> tuple[bool, str]:
