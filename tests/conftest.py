@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,24 @@ from tests.servers import (
 from tests.stack import Stack, stack_on
 
 T = TypeVar("T")
+
+#: How much of each controller's log a failed whole-service test shows.
+LOG_TAIL_CHARS = 12_000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test of a whole-service stack shows the tail of each controller's log: a
+    failure met once in a clean-clone run can then be read from that run's output alone."""
+    report = yield
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.when == "call" and report.failed and isinstance(stack, Stack):
+        for controller in stack.controllers:
+            tail = controller.log()[-LOG_TAIL_CHARS:]
+            report.sections.append((f"controller {controller.name}: its log's tail", tail))
+    return report
 
 
 def per_test(name: str, start: Callable[[Path], AbstractContextManager[T]]) -> Any:

@@ -197,7 +197,11 @@ class FlakyProxy:
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 client.close()  # linger 0: a reset, at once
                 continue
-            upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            except OSError:  # the target is down: so is the way through
+                client.close()
+                continue
             with self._lock:
                 self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):

@@ -233,6 +233,15 @@ class Fleet:
         )
 
     # -------------------------------------------------------------- the checks
+    def _drops(self) -> str:
+        """The controllers' log lines about messages dropped or refused (for a failure)."""
+        return "\n".join(
+            f"{name}: {line}"
+            for name, controller in self.stack.controllers.items()
+            for line in controller.log().splitlines()
+            if "dropped" in line or "refused" in line or "rejected" in line
+        )
+
     def check(self, redis_url: str, *, report_refusals: bool = False) -> None:
         """Everything accepted was applied exactly once; every round completed; copies of a
         message share one id; no shard was committed to by two replicas under one token; and
@@ -244,7 +253,10 @@ class Fleet:
             rounds = self.version
             running = upstream.pop(("train", "running", "output"), 0)
             low = RUNNING_REPORTS * rounds + self.posted[job]
-            assert low <= running <= low + self.refused[job], f"{job}: {running} forwarded"
+            assert low <= running <= low + self.refused[job], (
+                f"{job}: {running} forwarded, {low} sent; what the controllers dropped or "
+                f"refused:\n{self._drops()}"
+            )
             assert upstream == Counter(
                 {
                     ("train", "ready", "input"): rounds,
