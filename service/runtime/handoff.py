@@ -17,6 +17,15 @@ a message while it blocks in a read that cannot be ended that way (a Redis Clust
 ACL refusing the command), and every offer while Redis fails (it cannot commit) are
 refused: the item then takes the stream, whose append ends that read (or is retried until
 Redis answers, the message held unacknowledged meanwhile).
+
+A shard's messages are applied in the order they came, and the processor applies what its
+read returns before what was handed over: so once a message of a shard is handed over, the
+shard's later messages follow it the same way until it is settled (committed, or appended
+to the stream by the processor), whatever the processor is doing. The intake asks which
+shards those are (`owed`), and an offer of their messages is never refused. Otherwise a
+report held in process across a Redis outage (its commit failed) was overtaken by the next
+one, which the intake appended meanwhile: the worker's `completed` applied before its
+`running`, and the `running` refused as a report of a stage that is over.
 """
 
 from __future__ import annotations
@@ -80,6 +89,8 @@ class Handoff:
         self._waking = False
         self._woken = False
         self._read = 0
+        #: per shard, how many messages handed over are not settled yet
+        self._owed: dict[int, int] = {}
 
     def offer_result(self, result: LocalResult) -> bool:
         """Hand a result over; False when the processor blocks in Redis or cannot commit
@@ -93,12 +104,17 @@ class Handoff:
 
     def offer_messages(self, messages: Sequence[TakenMessage]) -> bool:
         """Hand messages over, in order; False when the processor cannot commit, or blocks
-        in a Redis read that cannot be ended early. The first offer into such a read ends
-        it (on the offering thread: a round trip to Redis)."""
+        in a Redis read that cannot be ended early, unless a message of the same shard is
+        still owed (`owed`): then they are taken all the same, to be applied behind it. The
+        first offer into a read that can be ended ends it (on the offering thread: a round
+        trip to Redis)."""
         with self._lock:
-            if self._closed or (self._blocking and self._wake is None):
+            behind = any(self._owed.get(m.shard) for m in messages)
+            if not behind and (self._closed or (self._blocking and self._wake is None)):
                 return False
             self._messages.extend(messages)
+            for m in messages:
+                self._owed[m.shard] = self._owed.get(m.shard, 0) + 1
             self._ready.notify_all()
             wake, read = None, self._read
             if self._blocking and not self._waking:
@@ -109,6 +125,23 @@ class Handoff:
                 if self._blocking and self._read == read:
                     self._woken = woken
         return True
+
+    def owed(self) -> frozenset[int]:
+        """The shards with messages handed over and not settled: their next messages must
+        be handed over too, or they could be applied first."""
+        with self._lock:
+            return frozenset(self._owed)
+
+    def settled(self, messages: Sequence[TakenMessage]) -> None:
+        """These messages handed over are done with: committed (their markers set) or in
+        their shard's stream, each acknowledged once."""
+        with self._lock:
+            for m in messages:
+                left = self._owed.get(m.shard, 0) - 1
+                if left > 0:
+                    self._owed[m.shard] = left
+                else:
+                    self._owed.pop(m.shard, None)
 
     def take(self) -> tuple[list[LocalResult], list[TakenMessage]]:
         """Everything handed over since the last call, in order."""

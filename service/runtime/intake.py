@@ -816,21 +816,24 @@ class Intake:
     ) -> list[tuple[Inbound, int, bytes, str | None]]:
         """Hand the first MQTT deliveries of shards this replica holds to its processor, if
         it takes them now; the rest, to append. A shard whose batch holds any other message
-        (a redelivery, a GM frame) is appended whole, in order."""
+        (a redelivery, a GM frame) is appended whole, in order, unless the processor still
+        owes a message of it handed over earlier (`Handoff.owed`): then all of its messages
+        are handed over, behind that one."""
         token = self._leases.ingress_token
         with self._lock:
             client = self._client
-        stream = {shard for msg, shard, _, digest in accepted if msg.dup or digest is None}
+        owed = self._handoff.owed()
+        stream = {s for msg, s, _, digest in accepted if msg.dup or digest is None} - owed
         # decided once per shard: a lease lost halfway through the batch must not hand its
         # first messages over and append the later ones (they would overtake them)
         shards = {s for _, s, _, _ in accepted} - stream
-        held = {s for s in shards if self._leases.token(s)}
+        held = {s for s in shards if s in owed or self._leases.token(s)}
         taken: list[TakenMessage] = []
         rest: list[tuple[Inbound, int, bytes, str | None]] = []
         for msg, shard, event, digest in accepted:
             if client is not None and token and shard in held:
                 handed = TakenMessage(
-                    shard=shard, accepted=event, digest=digest, dup=False, ingress_token=token,
+                    shard=shard, accepted=event, digest=digest, dup=msg.dup, ingress_token=token,
                     msg=msg, ack=client.ack_all,
                 )  # fmt: skip
                 taken.append(handed)

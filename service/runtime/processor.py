@@ -928,7 +928,7 @@ class Processor:
                     token=token,
                 )
                 messages = [m for m in messages if m.ingress_token != token]
-                _acknowledge(items)
+                _acknowledge(self._handoff, items)
         except StoreUnavailable:
             self._held_back += [dataclasses.replace(m, dup=True) for m in messages]
             raise
@@ -964,7 +964,7 @@ class Processor:
         if applied:
             failpoints.hit("taken-before-ack")
             failpoints.hit("intake-before-ack")  # the same moment, for messages handed over
-            _acknowledge(applied)
+            _acknowledge(self._handoff, applied)
         for batch, _ in done:
             self._record(batch)
         for batch, _ in done:
@@ -989,7 +989,7 @@ class Processor:
         for message in dropped:
             log.info("shard %d: a message on %s was taken in already; dropped",
                      batch.shard, message.msg.topic)  # fmt: skip
-        _acknowledge(dropped)
+        _acknowledge(self._handoff, dropped)
         self._held_back += [m for m in batch.taken.values() if m not in dropped]
         self._record_isolations(batch)
         self._states.forget(batch.shard)
@@ -1075,8 +1075,10 @@ class Processor:
                     batch.states[rkey] = loaded[rkey]
 
 
-def _acknowledge(messages: Sequence[TakenMessage]) -> None:
-    """PUBACK messages handed over, on the connections they came on, a batch per connection."""
+def _acknowledge(handoff: Handoff, messages: Sequence[TakenMessage]) -> None:
+    """PUBACK messages handed over, on the connections they came on, a batch per connection,
+    once they are settled: committed, or appended to their shard's stream."""
+    handoff.settled(messages)
     by_ack: dict[Callable[[Sequence[Inbound]], None], list[Inbound]] = {}
     for m in messages:
         by_ack.setdefault(m.ack, []).append(m.msg)

@@ -333,6 +333,7 @@ def replica_on(
     clock: Clock | None = None,
     tuning: Tuning | None = None,
     transition: Transition = transition,
+    lease_s: float = 2,
 ) -> Iterator[Replica]:
     """A `Replica` in this process (so the test can hand it a clock, shrink its retry budget
     or wrap its core), started, ready and taking in MQTT; stopped gracefully afterwards."""
@@ -343,7 +344,7 @@ def replica_on(
             "LIFELONG_REDIS_URL": stack.redis_url,
             "LIFELONG_NODE_NAME": NODE,
             "LIFELONG_HTTP_ADDR": f"127.0.0.1:{http_port}",
-            "LIFELONG_LEASE_SECONDS": "2",
+            "LIFELONG_LEASE_SECONDS": str(lease_s),
             "LIFELONG_DATASET_POLL_SECONDS": "1",
             # the test's datasets and output dirs lie in its temporary directory
             "LIFELONG_DATA_ROOTS": str(stack.workdir),

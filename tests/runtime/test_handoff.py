@@ -1,6 +1,7 @@
-"""The processor's inbox while it blocks in its Redis read: a message offered then ends
-that read through the wake-up the read handed out, once, and only an answer to this read's
-wake-up says it ended it."""
+"""The processor's inbox. While it blocks in its Redis read, a message offered ends that
+read through the wake-up the read handed out, once, and only an answer to this read's
+wake-up says it ended it. A shard with a message handed over and not settled takes its
+next messages the same way, whatever the processor is doing."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from service.runtime.handoff import Handoff, TakenMessage
 from service.runtime.intake import Accepted
 
 
-def message(mid: int) -> TakenMessage:
+def message(mid: int, shard: int = 0) -> TakenMessage:
     msg = Inbound(topic="t", payload=b"", qos=1, dup=False, mid=mid, received_at=0.0)
     event = Tick(kind="job", namespace="ns", name="j", due_ms=0)
-    return TakenMessage(shard=0, accepted=Accepted(event=event), digest=f"d{mid}", dup=False,
+    return TakenMessage(shard=shard, accepted=Accepted(event=event), digest=f"d{mid}", dup=False,
                         ingress_token="i:1", msg=msg, ack=lambda _: None)  # fmt: skip
 
 
@@ -77,3 +78,21 @@ def test_no_wake_up_outside_a_blocking_read() -> None:
     handoff.blocked(wake)  # a read that is not blocking (or has ended) hands out nothing
     assert handoff.offer_messages([message(1)])
     assert calls == [] and handoff.end_blocking() is False
+
+
+def test_a_shard_owed_a_message_takes_its_next_ones_even_when_offers_are_refused() -> None:
+    handoff = Handoff()
+    first = message(1, shard=3)
+    assert handoff.offer_messages([first])
+    handoff.take()  # the processor holds it; its commit fails on Redis
+    handoff.close()
+    assert handoff.owed() == {3}
+    assert not handoff.offer_messages([message(2, shard=4)]), "another shard: the stream's way"
+    assert handoff.offer_messages([message(3, shard=3)]), "behind the one it owes"
+    assert handoff.owed() == {3}
+    handoff.settled([first])
+    assert handoff.owed() == {3}, "the second is owed still"
+    _, messages = handoff.take()
+    handoff.settled(messages)
+    assert handoff.owed() == frozenset()
+    assert not handoff.offer_messages([message(4, shard=3)]), "settled: the stream's way again"
