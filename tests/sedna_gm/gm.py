@@ -351,7 +351,7 @@ class SednaGm(Started):
         problems = [
             f"{b[0]}/{b[1]} -> {a[0]}/{a[1]} (condition {i + 1})"
             for i, (b, a) in enumerate(itertools.pairwise(conditions))
-            if not _allowed(b, a, deploy_ready)
+            if not _allowed(b, a, deploy_ready) and not _overruled(conditions[: i + 2])
         ]
         per_ready: dict[tuple[str, int], list[str]] = {}
         for pod in self.pods(name):
@@ -408,6 +408,18 @@ def _collapsed(conditions: list[tuple[str, str]]) -> list[tuple[str, str]]:
             continue
         kept.append(condition)
     return kept
+
+
+def _overruled(conditions: list[tuple[str, str]]) -> bool:
+    """Whether the last condition fails a stage the GM completed just before: Starting went
+    to Completed on the stage's latest pod in the GM's pod cache, which, lagging, can be the
+    last round's succeeded pod while this round's fails. Only the stage's failure, reported
+    after the GM moved on, takes the job back to Train/Waiting (a Failed moves there from
+    any stage); without it the GM would wait for an eval of a round whose train failed."""
+    if len(conditions) < 3 or conditions[-1][1] != "Failed":
+        return False
+    stage = conditions[-1][0]
+    return conditions[-3:-1] == [(stage, "Completed"), (NEXT_STAGE[stage], "Waiting")]
 
 
 def _allowed(before: tuple[str, str], after: tuple[str, str], deploy_ready: set[str]) -> bool:

@@ -476,7 +476,9 @@ def test_a_restarted_gm_sends_every_job_and_dataset_again(gm: SednaGm, tmp_path:
     assert gm.conditions(JOB) == [("Train", "Waiting")], "the store survived"
 
 
-def test_order_problems_name_a_skipped_stage_and_pass_an_echo(gm: SednaGm) -> None:
+def test_order_problems_name_a_skipped_stage_and_pass_an_echo_and_an_overruling(
+    gm: SednaGm,
+) -> None:
     gm.apply(dataset_resource(DATASET, "/d"))
     gm.apply(job_resource(JOB, DATASET, "/o"))
     gm.wait(lambda: gm.conditions(JOB), 10, "a condition")
@@ -497,3 +499,12 @@ def test_order_problems_name_a_skipped_stage_and_pass_an_echo(gm: SednaGm) -> No
     assert gm.order_problems(JOB) == []
     rewrite(("Train", "Completed"), ("Eval", "Waiting"), ("Eval", "Completed"))
     assert gm.order_problems(JOB) == ["Eval/Waiting -> Eval/Completed (condition 2)"]
+    # the GM completed the train stage on the last round's pod; its worker then failed
+    rewrite(("Train", "Ready"), ("Train", "Starting"), ("Train", "Completed"),
+            ("Eval", "Waiting"), ("Train", "Failed"), ("Train", "Waiting"))  # fmt: skip
+    assert gm.order_problems(JOB) == []
+    rewrite(("Train", "Ready"), ("Eval", "Waiting"), ("Train", "Failed"))
+    assert gm.order_problems(JOB) == [
+        "Train/Ready -> Eval/Waiting (condition 1)",
+        "Eval/Waiting -> Train/Failed (condition 2)",
+    ]
