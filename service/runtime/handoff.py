@@ -12,7 +12,8 @@ Either saves a Redis round trip (the append, then the processor's read) and the 
 encoding for the stream. While the processor blocks in its Redis read (idle, nothing else
 to wait for), a message offered ends that read early with CLIENT UNBLOCK from the offering
 thread: the read comes back empty, so every stream was at its end when the message was
-offered, and the message is applied at once. A result offered while the processor blocks,
+offered, and the message is applied at once (one offered after that wake-up waits for the
+next read: the intake may have appended to its shard's stream in between). A result offered while the processor blocks,
 a message while it blocks in a read that cannot be ended that way (a Redis Cluster; an
 ACL refusing the command), and every offer while Redis fails (it cannot commit) are
 refused: the item then takes the stream, whose append ends that read (or is retried until
@@ -82,11 +83,13 @@ class Handoff:
         self._blocking = False
         self._closed = False  # the processor's last pass failed on Redis
         #: while the processor blocks in its Redis read: what ends that read early (None:
-        #: not known yet, or none), whether an offer has called it, and whether it ended
-        #: the read; `_read` numbers the blocking reads, so that a wake-up's answer coming
-        #: back after its read ended counts for no later one
+        #: not known yet, or none), whether an offer has called it, how many messages had
+        #: been offered when it was called, and whether it ended the read; `_read` numbers
+        #: the blocking reads, so that a wake-up's answer coming back after its read ended
+        #: counts for no later one
         self._wake: Callable[[], bool] | None = None
         self._waking = False
+        self._vouched = 0
         self._woken = False
         self._read = 0
         #: per shard, how many messages handed over are not settled yet
@@ -118,7 +121,7 @@ class Handoff:
             self._ready.notify_all()
             wake, read = None, self._read
             if self._blocking and not self._waking:
-                wake, self._waking = self._wake, True
+                wake, self._waking, self._vouched = self._wake, True, len(self._messages)
         if wake is not None:
             woken = wake()
             with self._lock:
@@ -143,11 +146,13 @@ class Handoff:
                 else:
                     self._owed.pop(m.shard, None)
 
-    def take(self) -> tuple[list[LocalResult], list[TakenMessage]]:
-        """Everything handed over since the last call, in order."""
+    def take(self, limit: int | None = None) -> tuple[list[LocalResult], list[TakenMessage]]:
+        """Everything handed over since the last call, in order; with ``limit``, only the
+        first that many messages (the rest stay for the next call)."""
         with self._lock:
             results, self._results = self._results, []
-            messages, self._messages = self._messages, []
+            cut = len(self._messages) if limit is None else limit
+            messages, self._messages = self._messages[:cut], self._messages[cut:]
             return results, messages
 
     def wait(self, timeout_s: float) -> bool:
@@ -172,13 +177,18 @@ class Handoff:
             if self._blocking:
                 self._wake = wake
 
-    def end_blocking(self) -> bool:
-        """The processor's read returned; whether a message offered meanwhile ended it
-        (then the read saw every stream at its end, with the message already offered)."""
+    def end_blocking(self) -> int:
+        """The processor's read returned: how many of the messages offered meanwhile may be
+        applied without reading the streams again. When an offer's wake-up ended the read,
+        the read saw every stream at its end after the messages offered until then: those.
+        A message offered after the wake-up may follow an entry the intake appended after
+        the read ended (a redelivery of its shard), so it waits for a read; as do all when
+        the read ended otherwise (0)."""
         with self._lock:
-            woken = self._woken
+            vouched = self._vouched if self._woken else 0
             self._blocking, self._wake, self._waking, self._woken = False, None, False, False
-            return woken
+            self._vouched = 0
+            return vouched
 
     def close(self) -> None:
         """The processor's pass failed on Redis: offers are refused until `open`."""

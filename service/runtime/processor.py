@@ -673,7 +673,7 @@ class Processor:
                 block_ms = READ_BLOCK_MS
             else:
                 results, messages = self._take_handed()
-        woken = False
+        vouched = 0
         try:
             entries = self._ingress.read(
                 sorted(held), count=READ_BATCH, block_ms=block_ms, pending=False,
@@ -685,17 +685,21 @@ class Processor:
             raise
         finally:
             if block_ms:
-                woken = self._handoff.end_blocking()
-        if woken and not entries:
-            # offered while the read blocked, which it ended: every stream was at its end
-            results, messages = self._take_handed()
+                vouched = self._handoff.end_blocking()
+        if vouched and not entries:
+            # offered while the read blocked, which their wake-up ended: every stream was
+            # at its end after them (any offered later wait for the next read)
+            results, messages = self._take_handed(vouched)
         if len(entries) >= READ_BATCH:
             self._held_back, messages = messages, []
         return entries, results, messages
 
-    def _take_handed(self) -> tuple[list[LocalResult], list[TakenMessage]]:
-        """What was handed over, after the messages held back from an earlier pass."""
-        results, messages = self._handoff.take()
+    def _take_handed(
+        self, limit: int | None = None
+    ) -> tuple[list[LocalResult], list[TakenMessage]]:
+        """What was handed over (its first ``limit`` messages, if given), after the messages
+        held back from an earlier pass."""
+        results, messages = self._handoff.take(limit)
         held_back, self._held_back = self._held_back, []
         return results, held_back + messages
 

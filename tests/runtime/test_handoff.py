@@ -1,7 +1,8 @@
 """The processor's inbox. While it blocks in its Redis read, a message offered ends that
-read through the wake-up the read handed out, once, and only an answer to this read's
-wake-up says it ended it. A shard with a message handed over and not settled takes its
-next messages the same way, whatever the processor is doing."""
+read through the wake-up the read handed out, once; only an answer to this read's wake-up
+says it ended it, and only for the messages offered before it. A shard with a message
+handed over and not settled takes its next messages the same way, whatever the processor
+is doing."""
 
 from __future__ import annotations
 
@@ -37,11 +38,15 @@ def test_a_message_offered_while_the_read_blocks_ends_it_once() -> None:
     assert not handoff.offer_messages([message(1)])
     wake, calls = waker([True])
     handoff.blocked(wake)
-    assert handoff.offer_messages([message(2)]) and handoff.offer_messages([message(3)])
+    assert handoff.offer_messages([message(2), message(3)])
+    assert handoff.offer_messages([message(4)])
     assert len(calls) == 1, "the first offer ends the read; the others only join it"
-    assert handoff.end_blocking() is True
-    _, messages = handoff.take()
-    assert [m.msg.mid for m in messages] == [2, 3]
+    # the read saw the streams at their end after 2 and 3; 4 may follow an entry appended
+    # after the read ended, so it waits for the next read
+    vouched = handoff.end_blocking()
+    assert vouched == 2
+    assert [m.msg.mid for m in handoff.take(vouched)[1]] == [2, 3]
+    assert [m.msg.mid for m in handoff.take()[1]] == [4]
 
 
 def test_a_wake_up_that_found_the_read_ended_says_so() -> None:
@@ -50,7 +55,7 @@ def test_a_wake_up_that_found_the_read_ended_says_so() -> None:
     wake, _ = waker([False])
     handoff.blocked(wake)
     assert handoff.offer_messages([message(1)])
-    assert handoff.end_blocking() is False, "the read ended by itself: it may have missed it"
+    assert handoff.end_blocking() == 0, "the read ended by itself: it may have missed it"
 
 
 def test_an_answer_after_its_read_ended_counts_for_no_later_read() -> None:
@@ -60,7 +65,7 @@ def test_an_answer_after_its_read_ended_counts_for_no_later_read() -> None:
 
     def wake() -> bool:
         # the read ends (by itself) before this answer comes back, and the message waits
-        assert handoff.end_blocking() is False
+        assert handoff.end_blocking() == 0
         assert handoff.begin_blocking() is False, "the message waits: no blocking now"
         answered.append(True)
         return True
@@ -69,7 +74,7 @@ def test_an_answer_after_its_read_ended_counts_for_no_later_read() -> None:
     assert handoff.offer_messages([message(1)])
     assert answered and handoff.take()[1]
     assert handoff.begin_blocking()
-    assert handoff.end_blocking() is False, "the next read was not ended by anything"
+    assert handoff.end_blocking() == 0, "the next read was not ended by anything"
 
 
 def test_no_wake_up_outside_a_blocking_read() -> None:
@@ -77,7 +82,7 @@ def test_no_wake_up_outside_a_blocking_read() -> None:
     wake, calls = waker([True])
     handoff.blocked(wake)  # a read that is not blocking (or has ended) hands out nothing
     assert handoff.offer_messages([message(1)])
-    assert calls == [] and handoff.end_blocking() is False
+    assert calls == [] and handoff.end_blocking() == 0
 
 
 def test_a_shard_owed_a_message_takes_its_next_ones_even_when_offers_are_refused() -> None:
