@@ -13,11 +13,11 @@ encoding for the stream. While the processor blocks in its Redis read (idle, not
 to wait for), a message offered ends that read early with CLIENT UNBLOCK from the offering
 thread: the read comes back empty, so every stream was at its end when the message was
 offered, and the message is applied at once (one offered after that wake-up waits for the
-next read: the intake may have appended to its shard's stream in between). A result offered while the processor blocks,
-a message while it blocks in a read that cannot be ended that way (a Redis Cluster; an
-ACL refusing the command), and every offer while Redis fails (it cannot commit) are
-refused: the item then takes the stream, whose append ends that read (or is retried until
-Redis answers, the message held unacknowledged meanwhile).
+next read: the intake may have appended to its shard's stream in between). A result
+offered while the processor blocks, a message while it blocks in a read that cannot be
+ended that way (a Redis Cluster; an ACL refusing the command), and every offer while Redis
+fails (it cannot commit) are refused: the item then takes the stream, whose append ends
+that read (or is retried until Redis answers, the message held unacknowledged meanwhile).
 
 A shard's messages are applied in the order they came, and the processor applies what its
 read returns before what was handed over: so once a message of a shard is handed over, the
