@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 # (kind, namespace, name)
 ObjectKey = tuple[str, str, str]
-# a fixed lag in seconds, or a (low, high) range drawn from uniformly per change
-Lag = float | tuple[float, float]
 
 
 def now_rfc3339() -> str:
@@ -54,6 +52,11 @@ class Change:
     type: str
     key: ObjectKey
     obj: dict[str, Any]
+
+
+# a fixed lag in seconds, a (low, high) range drawn from uniformly per change, or the lag
+# of each change
+Lag = float | tuple[float, float] | Callable[[Change], float]
 
 
 class Store:
@@ -176,7 +179,12 @@ class Informer:
     def _on_change(self, change: Change) -> None:
         if change.key[0] != self._kind:
             return
-        lag = self._lag if isinstance(self._lag, float | int) else random.uniform(*self._lag)
+        if isinstance(self._lag, float | int):
+            lag = self._lag
+        elif isinstance(self._lag, tuple):
+            lag = random.uniform(*self._lag)
+        else:
+            lag = self._lag(change)
         with self._cond:
             # changes are delivered in order: never before the one before
             self._last_due = max(self._last_due, time.monotonic() + lag)
