@@ -389,9 +389,11 @@ def _copy_extents(
 ) -> None:
     """The data stretches of a local source, each at its own offset in ``out`` (a new,
     empty file), which is then cut to the source's size: a hole before a stretch or at the
-    end stays one."""
+    end stays one. A source that fits in ``buffer`` is one stretch: finding its holes
+    would cost more system calls than copying its zeros."""
     position = 0
-    for start, end in source.extents():
+    small = source.size <= len(buffer)
+    for start, end in [(0, source.size)] if small else source.extents():
         if start != position:
             digest.zeros(start - position)
             out.seek(start)
@@ -548,8 +550,9 @@ class BlobStore:
             if paths.is_remote(url):
                 continue
             try:
-                with self._files.directory(url, create=True):
-                    pass
+                with self._files.directory(url, create=True) as (_, made):
+                    if made:
+                        self._staging.swept.made(url)
             except (OSError, Refused) as e:
                 log.warning("directory %s not made ahead: %s", url, e)
 

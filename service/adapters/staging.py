@@ -7,7 +7,8 @@ by the file access policy (``LocalFiles``), and the temporary file is created, r
 removed through that directory's descriptor, never through the path again. S3 targets are
 uploaded from a temporary file. Temporary files are removed on every path; the ones a writer
 on this host left when it died mid-write (a crash: no ``finally`` ran) are swept by the next
-writer in the same directory (but for one that writer has just made, which holds none).
+process to write in the same directory, once (`Swept`), but for a directory it made, which
+holds none.
 
 A big staged file (a round file or a model copy) is written by `PipelinedWriter`, which
 has the kernel start writing pages back as it goes, so the closing fsync waits for the last
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import posixpath
 import secrets
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -45,6 +48,7 @@ class Staging:
         self._s3 = s3_clients
         self._files = files
         self._tmp_dir = tmp_dir
+        self.swept = Swept()
 
     @contextmanager
     def staged(self, url: str, cred: S3CredentialLike | None) -> Iterator[BinaryIO]:
@@ -56,7 +60,8 @@ class Staging:
         context = f"writing {url}"
         with io_errors(context):
             directory, prefix = self._tmp_dir or tempfile.gettempdir(), "lifelong-"
-            _sweep_dead_writers(directory, prefix)
+            if self.swept.first(directory, prefix):
+                _sweep_dead_writers(directory, prefix)
             fd, tmp_path = tempfile.mkstemp(
                 prefix=f"{prefix}{_WRITER}~", suffix=".tmp", dir=directory
             )
@@ -80,7 +85,9 @@ class Staging:
         directory, name = posixpath.split(path)
         prefix = f".{name}."
         with io_errors(context), self._files.directory(directory, create=True) as (dir_fd, made):
-            if not made:
+            if made:
+                self.swept.made(directory)
+            elif self.swept.first(directory, prefix):
                 _sweep_dead_writers(dir_fd, prefix)
             tmp_name, fd = _create_temporary(dir_fd, prefix)
             try:
@@ -101,17 +108,58 @@ class Staging:
         self._s3.client(cred).upload_file(path, location.bucket, location.key)
 
 
-#: Temporary files are named `<prefix><pid>@<host>~<random>.tmp`, so the next writer can
+#: Temporary files are named `<prefix><pid>@<host>~<token>.tmp`, so the next writer can
 #: tell a file whose writer died mid-write (a crash: no `finally` ran) from a live one.
-_WRITER = f"{os.getpid()}@{socket.gethostname()}"
+_HOST = socket.gethostname()
+_WRITER = f"{os.getpid()}@{_HOST}"
+#: The token: a random part drawn once per process (two processes of one pid and host, in
+#: two PID namespaces, say, draw different ones) and a serial number within it.
+_TOKEN = secrets.token_hex(4)
+_SERIAL = itertools.count()
+
+
+class Swept:
+    """The places (directory and temporary-file prefix) swept of dead writers' files by
+    this process. One sweep each is enough: a writer of this process dies only with the
+    process, so what a dead writer left there was left before the first sweep; a writer of
+    another process on this host that dies later is swept by that process's successor (the
+    same host's next controller). A directory this process made needs no sweep at all.
+    Remembers at most `LIMIT` places, then starts over (a place is then swept once more)."""
+
+    LIMIT = 16_384
+
+    def __init__(self) -> None:
+        self._places: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def first(self, directory: str, prefix: str) -> bool:
+        """Whether this is the first write to the place (it is remembered now) in a
+        directory this process did not make."""
+        with self._lock:
+            if (directory, "") in self._places:
+                return False  # made here: it holds no dead writer's files
+            return self._remember((directory, prefix))
+
+    def made(self, directory: str) -> None:
+        """This process made the directory: no place in it needs a sweep."""
+        with self._lock:
+            self._remember((directory, ""))
+
+    def _remember(self, place: tuple[str, str]) -> bool:
+        if place in self._places:
+            return False
+        if len(self._places) >= self.LIMIT:
+            self._places.clear()
+        self._places.add(place)
+        return True
 
 
 def _create_temporary(dir_fd: int, prefix: str) -> tuple[str, int]:
-    """A new file `<prefix><writer>~<random>.tmp` (mode 0600) in the directory; its name and
+    """A new file `<prefix><writer>~<token>.tmp` (mode 0600) in the directory; its name and
     a descriptor open for writing."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
-        name = f"{prefix}{_WRITER}~{secrets.token_hex(4)}.tmp"
+        name = f"{prefix}{_WRITER}~{_TOKEN}{next(_SERIAL):x}.tmp"
         with contextlib.suppress(FileExistsError):
             return name, os.open(name, flags, 0o600, dir_fd=dir_fd)
 
@@ -119,7 +167,6 @@ def _create_temporary(dir_fd: int, prefix: str) -> tuple[str, int]:
 def _sweep_dead_writers(directory: str | int, prefix: str) -> None:
     """Remove temporary files left in `directory` (a path or a descriptor) by writers on
     this host that died."""
-    host = socket.gethostname()
     dir_fd = directory if isinstance(directory, int) else None
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
@@ -128,7 +175,7 @@ def _sweep_dead_writers(directory: str | int, prefix: str) -> None:
                 continue
             tag, sep, _ = name[len(prefix) :].partition("~")
             pid, _, writer_host = tag.partition("@")
-            if sep and writer_host == host and pid.isdigit() and not _alive(int(pid)):
+            if sep and writer_host == _HOST and pid.isdigit() and not _alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name if dir_fd is not None else entry.path, dir_fd=dir_fd)
 

@@ -472,3 +472,59 @@ def test_an_s3_copy_expecting_another_object_is_refused_and_replaces_nothing(
     s3c.put_object(Bucket=bucket, Key="eval/1/model.pkl", Body=b"m1")
     assert store.copy_model(**copy, expect=recorded) == recorded  # type: ignore[arg-type]
     assert get(s3c, bucket, "deploy/m") == b"m1"
+
+
+def _dead_writers_file(directory: Path, target: str) -> Path:
+    """A temporary file of `target` as a writer of this host that died left it (its pid is
+    above any the kernel hands out: `_alive` says no)."""
+    path = directory / f".{target}.999999999@{socket.gethostname()}~dead.tmp"
+    path.write_bytes(b"half a model")
+    return path
+
+
+def test_a_dead_writers_file_is_swept_by_the_next_process_once_per_place(
+    tmp_path: Path, tmp_dir: Path
+) -> None:
+    """What a dead writer left is swept by the first write to its place (a new store: a
+    new process); the same store's next writes there do not look again, since nothing of
+    its own can be left there by a death it survives; another place is swept on its own."""
+    src = tmp_path / "eval" / "model.pkl"
+    src.parent.mkdir()
+    src.write_bytes(b"model")
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    left = _dead_writers_file(deploy, "index.pkl")
+    other_place = _dead_writers_file(deploy, "other.pkl")
+    store = BlobStore(S3Clients(), tmp_dir=str(tmp_dir))
+
+    def copy(target: str) -> None:
+        store.copy_model(src_url=str(src), dst_url=str(deploy / target),
+                         output_dir=str(tmp_path), src_cred=None, dst_cred=None)  # fmt: skip
+
+    copy("index.pkl")
+    assert not left.exists(), "the first write to the place sweeps it"
+    assert other_place.exists(), "a sweep takes the files of its own target only"
+    planted_since = _dead_writers_file(deploy, "index.pkl")
+    copy("index.pkl")
+    assert planted_since.exists(), "a place is swept once per process"
+    copy("other.pkl")
+    assert not other_place.exists()
+    assert (deploy / "index.pkl").read_bytes() == b"model"
+
+
+def test_the_places_swept_are_remembered_up_to_a_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(staging.Swept, "LIMIT", 2)
+    swept = staging.Swept()
+    assert swept.first("/a", ".x.") and swept.first("/b", ".x.")
+    assert not swept.first("/a", ".x.")
+    assert swept.first("/c", ".x."), "past the limit the memory starts over"
+    assert swept.first("/a", ".x."), "so a place is swept once more"
+
+
+def test_no_place_in_a_directory_made_ahead_is_swept(store: BlobStore, tmp_path: Path) -> None:
+    made, there = tmp_path / "out" / "deploy", tmp_path / "out" / "data"
+    there.mkdir(parents=True)
+    store.make_dirs([str(made), str(there)])
+    swept = store._staging.swept
+    assert not swept.first(str(made), ".index.pkl."), "made here: nothing to sweep"
+    assert swept.first(str(there), ".index.pkl."), "there before: swept on its first write"
