@@ -12,6 +12,7 @@ before it touches the disk. Everything here is string work: no I/O.
 """
 
 
+import functools
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,9 +151,12 @@ SYSTEM_DIRS = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def segments(path: str) -> tuple[str, ...] | None:
     """The components of an absolute local path (empty and "." ones dropped), or None when
-    it is relative, holds a NUL or has a ".." component."""
+    it is relative, holds a NUL or has a ".." component. Remembered for the latest paths:
+    each local file an effect touches is checked against the roots and the system
+    directories, a dozen splits of the same few paths."""
     if not path.startswith("/") or "\0" in path:
         return None
     parts = tuple(part for part in path.split("/") if part not in ("", "."))
