@@ -353,14 +353,19 @@ class SednaGm(Started):
             for i, (b, a) in enumerate(itertools.pairwise(conditions))
             if not _allowed(b, a, deploy_ready) and not _overruled(conditions[: i + 2])
         ]
-        per_ready: dict[tuple[str, int], list[str]] = {}
+        per_ready: dict[tuple[str, int], list[PodRecord]] = {}
         for pod in self.pods(name):
             if pod.type != "inference":
-                per_ready.setdefault((pod.type, pod.ready_number), []).append(pod.name)
+                per_ready.setdefault((pod.type, pod.ready_number), []).append(pod)
+        # each pod with the number of conditions of the copy it was made from, and the
+        # conditions now: what tells a sync on a stale copy from a Ready counted twice
+        history = ", ".join(f"{stage}/{type_}" for stage, type_ in self.conditions(name, namespace))
         problems += [
-            f"{len(names)} {type_} pods for its Ready #{number}: {', '.join(names)}"
-            for (type_, number), names in per_ready.items()
-            if len(names) > 1
+            f"{len(pods)} {type_} pods for its Ready #{number}: "
+            + ", ".join(f"{p.name} (from a copy of {p.condition_count} conditions)" for p in pods)
+            + f"; the conditions now: {history}"
+            for (type_, number), pods in per_ready.items()
+            if len(pods) > 1
         ]
         return problems
 

@@ -122,6 +122,8 @@ class PodRecord:
     reports: list[Report] = field(default_factory=list)
     loaded: list[bytes] = field(default_factory=list)
     base_model: bytes | None = None
+    #: how many conditions the job copy the GM made it from had
+    condition_count: int = 0
 
     def host_path(self, path: str) -> Path:
         """Where the worker's ``path`` is on this host: under a mount, the mounted host
@@ -185,7 +187,8 @@ class Kubelet:
         type_ = name.split("-")[-2]
         kind = pod["metadata"]["ownerReferences"][0]["kind"].lower()
         record = PodRecord(name, job, type_, pod["spec"]["nodeName"], dict(pod["env"]),
-                           pod["readyNumber"], kind, dict(pod.get("mounts") or {}))  # fmt: skip
+                           pod["readyNumber"], kind, dict(pod.get("mounts") or {}),
+                           condition_count=pod["conditionCount"])  # fmt: skip
         with self._lock:
             number = self._counts[(job, type_)] = self._counts.get((job, type_), 0) + 1
             stop = self._stops[name] = threading.Event()

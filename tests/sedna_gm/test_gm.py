@@ -525,3 +525,25 @@ def test_order_problems_name_a_skipped_stage_and_pass_an_echo_and_an_overruling(
         "Train/Ready -> Eval/Waiting (condition 1)",
         "Eval/Waiting -> Train/Failed (condition 2)",
     ]
+
+
+def test_two_pods_for_one_ready_are_named_with_the_copies_they_came_from(gm: SednaGm) -> None:
+    gm.apply(dataset_resource(DATASET, "/d"))
+    gm.apply(job_resource(JOB, DATASET, "/o"))
+    gm.wait(lambda: gm.conditions(JOB), 10, "a condition")
+    gm.stop()  # no GM moves the job or makes pods meanwhile
+    uid = gm.job(JOB)["metadata"]["uid"]
+    for suffix, count in (("aaaaa", 2), ("bbbbb", 4)):
+        gm.store.create("pod", {
+            "metadata": {"name": f"{JOB}-train-{suffix}", "namespace": "default",
+                         "ownerReferences": [{"kind": "LifelongLearningJob", "name": JOB,
+                                              "uid": uid}]},
+            "spec": {"nodeName": "nowhere", "restartPolicy": "OnFailure"},
+            "status": {"phase": "Pending"}, "env": {}, "seq": 0, "readyNumber": 1,
+            "conditionCount": count,
+        })  # fmt: skip
+    gm.wait(lambda: len(gm.pods(JOB)) == 2, 10, "both pods recorded")
+    assert gm.order_problems(JOB) == [
+        f"2 train pods for its Ready #1: {JOB}-train-aaaaa (from a copy of 2 conditions), "
+        f"{JOB}-train-bbbbb (from a copy of 4 conditions); the conditions now: Train/Waiting"
+    ]
