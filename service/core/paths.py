@@ -151,12 +151,13 @@ SYSTEM_DIRS = (
 )
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def segments(path: str) -> tuple[str, ...] | None:
     """The components of an absolute local path (empty and "." ones dropped), or None when
-    it is relative, holds a NUL or has a ".." component. Remembered for the latest paths:
-    each local file an effect touches is checked against the roots and the system
-    directories, a dozen splits of the same few paths."""
+    it is relative, holds a NUL or has a ".." component. Remembered for the latest 1,024
+    paths (a few MB at most, URLs being capped at 4,096 characters): each local file an
+    effect touches is checked against the roots and the system directories, a dozen splits
+    of the same few paths."""
     if not path.startswith("/") or "\0" in path:
         return None
     parts = tuple(part for part in path.split("/") if part not in ("", "."))

@@ -25,13 +25,6 @@ def link(redis_proc: Server) -> Iterator[SingleLink]:
     link.close()
 
 
-@pytest.fixture
-def raw(redis_proc: Server) -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis(port=redis_proc.port)
-    yield client
-    client.close()
-
-
 def client_id(link: SingleLink) -> int:
     [found] = link.run([Routed(None, ("CLIENT", "ID"))])
     assert isinstance(found, int)

@@ -41,13 +41,6 @@ def store(redis_proc: Server) -> Iterator[RedisStore]:
     s.close()
 
 
-@pytest.fixture
-def raw(redis_proc: Server) -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis(port=redis_proc.port)
-    yield client
-    client.close()
-
-
 def take_shard(
     store: RedisStore, shard: int = SHARD, replica: str = "r1", ttl_ms: int = TTL_MS
 ) -> str:
