@@ -525,6 +525,17 @@ def test_order_problems_name_a_skipped_stage_and_pass_an_echo_and_an_overruling(
         "Train/Ready -> Eval/Waiting (condition 1)",
         "Eval/Waiting -> Train/Failed (condition 2)",
     ]
+    # an eval Ready right after the train's Completed, the GM never having shown Eval/Waiting
+    completed = [("Deploy", "Completed"), ("Train", "Waiting"), ("Train", "Ready"),
+                 ("Train", "Starting"), ("Train", "Completed")]  # fmt: skip
+    rewrite(*completed, ("Eval", "Ready"))
+    assert gm.order_problems(JOB) == ["Train/Completed -> Eval/Ready (condition 5)"]
+    # the GM showed Eval/Waiting, a sync on a copy lagging behind it wrote the Completed
+    # back over it, and the node's Ready (sent on the Waiting it saw) came after that
+    rewrite(*completed, ("Eval", "Waiting"))
+    rewrite(*completed)
+    rewrite(*completed, ("Eval", "Ready"))
+    assert gm.order_problems(JOB) == []
 
 
 def test_two_pods_for_one_ready_are_named_with_the_copies_they_came_from(gm: SednaGm) -> None:
