@@ -55,7 +55,7 @@ import logging
 import queue
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -818,7 +818,9 @@ class Intake:
         it takes them now; the rest, to append. A shard whose batch holds any other message
         (a redelivery, a GM frame) is appended whole, in order, unless the processor still
         owes a message of it handed over earlier (`Handoff.owed`): then all of its messages
-        are handed over, behind that one."""
+        are handed over, behind that one, even once this replica has lost the shard or the
+        ingress lease (a Redis outage outlasting the leases: the processor then appends
+        them to the stream after the one it owes; appended here, they would overtake it)."""
         token = self._leases.ingress_token
         with self._lock:
             client = self._client
@@ -831,10 +833,12 @@ class Intake:
         taken: list[TakenMessage] = []
         rest: list[tuple[Inbound, int, bytes, str | None]] = []
         for msg, shard, event, digest in accepted:
-            if client is not None and token and shard in held:
+            if shard in owed or (client is not None and token and shard in held):
+                # with the client gone, nothing acknowledges it: the broker delivers it again
+                # to the next holder, whose marker check drops it once it is in
                 handed = TakenMessage(
                     shard=shard, accepted=event, digest=digest, dup=msg.dup, ingress_token=token,
-                    msg=msg, ack=client.ack_all,
+                    msg=msg, ack=client.ack_all if client is not None else _unacknowledged,
                 )  # fmt: skip
                 taken.append(handed)
             else:
@@ -882,6 +886,10 @@ class Intake:
         with self._lock:
             if self._client is not None:
                 self._client.ack_all(msgs)
+
+
+def _unacknowledged(_msgs: Sequence[Inbound]) -> None:
+    """The acknowledgement of a message whose client stopped: none can be sent."""
 
 
 def _digest(msg: Inbound) -> str:
