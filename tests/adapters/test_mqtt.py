@@ -692,6 +692,32 @@ class _CountingWakeUps:
         return counting
 
 
+class _CountingBusyLock:
+    """Stands in for the client's writer lock: counts, by thread, the attempts to take it
+    without waiting that found it taken (another thread writing)."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.busy: dict[str, int] = {}
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = bool(self._lock.acquire(blocking, timeout))
+        if not got and not blocking:
+            name = threading.current_thread().name
+            self.busy[name] = self.busy.get(name, 0) + 1
+        return got
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> _CountingBusyLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+
 def _count_sends(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the sends to the broker each thread makes, by thread name."""
     by_thread: dict[str, int] = {}
@@ -711,19 +737,25 @@ def test_publishes_paho_lets_out_on_its_own_thread_need_no_wake_up(
 ) -> None:
     """paho keeps 20 publishes in flight and lets the next one out on its own thread as a
     PUBACK comes: `LeanClient` queues those without writing paho a wake-up byte, and paho's
-    thread writes them. The publishing thread writes the first ones itself. Should paho
-    rename or reshape what it overrides, its thread would be woken for each (or nothing
-    would go out) and this fails."""
+    thread writes them. The publishing thread writes the first ones itself, and wakes paho's
+    thread only when it finds that thread writing (the writer lock taken: what it queued
+    might otherwise wait for paho's next loop). Should paho rename or reshape what it
+    overrides, its thread would be woken for each (or nothing would go out) and this
+    fails."""
     sends = _count_sends(monkeypatch)
     with client_for(url_of(mosquitto)) as client:
         lean = client._paho  # test-only peek
         counting = _CountingWakeUps.installed_on(client)
+        lock = lean._write_lock = _CountingBusyLock(lean._write_lock)  # type: ignore[assignment]
         tickets = [client.publish("lean/out", b"m") for _ in range(200)]
         assert all(ticket.wait(10) for ticket in tickets)
         assert lean._thread is not None
-        assert counting.by_thread == {}
+        publisher = threading.current_thread().name
+        assert lean._thread.name not in counting.by_thread
+        assert set(counting.by_thread) <= {publisher}
+        assert counting.by_thread.get(publisher, 0) <= lock.busy.get(publisher, 0)
         assert sends.get(lean._thread.name, 0) >= 1
-        assert sends.get(threading.current_thread().name, 0) >= 1
+        assert sends.get(publisher, 0) >= 1
 
 
 def test_a_batch_of_publishes_goes_out_from_its_thread_in_one_send(
