@@ -829,7 +829,7 @@ class Intake:
         # decided once per shard: a lease lost halfway through the batch must not hand its
         # first messages over and append the later ones (they would overtake them)
         shards = {s for _, s, _, _ in accepted} - stream
-        held = {s for s in shards if s in owed or self._leases.token(s)}
+        held = {s for s in shards if self._leases.token(s)}
         taken: list[TakenMessage] = []
         rest: list[tuple[Inbound, int, bytes, str | None]] = []
         for msg, shard, event, digest in accepted:

@@ -19,6 +19,7 @@ from service.runtime.handoff import Handoff, TakenMessage
 from service.runtime.intake import Accepted, Admission, Intake, encode_accepted
 from service.runtime.leases import LeaseKeeper
 from service.runtime.rejections import Rejections
+from tests.harness import worker_message
 
 SHARD = shard_of("job:default/job-a")
 TOPIC = "sedna/edge-1/workers/job-a-train-x/info"
@@ -33,17 +34,10 @@ class NoLeases:
         return None
 
 
-class Admit:
-    def check(self, _event: object) -> None:
-        return None
-
-
 def report(mid: int, status: str) -> Inbound:
-    payload = json.dumps({
-        "name": "job-a-train-x", "namespace": "default", "ownerName": "job-a",
-        "ownerKind": "LifelongLearningJob", "kind": "train", "status": status,
-    }).encode()  # fmt: skip
-    return Inbound(topic=TOPIC, payload=payload, qos=1, dup=False, mid=mid, received_at=0.0)
+    payload = json.dumps(worker_message("job-a", "train", status, worker="job-a-train-x"))
+    return Inbound(topic=TOPIC, payload=payload.encode(), qos=1, dup=False, mid=mid,
+                   received_at=0.0)  # fmt: skip
 
 
 def owed_message() -> TakenMessage:
@@ -58,7 +52,7 @@ def intake_with(handoff: Handoff) -> Intake:
         config=Config(node_name="edge-1"), ingress=cast(Ingress, unused),
         leases=cast(LeaseKeeper, NoLeases()), rejections=cast(Rejections, unused),
         clock=SystemClock(), stop=threading.Event(), client_factory=unused,
-        admission=cast(Admission, Admit()), handoff=handoff,
+        admission=cast(Admission, unused), handoff=handoff,
     )  # fmt: skip
 
 
