@@ -66,6 +66,7 @@ class Config:
     max_line_bytes: int = 1 << 20
     max_dataset_bytes: int = 64 << 30
     max_round_bytes: int = 16 << 30
+    inline_effect_bytes: int = 1 << 20
     rounds_kept: int = 3
     max_resources: int = 20_000
     max_namespace_resources: int = 20_000

@@ -48,6 +48,9 @@ _MIN_LINE_BYTES = 1 << 20  # one read block: lines are measured when they span b
 _MAX_LINE_BYTES = 1 << 30
 _MIN_RESOURCE_BYTES = 1 << 10
 _MAX_RESOURCE_BYTES = 1 << 30
+#: An effect run on the processor's thread holds back every other event of its pass: a
+#: bigger one belongs in the pool.
+_MAX_INLINE_BYTES = 64 << 20
 
 
 def parse_mqtt_url(value: str, source: str) -> str:
@@ -295,6 +298,10 @@ def parse_model_bytes(value: str, source: str) -> int:
     return _parse_bytes(value, source, 1, 2**63 - 1)
 
 
+def parse_inline_bytes(value: str, source: str) -> int:
+    return _parse_bytes(value, source, 0, _MAX_INLINE_BYTES)
+
+
 def parse_rounds_kept(value: str, source: str) -> int:
     """A count of rounds, at least 1 (the round being written)."""
     if not value.strip().isdecimal() or int(value) < 1:
@@ -473,6 +480,13 @@ SETTINGS: tuple[Setting, ...] = (
         "max_round_bytes", "--max-round-bytes", parse_model_bytes,
         "most bytes one round's data files may hold; a larger round fails with the reason",
         "16GiB", "SIZE",
+    ),
+    Setting(
+        "inline_effect_bytes", "--inline-effect-bytes", parse_inline_bytes,
+        "a local round file or model copy whose source holds at most this many bytes (up "
+        "to 64MiB) runs before the commit of the event that asks for it, its result applied "
+        "in that commit (one commit instead of two); 0: every effect runs after its commit",
+        "1MiB", "SIZE",
     ),
     Setting(
         "rounds_kept", "--rounds-kept", parse_rounds_kept,

@@ -30,6 +30,7 @@ not exist is ``SourceMissing``.
 
 
 import contextlib
+import copy
 import errno
 import hashlib
 import logging
@@ -37,7 +38,7 @@ import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Self, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -461,6 +462,29 @@ class BlobStore:
 
     def _retry(self, fn: Callable[[], T]) -> T:
         return self._retrying.copy()(fn)
+
+    def trying_once(self) -> Self:
+        """This store (its files, staging and caps shared) trying each write or copy once:
+        a transient failure is raised at once, for a caller that redoes the work elsewhere
+        rather than wait out the retries' backoff."""
+        once = copy.copy(self)
+        once._retrying = Retrying(stop=stop_after_attempt(1), reraise=True)
+        return once
+
+    def local_size(self, url: str) -> int | None:
+        """The size of the local regular file ``url``, opened as the file access policy
+        allows; None for an S3 URL or a file that cannot be opened (the work reading it
+        then says why)."""
+        if paths.is_remote(url):
+            return None
+        try:
+            fd = self._files.open_regular(url)
+        except (OSError, Refused):
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     def write_round(
         self,

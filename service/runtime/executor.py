@@ -153,13 +153,19 @@ class Executor:
         blobs: BlobStore,
         reader: DatasetReader,
         rounds_kept: int = 3,
+        transient_raises: bool = False,
     ) -> None:
+        """``transient_raises``: a transient failure is raised instead of reported in the
+        result event (for work whose caller redoes it elsewhere, `InlineEffects`)."""
         self._states = states
         self._records = records
         self._ingress = ingress
         self._blobs = blobs
         self._reader = reader
         self._rounds_kept = rounds_kept
+        self._reported: tuple[type[Exception], ...] = (
+            (PermanentError,) if transient_raises else (PermanentError, TransientError)
+        )
         #: why each dataset whose source cannot be read now cannot, as last logged
         self._whys: dict[str, str] = {}
         self._whys_lock = threading.Lock()
@@ -224,7 +230,7 @@ class Executor:
                 work.data_url,
                 extra={"job": f"{work.namespace}/{work.name}", "effect": "write-round"},
             )
-        except (PermanentError, TransientError) as e:
+        except self._reported as e:
             error = redact(f"writing {work.phase} data of round {work.version} failed: {e}")
         else:
             self._prune(work)
@@ -306,7 +312,7 @@ class Executor:
                 )  # fmt: skip
                 target = hot.config
                 self._blobs.write_file(target, hot_update_config(hot, now_ms), None)
-        except (PermanentError, TransientError) as e:
+        except self._reported as e:
             error = redact(f"copying model {work.src_url} to {target} failed: {e}")
         return ModelCopied(
             namespace=work.namespace, name=work.name, version=work.version, error=error,
@@ -418,6 +424,89 @@ def _cursor_of(work: PollDataset) -> Cursor:
         log.warning("dataset %s/%s: its poll cursor cannot be decoded (%s); reading it whole",
                     work.namespace, work.name, e)  # fmt: skip
         return Cursor()
+
+
+#: At most this many effects run inline (`InlineEffects`) per processor pass: in a burst of
+#: rounds the rest go to the pool, which runs them side by side after the commit, so the
+#: pass's other events wait for no more than these.
+INLINE_PER_PASS = 4
+
+
+class InlineEffects:
+    """Effects run on the processor's thread before the commit of the transition that asked
+    for them, their result applied in that same commit: one commit, and no hand-off to the
+    pool and back, for a round's small local steps (a round file from a small local
+    dataset, a small local model's deploy copy).
+
+    Only a `WriteRound` or a `CopyModel` of the resource itself whose every path is local
+    and whose source holds at most ``max_bytes``, on a shard still held under the pass's
+    lease token, at most `INLINE_PER_PASS` a pass. No intent is stored for it: a crash, a
+    lost lease or a failed commit leaves the event that asked for it unapplied (pending in
+    its shard's stream, or unacknowledged to the broker), so whoever applies that event next
+    asks for the effect again and redoes it; every effect is idempotent (`Executor`). The
+    work is tried once: a failure the result does not report (a transient one, a store
+    outage) leaves it to the pool, after the commit, which retries it.
+    """
+
+    def __init__(
+        self,
+        *,
+        executor: Executor,
+        blobs: BlobStore,
+        leases: LeaseKeeper,
+        clock: Clock,
+        metrics: Metrics,
+        max_bytes: int,
+    ) -> None:
+        """``executor`` must raise transient failures (``transient_raises``) and ``blobs``
+        try once (`BlobStore.trying_once`): the pool retries, the processor does not wait."""
+        self._executor = executor
+        self._blobs = blobs
+        self._leases = leases
+        self._clock = clock
+        self._metrics = metrics
+        self._max_bytes = max_bytes
+        self._left = 0
+
+    def begin_pass(self) -> None:
+        """A processor pass starts: its allowance of inline effects is whole again."""
+        self._left = INLINE_PER_PASS if self._max_bytes else 0
+
+    def run(self, shard: int, token: str, rkey: str, work: Work) -> Event | None:
+        """The work's result, done now; None: not done here (it is left to the pool)."""
+        if self._left <= 0:
+            return None
+        source = _inline_source(work, rkey)
+        if source is None:
+            return None
+        size = self._blobs.local_size(source)
+        if size is None or size > self._max_bytes or self._leases.token(shard) != token:
+            return None
+        self._left -= 1
+        kind = type(work).__name__
+        try:
+            result = self._executor.run(work, self._clock.now_ms())
+        except Exception as e:
+            log.info("%s: its %s on the processor's thread failed (%s); the pool redoes it",
+                     rkey, kind, e)  # fmt: skip
+            return None
+        if result is not None:
+            self._metrics.effects.labels(type=kind, outcome="inline").inc()
+        return result
+
+
+def _inline_source(work: Work, rkey: str) -> str | None:
+    """The file whose size decides whether the work may run inline; None: it may not."""
+    if isinstance(work, WriteRound):
+        urls: tuple[str, ...] = (work.source_url, work.data_url, work.index_url or "")
+        source = work.source_url
+    elif isinstance(work, CopyModel):
+        urls, source = (work.src_url, work.dst_url), work.src_url
+    else:
+        return None
+    if job_key(work.namespace, work.name) != rkey or any(paths.is_remote(u) for u in urls):
+        return None
+    return source
 
 
 EFFECT_WORKERS = 4

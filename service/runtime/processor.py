@@ -80,7 +80,7 @@ from service.heartbeat import Clock, progress
 from service.history import HistoryRecord, worth_keeping
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.executor import EffectRunner, OutputDirs
+from service.runtime.executor import EffectRunner, InlineEffects, OutputDirs
 from service.runtime.handoff import Handoff, LocalResult, TakenMessage
 from service.runtime.intake import Accepted, decode_accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
@@ -187,6 +187,11 @@ class Step:
     effect_id: str | None = None
     #: a message the intake handed over in process (no ingress entry to acknowledge)
     taken: bool = False
+    #: the result of an effect run inline (`InlineEffects`) for the step before it: no
+    #: entry to acknowledge, no intent to retire
+    inline: bool = False
+    #: the ids of this step's effects run inline: no intent is stored for them
+    ran: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -225,13 +230,15 @@ def plan(
     for step in steps:
         if step.accepted is None or step.outcome is None:
             continue
-        fold.add(step.entry_id, step.accepted, step.outcome, step.at_ms, config)
+        fold.add(step, step.accepted, step.outcome, config)
         event = type(step.accepted.event).__name__
         record = history.record_of(event, step.outcome, at_ms=step.at_ms, token=token)
         fold.records.append(record)
         fold.changed.append(record.view() != view)
         view = record.view()
-    ack_ids = tuple(s.entry_id for s in steps if s.effect_id is None and not s.taken)
+    ack_ids = tuple(
+        s.entry_id for s in steps if s.effect_id is None and not s.taken and not s.inline
+    )
     retire = tuple(step.effect_id for step in steps if step.effect_id is not None)
     commit = dataclasses.replace(fold.commit(ack_ids), retire=retire)
     return Plan(
@@ -260,9 +267,8 @@ class _Fold:
     def __post_init__(self) -> None:
         self.state = self.initial
 
-    def add(
-        self, entry_id: str, accepted: Accepted, outcome: Outcome, at_ms: int, config: Config
-    ) -> None:
+    def add(self, step: Step, accepted: Accepted, outcome: Outcome, config: Config) -> None:
+        entry_id, at_ms = step.entry_id, step.at_ms
         self.state = outcome.state
         if accepted.resource is not None and self.state is not None:
             self.resource = accepted.resource
@@ -288,7 +294,7 @@ class _Fold:
                 self.outbox.append(entry)
             elif isinstance(effect, RecordRound):
                 self.rounds.append(encode_round(effect.record))
-            elif not isinstance(effect, Note):
+            elif not isinstance(effect, Note) and effect.id not in step.ran:
                 self.work.append((effect.id, effect))
 
     def commit(self, ack_ids: tuple[str, ...]) -> Commit:
@@ -359,6 +365,7 @@ class ResourceRunner:
         transition: Transition,
         quarantines: Quarantines,
         output_dirs: OutputDirs,
+        inline: InlineEffects,
         metrics: Metrics,
     ) -> None:
         self._config = config
@@ -366,6 +373,7 @@ class ResourceRunner:
         self._transition = transition
         self._quarantines = quarantines
         self._output_dirs = output_dirs
+        self._inline = inline
         self._metrics = metrics
 
     def plan(
@@ -435,15 +443,36 @@ class ResourceRunner:
         state, steps = initial, []
         for item in items:
             assert item.accepted is not None
-            now_ms = self._clock.now_ms()
-            ctx = self._context(shard, item.entry_id, now_ms)
-            outcome = self._claimed(rkey, state, item.accepted.event, ctx)
-            state = outcome.state
-            steps.append(
-                Step(item.entry_id, item.accepted, outcome, now_ms, item.effect_id, item.taken)
-            )
+            # the item, then the results of the effects its transitions ran inline, each
+            # applied right after the transition that asked for it
+            queue = [Step(item.entry_id, item.accepted, None, 0, item.effect_id, item.taken)]
+            while queue:
+                step = queue.pop(0)
+                assert step.accepted is not None
+                now_ms = self._clock.now_ms()
+                ctx = self._context(shard, step.entry_id, now_ms)
+                outcome = self._claimed(rkey, state, step.accepted.event, ctx)
+                state = outcome.state
+                ran = self._run_inline(shard, token, rkey, outcome)
+                steps.append(dataclasses.replace(
+                    step, outcome=outcome, at_ms=now_ms, ran=frozenset(ran)
+                ))  # fmt: skip
+                queue += [
+                    Step(f"{step.entry_id}+{n}", Accepted(event=result), None, 0, inline=True)
+                    for n, result in enumerate(ran.values())
+                ]
         self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
+
+    def _run_inline(self, shard: int, token: str, rkey: str, outcome: Outcome) -> dict[str, Event]:
+        """The results of the outcome's effects run inline (`InlineEffects`), by effect id."""
+        ran: dict[str, Event] = {}
+        for effect in outcome.effects:
+            if isinstance(effect, Work):
+                result = self._inline.run(shard, token, rkey, effect)
+                if result is not None:
+                    ran[effect.id] = result
+        return ran
 
     def _claimed(self, rkey: str, state: State | None, event: Event, ctx: Context) -> Outcome:
         """The event's outcome; a job insert that leaves the job with an outputDir first
@@ -565,6 +594,7 @@ class Processor:
         clock: Clock,
         transition: Transition,
         effects: EffectRunner,
+        inline: InlineEffects,
         handoff: Handoff,
         outbox: OutboxPublisher,
         journal: Journal,
@@ -580,6 +610,7 @@ class Processor:
         self._leases = leases
         self._clock = clock
         self._effects = effects
+        self._inline = inline
         self._handoff = handoff
         self._outbox = outbox
         self._journal = journal
@@ -594,7 +625,7 @@ class Processor:
             output_dirs=OutputDirs(
                 records, states, int(config.lease_s * 2000), config.volume_prefix
             ),
-            metrics=metrics,
+            inline=inline, metrics=metrics,
         )  # fmt: skip
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()
@@ -812,13 +843,14 @@ class Processor:
             return set()
         try:
             self._load_missing(batches)
+            self._inline.begin_pass()
             ran = [batch for batch in batches if self._run_shard(batch)]
             failed = {batch.shard for batch in batches} - {batch.shard for batch in ran}
             # a failed shard's messages become entries, pending like its others
             stuck = [m for b in batches if b.shard in failed for m in b.taken.values()]
             batches = ran
             self._pass_on(stuck)
-            failpoints.hit("process-before-commit")
+            failpoints.hit("process-before-commit")  # an effect run inline waits here too
             if any(p.commit.retire for b in batches for p in b.plans):
                 failpoints.hit("result-before-commit")  # an effect ran; its result waits here
             markers = {b.shard: m for b in batches if (m := b.markers()) is not None}

@@ -40,7 +40,7 @@ from service.errors import ServiceError, StoreUnavailable
 from service.heartbeat import Beat, Clock, Heartbeats, SystemClock
 from service.keys import Keys
 from service.metrics import Metrics
-from service.runtime.executor import EffectRunner, Executor
+from service.runtime.executor import EffectRunner, Executor, InlineEffects
 from service.runtime.handoff import Handoff
 from service.runtime.intake import (
     Admission,
@@ -213,6 +213,16 @@ class Replica:
             s3, files=files, max_line_bytes=self.config.max_line_bytes,
             max_dataset_bytes=self.config.max_dataset_bytes,
         )  # fmt: skip
+        once = blobs.trying_once()
+        inline = InlineEffects(
+            executor=Executor(
+                states=self.store.states, records=self.store.records, ingress=self.store.ingress,
+                blobs=once, reader=reader, rounds_kept=self.config.rounds_kept,
+                transient_raises=True,
+            ),
+            blobs=once, leases=self.leases, clock=self.clock, metrics=self.metrics,
+            max_bytes=self.config.inline_effect_bytes,
+        )  # fmt: skip
         self.effects = EffectRunner(
             executor=Executor(
                 states=self.store.states, records=self.store.records, ingress=self.store.ingress,
@@ -227,7 +237,8 @@ class Replica:
             config=self.config, ingress=self.store.ingress, states=self.store.states,
             outboxes=self.store.outboxes, records=self.store.records, leases=self.leases,
             clock=self.clock,
-            transition=transition, effects=self.effects, handoff=self.handoff, outbox=self.outbox,
+            transition=transition, effects=self.effects, inline=inline, handoff=self.handoff,
+            outbox=self.outbox,
             journal=Journal(self.metrics), rejections=self.rejections,
             datasets=DatasetHealth(self.metrics), metrics=self.metrics, stop=self._stop,
         )  # fmt: skip

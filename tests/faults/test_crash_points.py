@@ -20,12 +20,17 @@ from tests.stack import Stack
 from tests.wait import wait_until
 
 BIG_MODEL_BYTES = (5 << 20) // 2  # 2.5 MiB: the copy runs in 1 MiB blocks, B dies after one
+#: Points whose subject is an effect run by the pool after its commit: B runs every effect
+#: there (at `process-before-commit`, B has run the eval round inline: its result waits for
+#: the commit B never makes)
+POOL_ONLY = {"result-before-commit", "process-before-effects"}
 
 # (failpoint, the report that makes replica B reach it)
 POINTS = [
     ("intake-before-durable", "train"),
     ("intake-before-ack", "train"),
     ("process-before-commit", "train"),
+    ("process-before-commit", "eval"),
     ("result-before-commit", "train"),
     ("process-before-effects", "train"),
     ("outbox-before-publish", "train"),
@@ -34,7 +39,10 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize(("failpoint", "stage"), POINTS, ids=[p for p, _ in POINTS])
+IDS = [p if [q for q, _ in POINTS].count(p) == 1 else f"{p}-at-{s}" for p, s in POINTS]
+
+
+@pytest.mark.parametrize(("failpoint", "stage"), POINTS, ids=IDS)
 def test_round_survives_a_crash_at(stack: Stack, failpoint: str, stage: str) -> None:
     cloud = stack.cloud
     game = Round(stack, model_bytes=BIG_MODEL_BYTES if failpoint == "blob-mid-copy" else 64)
@@ -50,7 +58,10 @@ def test_round_survives_a_crash_at(stack: Stack, failpoint: str, stage: str) -> 
         assert probe.pending_effects() == 0
 
         # B: dies at the failpoint on the next report
-        b = stack.controller("b", env={**QUIET_POLLS, "LIFELONG_FAILPOINTS": failpoint})
+        env = {**QUIET_POLLS, "LIFELONG_FAILPOINTS": failpoint}
+        if failpoint in POOL_ONLY:
+            env["LIFELONG_INLINE_EFFECT_BYTES"] = "0"
+        b = stack.controller("b", env=env)
         if stage == "eval":
             game.eval_completed()
         else:
@@ -68,6 +79,15 @@ def test_round_survives_a_crash_at(stack: Stack, failpoint: str, stage: str) -> 
             assert "wrote 2 samples" in b.log()
             assert eval_data.exists()
             assert probe.pending_effects() == 1
+        if failpoint == "process-before-commit":
+            # B wrote the eval round (or copied the model) on its processor's thread and died
+            # before the commit that applies it: no intent was stored; the report waits
+            assert probe.pending_effects() == 0
+            if stage == "train":
+                assert "wrote 2 samples" in b.log()
+                assert eval_data.exists()
+            else:
+                assert (game.out / "deploy" / "index.pkl").read_bytes() == game.eval_model
 
         # C: finishes the round from wherever B stopped
         c = stack.controller("c")
@@ -76,8 +96,10 @@ def test_round_survives_a_crash_at(stack: Stack, failpoint: str, stage: str) -> 
             game.eval_completed()
         cloud.wait_status(JOB, "deploy", "ready", timeout_s=20)
         wait_until(lambda: probe.pending_effects() == 0, 10, "C's effects to finish")
-        if failpoint == "result-before-commit":
-            assert "wrote 2 samples" in c.log(), "C redid the effect B's death left pending"
+        if failpoint == "result-before-commit" or (failpoint, stage) == (
+            "process-before-commit", "train"
+        ):
+            assert "wrote 2 samples" in c.log(), "C redid the effect B's death left undone"
         game.assert_complete(probe)
     # seed bug 11 even across a crash: the staging file a dead writer left behind is swept
     # by the next write to the same place

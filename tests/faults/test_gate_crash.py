@@ -107,8 +107,12 @@ def test_a_death_between_gate_and_copy(stack: Stack, accuracy: float, deploys: b
         assert a.stop() == 0
         assert deploy_file.read_bytes() == b"model 1 " * 1000
 
-        # B: dies once it committed round 2's gate decision
-        armed = {**QUIET_POLLS, "LIFELONG_FAILPOINTS": "process-before-effects"}
+        # B: dies once it committed round 2's gate decision (the copy as an intent for the
+        # pool, not done inline before the commit)
+        armed = {
+            **QUIET_POLLS, "LIFELONG_FAILPOINTS": "process-before-effects",
+            "LIFELONG_INLINE_EFFECT_BYTES": "0",
+        }  # fmt: skip
         b = stack.controller("b", env=armed)
         new, old = str(out / "train/2/model.bin"), str(out / "train/1/model.bin")
         report(cloud, "eval", 2, [scored(new, accuracy), scored(old, 0.7)])

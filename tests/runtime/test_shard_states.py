@@ -7,14 +7,16 @@ from typing import cast
 
 import pytest
 
+from service.adapters.blobs import BlobStore
 from service.core.events import DatasetChanged
 from service.core.lifecycle import transition
 from service.core.state import State, encode_state
 from service.heartbeat import SystemClock
 from service.metrics import Metrics
 from service.runtime import processor
-from service.runtime.executor import OutputDirs
+from service.runtime.executor import Executor, InlineEffects, OutputDirs
 from service.runtime.intake import Accepted
+from service.runtime.leases import LeaseKeeper
 from service.runtime.processor import Cached, Plan, ResourceRunner, ShardStates
 from service.runtime.rejections import Held, Quarantines
 from tests.core.driver import DATASET, JOB, NS, info, report
@@ -57,6 +59,10 @@ def test_a_state_is_decoded_once_then_kept_decoded(monkeypatch: pytest.MonkeyPat
         transition=transition,
         quarantines=Quarantines(metrics),
         output_dirs=cast(OutputDirs, None),  # claimed only by an insert; none comes here
+        inline=InlineEffects(  # none runs inline: no bytes allowed
+            executor=cast(Executor, None), blobs=cast(BlobStore, None),
+            leases=cast(LeaseKeeper, None), clock=SystemClock(), metrics=metrics, max_bytes=0,
+        ),
         metrics=metrics,
     )
     stored = encode_state(created())
