@@ -36,6 +36,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import BinaryIO, Self, TypeVar
@@ -453,6 +454,7 @@ class BlobStore:
         self._max_round = max_round_bytes
         self._staging = Staging(s3, self._files, tmp_dir)
         self._models = ModelCopier(s3, self._files, self._staging, max_model_bytes)
+        self._once = attempts <= 1
         self._retrying = Retrying(
             stop=stop_after_attempt(attempts),
             wait=wait_random_exponential(multiplier=min(0.25, max_backoff_s), max=max_backoff_s),
@@ -461,6 +463,8 @@ class BlobStore:
         )
 
     def _retry(self, fn: Callable[[], T]) -> T:
+        if self._once:
+            return fn()  # no retry to wait for: tenacity's machinery would only cost time
         return self._retrying.copy()(fn)
 
     def trying_once(self) -> Self:
@@ -468,23 +472,22 @@ class BlobStore:
         a transient failure is raised at once, for a caller that redoes the work elsewhere
         rather than wait out the retries' backoff."""
         once = copy.copy(self)
-        once._retrying = Retrying(stop=stop_after_attempt(1), reraise=True)
+        once._once = True
         return once
 
-    def local_size(self, url: str) -> int | None:
-        """The size of the local regular file ``url``, opened as the file access policy
-        allows; None for an S3 URL or a file that cannot be opened (the work reading it
+    @staticmethod
+    def local_size(url: str) -> int | None:
+        """The size of the local regular file ``url`` now, an estimate (links followed: the
+        work that reads it opens it by the file access policy, which refuses what it must);
+        None for an S3 URL, or what is no regular file or cannot be looked at (the work
         then says why)."""
         if paths.is_remote(url):
             return None
         try:
-            fd = self._files.open_regular(url)
-        except (OSError, Refused):
+            found = os.stat(url)
+        except OSError:
             return None
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        return found.st_size if stat.S_ISREG(found.st_mode) else None
 
     def write_round(
         self,
