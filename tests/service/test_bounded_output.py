@@ -27,6 +27,7 @@ from tests.harness import (
     worker_message,
 )
 from tests.stack import Stack
+from tests.wait import wait_until
 
 JOB, DATASET = "bounded-job", "bounded-dataset"
 WORKER = f"{JOB}-train-1"
@@ -93,7 +94,9 @@ def test_models_kept_and_messages_sent_stay_within_the_limits(stack: Stack) -> N
     finally:
         client.close()
     assert state is not None and len(state) < 4096, len(state or b"")
-    assert "kept the first 16 of the 100 models" in controller.log()
+    # the journal logs a commit's transitions right after sending its messages
+    wait_until(lambda: "kept the first 16 of the 100 models" in controller.log(), 10,
+               "the journal's line")  # fmt: skip
 
     assert metric_sum(controller, "lifelong_rejections_total", reason="too_many") == 2
     with cloud._sizes_lock:
