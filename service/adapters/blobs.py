@@ -426,6 +426,19 @@ DEFAULT_MAX_MODEL_BYTES = 4 << 30
 DEFAULT_MAX_ROUND_BYTES = 16 << 30
 
 
+def local_size(url: str) -> int | None:
+    """The size of the local regular file ``url`` now, an estimate (links followed: the work
+    that reads it opens it by the file access policy, which refuses what it must); None for
+    an S3 URL, or what is no regular file or cannot be looked at (the work then says why)."""
+    if paths.is_remote(url):
+        return None
+    try:
+        found = os.stat(url)
+    except OSError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
+
+
 class BlobStore:
     """Writes round files and copies models, local or S3, retrying transient failures.
 
@@ -474,20 +487,6 @@ class BlobStore:
         once = copy.copy(self)
         once._once = True
         return once
-
-    @staticmethod
-    def local_size(url: str) -> int | None:
-        """The size of the local regular file ``url`` now, an estimate (links followed: the
-        work that reads it opens it by the file access policy, which refuses what it must);
-        None for an S3 URL, or what is no regular file or cannot be looked at (the work
-        then says why)."""
-        if paths.is_remote(url):
-            return None
-        try:
-            found = os.stat(url)
-        except OSError:
-            return None
-        return found.st_size if stat.S_ISREG(found.st_mode) else None
 
     def write_round(
         self,

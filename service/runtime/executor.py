@@ -21,6 +21,9 @@ jobs from writing to one directory.
   failures past the blob adapter's retry budget come back as events carrying the reason
   (the lifecycle then reports `failed` upstream); a store outage is raised so the caller
   retries the intent later.
+- Inline effects (`InlineEffects`): a round file or deploy copy small and local enough is
+  done on the processor's thread before the commit of the event that asks for it, its
+  result applied in that same commit, and no intent stored for it.
 - The effect runner (`EffectRunner`) runs effect intents on a small thread pool and hands
   each result to the processor, whose next commit applies it and retires the intent in one
   fenced transaction (or, when that is not this replica's to do now, retires the intent
@@ -40,7 +43,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from service import wire
-from service.adapters.blobs import BlobStore
+from service.adapters.blobs import BlobStore, local_size
 from service.adapters.dataset_sources import Cursor, DatasetReader
 from service.adapters.redis_store import Ingress, Outboxes, Records, States
 from service.core import datasets, paths
@@ -452,16 +455,15 @@ class InlineEffects:
         self,
         *,
         executor: Executor,
-        blobs: BlobStore,
         leases: LeaseKeeper,
         clock: Clock,
         metrics: Metrics,
         max_bytes: int,
     ) -> None:
-        """``executor`` must raise transient failures (``transient_raises``) and ``blobs``
-        try once (`BlobStore.trying_once`): the pool retries, the processor does not wait."""
+        """``executor`` must raise transient failures (``transient_raises``) and its blob
+        store try once (`BlobStore.trying_once`): the pool retries, the processor does not
+        wait."""
         self._executor = executor
-        self._blobs = blobs
         self._leases = leases
         self._clock = clock
         self._metrics = metrics
@@ -479,7 +481,7 @@ class InlineEffects:
         source = _inline_source(work, rkey)
         if source is None:
             return None
-        size = self._blobs.local_size(source)
+        size = local_size(source)
         if size is None or size > self._max_bytes or self._leases.token(shard) != token:
             return None
         self._left -= 1

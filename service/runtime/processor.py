@@ -17,7 +17,9 @@ The stages, in this module's order:
   the shard's lease.
 - The resource runner (`ResourceRunner`): one resource's events of a read, through the pure
   core and into one plan; or, when the resource's state or one of its entries cannot be
-  decoded, its entries set aside by the quarantine (`rejections.Quarantines`).
+  decoded, its entries set aside by the quarantine (`rejections.Quarantines`). A small local
+  effect a transition asks for is done right then (`executor.InlineEffects`) and its result
+  event applied next, in the same plan, so one commit carries both.
 - The processor itself (`Processor`): commits state + outbox + timers + effect intents +
   history + acks atomically, fenced by the shard's lease, every shard of a read in one round
   trip. Besides the ingress it takes what other threads hand it in process

@@ -220,7 +220,7 @@ class Replica:
                 blobs=once, reader=reader, rounds_kept=self.config.rounds_kept,
                 transient_raises=True,
             ),
-            blobs=once, leases=self.leases, clock=self.clock, metrics=self.metrics,
+            leases=self.leases, clock=self.clock, metrics=self.metrics,
             max_bytes=self.config.inline_effect_bytes,
         )  # fmt: skip
         self.effects = EffectRunner(

@@ -69,7 +69,7 @@ class Node:
             reader=cast(DatasetReader, None), transient_raises=True,
         )  # fmt: skip
         self.inline = InlineEffects(
-            executor=executor, blobs=blobs, leases=cast(LeaseKeeper, self.leases),
+            executor=executor, leases=cast(LeaseKeeper, self.leases),
             clock=SystemClock(), metrics=self.metrics, max_bytes=max_bytes,
         )  # fmt: skip
         self.runner = ResourceRunner(
@@ -171,7 +171,7 @@ def test_a_transient_failure_leaves_the_work_to_the_pool(
     caplog.set_level(logging.INFO, logger="service.runtime.executor")
     node = Node(tmp_path)
     node.inline = InlineEffects(
-        executor=cast(Executor, _Failing()), blobs=BlobStore(S3Clients()),
+        executor=cast(Executor, _Failing()),
         leases=cast(LeaseKeeper, node.leases), clock=SystemClock(), metrics=node.metrics,
         max_bytes=1 << 20,
     )  # fmt: skip

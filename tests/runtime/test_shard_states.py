@@ -7,7 +7,6 @@ from typing import cast
 
 import pytest
 
-from service.adapters.blobs import BlobStore
 from service.core.events import DatasetChanged
 from service.core.lifecycle import transition
 from service.core.state import State, encode_state
@@ -60,7 +59,7 @@ def test_a_state_is_decoded_once_then_kept_decoded(monkeypatch: pytest.MonkeyPat
         quarantines=Quarantines(metrics),
         output_dirs=cast(OutputDirs, None),  # claimed only by an insert; none comes here
         inline=InlineEffects(  # none runs inline: no bytes allowed
-            executor=cast(Executor, None), blobs=cast(BlobStore, None),
+            executor=cast(Executor, None),
             leases=cast(LeaseKeeper, None), clock=SystemClock(), metrics=metrics, max_bytes=0,
         ),
         metrics=metrics,
