@@ -26,6 +26,7 @@ from redis import Redis
 from service.embedded.processes import ControllerProcess, Server, mosquitto_server, redis_server
 from service.embedded.topologies import SentinelTopology, sentinel_topology
 from service.keys import NUM_SHARDS, Keys
+from tests.harness import stop_paho
 
 NODE = "bench-node"
 PREFIX = "sedna"
@@ -306,8 +307,7 @@ class Peer:
         return self.client.publish(topic, payload, qos=1)
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_paho(self.client)
 
 
 #: The Models an incremental-learning job of the benchmark names (`incremental_models`).

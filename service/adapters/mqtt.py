@@ -814,8 +814,16 @@ class LeanClient(paho.Client):
         that its thread leaves ``select`` and writes."""
         sock = self._sockpairW
         if sock is not None:
-            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            # full: a wake-up is pending anyway; closed: the client was shut down meanwhile
+            with contextlib.suppress(OSError):
                 sock.send(_WAKE_UP)
+
+    def release_wake_pair(self) -> None:
+        """Close the wake-up socket pair, once paho's thread has ended. paho closes it only
+        when the client is collected, and a client in a reference cycle (its callbacks are
+        methods of the object that holds it) leaves both sockets to the garbage collector,
+        which finds them open and warns."""
+        self._reset_sockets(sockpair_only=True)
 
     def _packet_queue(
         self,
@@ -1031,10 +1039,11 @@ def move_queued_publishes(old: paho.Client, new: paho.Client) -> list[tuple[int,
 
 
 def shut_down(
-    client: paho.Client, protocol: MQTTProtocolVersion, timeout_s: float, send_will: bool
+    client: LeanClient, protocol: MQTTProtocolVersion, timeout_s: float, send_will: bool
 ) -> None:
     """Disconnect (see the module docstring for ``send_will``) and end paho's thread, so
-    the client never reconnects; waits up to ``timeout_s`` for the thread."""
+    the client never reconnects; waits up to ``timeout_s`` for the thread, then closes the
+    client's sockets."""
     if not send_will:
         client.disconnect()
     elif protocol == MQTTProtocolVersion.MQTTv5:
@@ -1047,6 +1056,8 @@ def shut_down(
     stopper.join(timeout_s)
     if stopper.is_alive():
         log.warning("MQTT network thread did not end within %.1fs", timeout_s)
+    else:
+        client.release_wake_pair()
     sock = client.socket()
     if sock is not None:
         # The loop ended while a (re)connect was in flight, or 3.1.1 with send_will:

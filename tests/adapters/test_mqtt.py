@@ -1233,6 +1233,17 @@ def test_stop_does_not_send_the_will_unless_asked(mosquitto: Server) -> None:
         client.stop()  # idempotent
 
 
+def test_stop_closes_the_wake_up_socket_pair(mosquitto: Server) -> None:
+    """paho closes its thread's wake-up socket pair only when the client is collected; a
+    stopped client must not leave it open for the garbage collector to find (the pair of
+    unclosed sockets a later test's collection then reported as a ResourceWarning)."""
+    with client_for(url_of(mosquitto)) as client:
+        lean = client._paho  # test-only peek
+        pair = (lean._sockpairR, lean._sockpairW)
+        assert all(sock is not None and sock.fileno() >= 0 for sock in pair)
+    assert all(sock is not None and sock.fileno() == -1 for sock in pair)
+
+
 def test_stop_ends_reconnection_so_the_next_holder_keeps_the_id(mosquitto: Server) -> None:
     url, client_id = url_of(mosquitto), unique("fixed")
     first_changes: list[bool] = []

@@ -17,7 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from service.embedded.processes import Server
 from tests.cli.documents import DATASET, UNROUTED_JOB
 from tests.cli.runner import assert_one_clean_line, cli_env, run_cli, wait_rows
-from tests.harness import NODE, wait_ingress
+from tests.harness import NODE, stop_paho, wait_ingress
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -60,8 +60,7 @@ def downstream(port: int) -> Iterator[Downstream]:
         assert seen.subscribed.wait(10)
         yield seen
     finally:
-        client.loop_stop()
-        client.disconnect()
+        stop_paho(client)
 
 
 def test_apply_routes_each_resource_to_its_node(mosquitto: Server, tmp_path: Path) -> None:

@@ -30,7 +30,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.harness import NODE, NS, PREFIX, Cloud, Controller, append_lines, lines, model_file
+from tests.harness import (
+    NODE,
+    NS,
+    PREFIX,
+    Cloud,
+    Controller,
+    append_lines,
+    lines,
+    model_file,
+    stop_paho,
+)
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -120,8 +130,7 @@ def retained_presence(port: int, replica: str) -> dict[str, Any]:
     try:
         assert arrived.wait(5), f"no retained presence for {replica}"
     finally:
-        client.loop_stop()
-        client.disconnect()
+        stop_paho(client)
     return got[0]
 
 

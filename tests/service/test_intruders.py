@@ -46,6 +46,7 @@ from tests.harness import (
     lines,
     model_file,
     samples_file,
+    stop_paho,
     worker_message,
 )
 from tests.stack import Stack
@@ -278,8 +279,7 @@ class Peer:
             return [topic for topic, _payload, _retain in self.received]
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        stop_paho(self.client)
 
 
 @pytest.fixture
