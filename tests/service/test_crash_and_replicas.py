@@ -30,17 +30,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from service.core.state import JobState, decode_state
 from service.keys import NUM_SHARDS, Keys, shard_of
-from tests.harness import (
-    NODE,
-    NS,
-    PREFIX,
-    Cloud,
-    Controller,
-    append_lines,
-    lines,
-    model_file,
-    stop_paho,
-)
+from tests import harness
+from tests.harness import NODE, NS, PREFIX, Cloud, Controller, append_lines, lines, model_file
 from tests.stack import Stack
 from tests.wait import wait_until
 
@@ -130,7 +121,7 @@ def retained_presence(port: int, replica: str) -> dict[str, Any]:
     try:
         assert arrived.wait(5), f"no retained presence for {replica}"
     finally:
-        stop_paho(client)
+        harness.stop_paho(client)
     return got[0]
 
 
