@@ -33,12 +33,14 @@ jobs from writing to one directory.
 """
 
 
+import copy
 import json
 import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from typing import Self
 
 import msgspec
 
@@ -156,22 +158,28 @@ class Executor:
         blobs: BlobStore,
         reader: DatasetReader,
         rounds_kept: int = 3,
-        transient_raises: bool = False,
     ) -> None:
-        """``transient_raises``: a transient failure is raised instead of reported in the
-        result event (for work whose caller redoes it elsewhere, `InlineEffects`)."""
         self._states = states
         self._records = records
         self._ingress = ingress
         self._blobs = blobs
         self._reader = reader
         self._rounds_kept = rounds_kept
-        self._reported: tuple[type[Exception], ...] = (
-            (PermanentError,) if transient_raises else (PermanentError, TransientError)
-        )
+        #: the failures a result event reports (any other is raised)
+        self._reported: tuple[type[Exception], ...] = (PermanentError, TransientError)
         #: why each dataset whose source cannot be read now cannot, as last logged
         self._whys: dict[str, str] = {}
         self._whys_lock = threading.Lock()
+
+    def trying_once(self) -> Self:
+        """This executor (its stores, reader and blob files shared) trying each write or
+        copy once and raising a transient failure instead of reporting it in the result
+        event: for a caller that leaves such work to the pool, which retries it, rather
+        than wait out the backoff (`InlineEffects`)."""
+        once = copy.copy(self)
+        once._blobs = self._blobs.trying_once()
+        once._reported = (PermanentError,)
+        return once
 
     def run(self, work: Work, now_ms: int) -> Event | None:
         """Do the work; return the event reporting its outcome (None: nothing to report)."""
@@ -460,9 +468,8 @@ class InlineEffects:
         metrics: Metrics,
         max_bytes: int,
     ) -> None:
-        """``executor`` must raise transient failures (``transient_raises``) and its blob
-        store try once (`BlobStore.trying_once`): the pool retries, the processor does not
-        wait."""
+        """``executor`` tries once (`Executor.trying_once`): the pool retries, the processor
+        does not wait."""
         self._executor = executor
         self._leases = leases
         self._clock = clock

@@ -213,21 +213,16 @@ class Replica:
             s3, files=files, max_line_bytes=self.config.max_line_bytes,
             max_dataset_bytes=self.config.max_dataset_bytes,
         )  # fmt: skip
-        once = blobs.trying_once()
+        executor = Executor(
+            states=self.store.states, records=self.store.records, ingress=self.store.ingress,
+            blobs=blobs, reader=reader, rounds_kept=self.config.rounds_kept,
+        )  # fmt: skip
         inline = InlineEffects(
-            executor=Executor(
-                states=self.store.states, records=self.store.records, ingress=self.store.ingress,
-                blobs=once, reader=reader, rounds_kept=self.config.rounds_kept,
-                transient_raises=True,
-            ),
-            leases=self.leases, clock=self.clock, metrics=self.metrics,
-            max_bytes=self.config.inline_effect_bytes,
+            executor=executor.trying_once(), leases=self.leases, clock=self.clock,
+            metrics=self.metrics, max_bytes=self.config.inline_effect_bytes,
         )  # fmt: skip
         self.effects = EffectRunner(
-            executor=Executor(
-                states=self.store.states, records=self.store.records, ingress=self.store.ingress,
-                blobs=blobs, reader=reader, rounds_kept=self.config.rounds_kept,
-            ),
+            executor=executor,
             outboxes=self.store.outboxes,
             leases=self.leases, clock=self.clock, metrics=self.metrics,
             rejections=self.rejections, stop=self._stop, heartbeats=self.heartbeats,

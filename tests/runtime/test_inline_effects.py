@@ -62,12 +62,12 @@ class Node:
         self.out = tmp / "out"
         self.metrics = Metrics()
         self.leases = _Leases(token)
-        blobs = BlobStore(S3Clients(), files=LocalFiles(DataRoots((str(tmp),)))).trying_once()
         executor = Executor(
             states=cast(States, None), records=cast(Records, None),
-            ingress=cast(Ingress, None), blobs=blobs,
-            reader=cast(DatasetReader, None), transient_raises=True,
-        )  # fmt: skip
+            ingress=cast(Ingress, None),
+            blobs=BlobStore(S3Clients(), files=LocalFiles(DataRoots((str(tmp),)))),
+            reader=cast(DatasetReader, None),
+        ).trying_once()  # fmt: skip
         self.inline = InlineEffects(
             executor=executor, leases=cast(LeaseKeeper, self.leases),
             clock=SystemClock(), metrics=self.metrics, max_bytes=max_bytes,
