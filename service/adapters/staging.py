@@ -1,8 +1,9 @@
 """Replacing a target whole or not at all: a temporary file that becomes the target.
 
-Local targets are written to a temporary file in the target's own directory, fsynced and
-renamed onto the target, so a smaller new file never leaves old bytes behind and a symlink
-planted as the target is replaced, not written through. The directory is created and opened
+Local targets are written to a temporary file in the target's own directory that then takes
+the target's name (`_take_name`: fsynced, then renamed over a target in place; a new name is
+linked first, then fsynced), so a smaller new file never leaves old bytes behind and a
+symlink planted as the target is replaced, not written through. The directory is created and opened
 by the file access policy (``LocalFiles``), and the temporary file is created, renamed and
 removed through that directory's descriptor, never through the path again. S3 targets are
 uploaded from a temporary file. Temporary files are removed on every path; the ones a writer
@@ -95,13 +96,12 @@ class Staging:
                 with os.fdopen(fd, "wb", buffering=io.DEFAULT_BUFFER_SIZE) as out:
                     yield out
                     out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                    _take_name(dir_fd, tmp_name, name, out.fileno())
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp_name, dir_fd=dir_fd)
                 raise
-            os.fsync(dir_fd)  # the rename itself is durable
+            os.fsync(dir_fd)  # the name itself is durable
 
     def _upload(self, path: str, url: str, cred: S3CredentialLike | None) -> None:
         location = s3.parse_s3_url(url)
@@ -152,6 +152,28 @@ class Swept:
             self._places.clear()
         self._places.add(place)
         return True
+
+
+def _take_name(dir_fd: int, tmp_name: str, name: str, fd: int) -> None:
+    """Give the temporary file (written whole, open as ``fd``) the target's name, its bytes
+    durable when this returns (the name is once the directory is fsynced).
+
+    A target in place is replaced only once the new bytes are on disk: the name never
+    points at bytes a power cut could lose while it pointed at whole old ones. A new name
+    (no target yet; a hard link cannot replace one) is linked first and fsynced after: one
+    journal commit then carries the bytes, the inode and the name, and the directory's
+    fsync finds nothing left to commit (about 0.1 ms less here). No one was told of that
+    name before this write returns, and until then a power cut can leave it empty: the
+    write is then redone, as any write that did not return is. Where hard links are not
+    supported, it is renamed like a replacement."""
+    try:
+        os.link(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:  # EEXIST: a target (or a link planted as one) to replace, never written through
+        os.fsync(fd)
+        os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return
+    os.unlink(tmp_name, dir_fd=dir_fd)
+    os.fsync(fd)
 
 
 def _create_temporary(dir_fd: int, prefix: str) -> tuple[str, int]:

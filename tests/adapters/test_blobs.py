@@ -528,3 +528,59 @@ def test_no_place_in_a_directory_made_ahead_is_swept(store: BlobStore, tmp_path:
     swept = store._staging.swept
     assert not swept.first(str(made), ".index.pkl."), "made here: nothing to sweep"
     assert swept.first(str(there), ".index.pkl."), "there before: swept on its first write"
+
+
+def _record_naming(monkeypatch: pytest.MonkeyPatch, *, links: bool = True) -> list[str]:
+    """The staging module's naming calls, in order (each still made); without ``links``,
+    a hard link fails as on a file system that has none."""
+    calls: list[str] = []
+    real = {name: getattr(staging.os, name) for name in ("fsync", "link", "replace")}
+
+    def recorder(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            if name == "link" and not links:
+                raise PermissionError(1, "Operation not permitted")
+            return real[name](*args, **kwargs)
+
+        return call
+
+    for name in real:
+        monkeypatch.setattr(staging.os, name, recorder(name))
+    return calls
+
+
+def test_a_new_target_is_linked_then_fsynced_and_a_replaced_one_fsynced_then_renamed(
+    store: BlobStore, txt_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new name carries bytes, inode and name in one fsync (the directory's then has
+    nothing left to commit); a target in place is replaced only once the new bytes are
+    durable. Either way the target is whole and no staging file is left."""
+    out = tmp_path / "round" / "data.txt"
+    calls = _record_naming(monkeypatch)
+    write_round(store, txt_source, out, [(0, 2)])
+    assert calls == ["link", "fsync", "fsync"], "linked, the file fsynced, then its directory"
+    calls.clear()
+    write_round(store, txt_source, out, [(2, 4)])
+    assert calls == ["link", "fsync", "replace", "fsync"], "in place: fsynced before renamed"
+    assert out.read_bytes() == sample(2) + sample(3)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["data.txt"]
+
+
+def test_a_planted_link_is_replaced_and_no_hard_links_means_a_rename(
+    store: BlobStore, txt_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not ours")
+    out = tmp_path / "round" / "data.txt"
+    out.parent.mkdir()
+    out.symlink_to(outside)
+    write_round(store, txt_source, out, [(0, 1)])
+    assert not out.is_symlink() and out.read_bytes() == sample(0)
+    assert outside.read_bytes() == b"not ours", "the link is replaced, never written through"
+    calls = _record_naming(monkeypatch, links=False)
+    new = tmp_path / "round2" / "data.txt"
+    write_round(store, txt_source, new, [(1, 2)])
+    assert calls == ["link", "fsync", "replace", "fsync"]
+    assert new.read_bytes() == sample(1)
+    assert sorted(p.name for p in new.parent.iterdir()) == ["data.txt"]
