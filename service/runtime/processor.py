@@ -220,8 +220,10 @@ class Plan:
     rejected: tuple[Rejected, ...]
     #: datasets found unreadable (newly, or for a new reason): on the errors topic, counted
     unreadable: tuple[DatasetUnreadable, ...] = ()
-    #: the resource's state once the commit applies (None: it is gone)
+    #: the resource's state once the commit applies (None: it is gone), and before the
+    #: plan's first step (the job metrics count the move once the commit is done)
     state: State | None = None
+    initial: State | None = None
 
 
 def plan(
@@ -246,7 +248,7 @@ def plan(
     commit = dataclasses.replace(fold.commit(ack_ids), retire=retire)
     return Plan(
         commit, tuple(fold.work), tuple(fold.records), tuple(fold.changed),
-        tuple(fold.rejected), tuple(fold.unreadable), fold.state,
+        tuple(fold.rejected), tuple(fold.unreadable), fold.state, initial,
     )  # fmt: skip
 
 
@@ -469,7 +471,6 @@ class ResourceRunner:
                     break
                 (entry_id, accepted), results = results[0], results[1:]
                 effect_id, taken, inline = None, False, True
-        self._metrics.job_changed(shard, initial, state)
         return plan(rkey, token, initial, steps, self._config)
 
     def _run_inline(
@@ -1043,7 +1044,8 @@ class Processor:
             self._fresh.add(batch.shard)
 
     def _record(self, batch: _ShardBatch) -> None:
-        """The journal, rejections, dataset health and quarantines of a committed batch."""
+        """The journal, rejections, dataset health, job metrics and quarantines of a
+        committed batch."""
         for p in batch.plans:
             self._journal.write(p.commit.rkey, p.records, p.changed)
             for rejected in p.rejected:
@@ -1051,6 +1053,7 @@ class Processor:
                     rejected.topic, rejected.code, rejected.reason, rejected.record
                 )
             self._datasets.committed(p.commit.rkey, p.state, p.unreadable)
+            self._metrics.job_changed(batch.shard, p.initial, p.state)
             if p.commit.clear_mark:
                 self._quarantines.ended(batch.shard, p.commit.rkey)
         self._record_isolations(batch)

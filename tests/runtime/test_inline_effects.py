@@ -121,6 +121,12 @@ def test_a_small_local_round_runs_inline_and_its_result_lands_in_the_same_commit
     (ready,) = [e for e in commit.outbox if b'"ready"' in e.payload]
     assert ready.id.startswith(f"s{SHARD}-1-0+0"), "the result's ids derive from its cause's"
     assert node.inline_count() == 1
+    assert isinstance(result.initial, JobState) and result.initial.phase == "train"
+    assert result.initial.step == "waiting" and result.state == state
+    jobs = node.metrics.registry.get_sample_value(
+        "lifelong_jobs", {"phase": "train", "step": "running"}
+    )
+    assert not jobs, "the job metrics count the move once its commit is done, not here"
 
 
 def test_a_round_from_a_source_over_the_limit_is_left_to_the_pool(tmp_path: Path) -> None:
