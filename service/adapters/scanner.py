@@ -63,20 +63,30 @@ class LineCensus:
     """Counts lines of newline-terminated bytes with numpy, one chunk at a time.
 
     About 0.15 ms per MiB, where the bytes methods this replaced (``count(b"\\n")`` and a
-    two-byte ``b"\\n\\n" in``) took 1.3 ms. The scratch arrays are allocated once per
-    census and reused: fresh large temporaries cost more in page faults than the comparison.
+    two-byte ``b"\\n\\n" in``) took 1.3 ms. The scratch arrays are allocated on first use,
+    no bigger than a chunk of the bytes needs, and reused (grown once if later bytes need
+    more): fresh large temporaries cost more in page faults than the comparison.
     Not thread-safe; each scanner owns one.
     """
 
     def __init__(self) -> None:
         # _newline[0] is "the byte before this chunk was a newline"; the chunk's own
-        # comparison lands in _newline[1:].
-        self._newline = np.empty(CENSUS_CHUNK + 1, np.bool_)
-        self._pair = np.empty(CENSUS_CHUNK, np.bool_)
+        # comparison lands in _newline[1:]. Both are sized on use (`_fit`) to what the bytes
+        # need, at most a chunk: a census of a few lines allocates no quarter megabyte.
+        self._newline = np.empty(1, np.bool_)
+        self._pair = np.empty(0, np.bool_)
+
+    def _fit(self, size: int) -> None:
+        """Make the scratch arrays hold a chunk of ``size`` bytes (at most a full chunk)."""
+        n = min(size, CENSUS_CHUNK)
+        if len(self._pair) < n:
+            self._newline = np.empty(n + 1, np.bool_)
+            self._pair = np.empty(n, np.bool_)
 
     def count(self, folded: Chunk) -> tuple[int, int]:
         """``(lines, empty)``: the b"\\n" count of ``folded`` and how many of those end an
         empty line (one at the very start, or right after another b"\\n")."""
+        self._fit(len(folded))
         newline, pair = self._newline, self._pair
         lines = empty = 0
         after_newline = True
@@ -93,6 +103,7 @@ class LineCensus:
         """The offset just past the ``k``-th b"\\n" of ``folded`` (0 for k = 0)."""
         if k == 0:
             return 0
+        self._fit(len(folded))
         seen = 0
         for start, n in self._chunks(folded):
             here = int(np.count_nonzero(self._newline[1 : n + 1]))

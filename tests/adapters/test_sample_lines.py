@@ -135,12 +135,14 @@ def test_scanner_matches_reference(
     chunk=st.integers(1, 7),
 )
 def test_line_census_matches_a_byte_by_byte_count(data: bytes, chunk: int) -> None:
-    """Chunk boundaries anywhere: counts, empty lines and line ends agree with a plain loop."""
+    """Chunk boundaries anywhere: counts, empty lines and line ends agree with a plain loop;
+    one census serves bytes of any size in turn (its scratch arrays grow to fit)."""
     data = data + b"\n"
     ends = [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
     empty = sum(1 for end in ends if end == 1 or data[end - 2] == 0x0A)
     with mock.patch.object(scanning, "CENSUS_CHUNK", chunk):
         census = scanning.LineCensus()
+        assert census.count(data[: ends[0]]) == (1, int(ends[0] == 1)), "the first line alone"
         assert census.count(data) == (len(ends), empty)
         assert census.count(memoryview(bytearray(data))) == (len(ends), empty)
         assert [census.end_of_line(data, k) for k in range(len(ends) + 1)] == [0, *ends]
