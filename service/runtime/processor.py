@@ -245,7 +245,7 @@ def plan(
         s.entry_id for s in steps if s.effect_id is None and not s.taken and not s.inline
     )
     retire = tuple(step.effect_id for step in steps if step.effect_id is not None)
-    commit = dataclasses.replace(fold.commit(ack_ids), retire=retire)
+    commit = fold.commit(ack_ids, retire)
     return Plan(
         commit, tuple(fold.work), tuple(fold.records), tuple(fold.changed),
         tuple(fold.rejected), tuple(fold.unreadable), fold.state, initial,
@@ -302,19 +302,22 @@ class _Fold:
             elif not isinstance(effect, Note) and effect.id not in step.ran:
                 self.work.append((effect.id, effect))
 
-    def commit(self, ack_ids: tuple[str, ...]) -> Commit:
+    def commit(self, ack_ids: tuple[str, ...], retire: tuple[str, ...]) -> Commit:
+        """The commit of the steps: it acknowledges ``ack_ids`` and retires the intents
+        ``retire`` (those whose results the steps applied)."""
         outbox = tuple(self.outbox)
         if self.state is None and self.initial is None:
             # a resource that never was stored sends the GM nothing
             outbox = tuple(dataclasses.replace(e, gm=False) if e.gm else e for e in outbox)
             return Commit(
-                rkey=self.rkey, state=None, keep_state=True, ack_ids=ack_ids, outbox=outbox
-            )
+                rkey=self.rkey, state=None, keep_state=True, ack_ids=ack_ids, outbox=outbox,
+                retire=retire,
+            )  # fmt: skip
         intents = tuple((effect_id, encode_work(item)) for effect_id, item in self.work)
         if self.state is None:
             return Commit(
                 rkey=self.rkey, state=None, delete=True, ack_ids=ack_ids, outbox=outbox,
-                effects=intents,
+                effects=intents, retire=retire,
             )  # fmt: skip
         kept = tuple(history.encode_record(r) for r in self.records if history.worth_keeping(r))
         unchanged = self.state == self.initial  # a forwarded report: nothing to rewrite
@@ -329,6 +332,7 @@ class _Fold:
             effects=intents,
             history=kept,
             rounds=tuple(self.rounds),
+            retire=retire,
         )
 
 
