@@ -37,7 +37,7 @@ import copy
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Self
@@ -68,6 +68,7 @@ from service.core.state import (
     JobState,
     ModelInfo,
     ResourceState,
+    State,
     decode_state,
 )
 from service.errors import (
@@ -146,6 +147,12 @@ _cursor_encoder = msgspec.msgpack.Encoder()
 _cursor_decoder = msgspec.msgpack.Decoder(Cursor)
 
 
+KnownStates = Callable[[Sequence[str]], Mapping[str, State | bytes | None]]
+"""The stored states of some of the resources asked for, as known without asking Redis
+(the processor's cache of the shards it holds: `processor.ShardStates.known`); a resource
+left out is read from Redis."""
+
+
 class Executor:
     """Effect work against the blob, dataset and store adapters (no lifecycle decisions)."""
 
@@ -181,11 +188,12 @@ class Executor:
         once._reported = (PermanentError,)
         return once
 
-    def run(self, work: Work, now_ms: int) -> Event | None:
-        """Do the work; return the event reporting its outcome (None: nothing to report)."""
+    def run(self, work: Work, now_ms: int, known: KnownStates | None = None) -> Event | None:
+        """Do the work; return the event reporting its outcome (None: nothing to report).
+        The stored states it needs come from ``known`` where it knows them."""
         match work:
             case WriteRound():
-                return self._write_round(work)
+                return self._write_round(work, known)
             case CopyModel():
                 return self._copy_model(work, now_ms)
             case PollDataset():
@@ -218,7 +226,7 @@ class Executor:
             return None  # validated on the way in; a stored one cannot be wrong
 
     # ------------------------------------------------------------ the work
-    def _write_round(self, work: WriteRound) -> RoundWritten:
+    def _write_round(self, work: WriteRound, known: KnownStates | None) -> RoundWritten:
         error = None
         try:
             written = self._blobs.write_round(
@@ -248,7 +256,7 @@ class Executor:
             self._blobs.make_dirs(work.ahead)
         models = None
         if work.models is not None and error is None:
-            models, error = self._models(work.namespace, work.phase, work.models)
+            models, error = self._models(work.namespace, work.phase, work.models, known)
         return RoundWritten(
             namespace=work.namespace,
             name=work.name,
@@ -259,11 +267,11 @@ class Executor:
         )
 
     def _models(
-        self, namespace: str, phase: str, spec: wire.IncrementalSpec
+        self, namespace: str, phase: str, spec: wire.IncrementalSpec, known: KnownStates | None
     ) -> tuple[JobModels | None, str | None]:
         """The Models an incremental-learning job's round needs, as stored now (a train
         round: the initial model; an eval round: the compared and the deploy model), or why
-        not all are there."""
+        not all are there; those ``known`` knows are not read from Redis."""
         compared = "evalSpec.initialEvalModel" if spec.eval_model else "deploySpec.model"
         wanted = (
             {"initial": ("initialModel", spec.initial_model)}
@@ -272,12 +280,16 @@ class Executor:
                   "deploy": ("deploySpec.model", spec.deploy_model)}
         )  # fmt: skip
         keys = {role: rkey(MODEL_KIND, namespace, name) for role, (_, name) in wanted.items()}
-        raws = self._states.load(list(set(keys.values())))
+        names = list(set(keys.values()))
+        stored: dict[str, State | bytes | None] = dict(known(names)) if known else {}
+        missing = [name for name in names if name not in stored]
+        if missing:
+            stored.update(self._states.load(missing))
         found: dict[str, ModelInfo] = {}
         for role, key in keys.items():
-            raw = raws[key]
+            raw = stored[key]
             try:
-                state = decode_state(raw) if raw is not None else None
+                state = decode_state(raw) if isinstance(raw, bytes) else raw
             except (msgspec.DecodeError, msgspec.ValidationError):
                 state = None  # quarantined: as good as missing until it is applied again
             if not isinstance(state, ResourceState) or state.model is None:
@@ -481,8 +493,11 @@ class InlineEffects:
         """A processor pass starts: its allowance of inline effects is whole again."""
         self._left = INLINE_PER_PASS if self._max_bytes else 0
 
-    def run(self, shard: int, token: str, rkey: str, work: Work) -> Event | None:
-        """The work's result, done now; None: not done here (it is left to the pool)."""
+    def run(
+        self, shard: int, token: str, rkey: str, work: Work, known: KnownStates | None = None
+    ) -> Event | None:
+        """The work's result, done now; None: not done here (it is left to the pool). The
+        stored states it needs come from ``known`` where it knows them."""
         if self._left <= 0:
             return None
         source = _inline_source(work, rkey)
@@ -494,7 +509,7 @@ class InlineEffects:
         self._left -= 1
         kind = type(work).__name__
         try:
-            result = self._executor.run(work, self._clock.now_ms())
+            result = self._executor.run(work, self._clock.now_ms(), known)
         except Exception as e:
             log.info("%s: its %s on the processor's thread failed (%s); the pool redoes it",
                      rkey, kind, e)  # fmt: skip

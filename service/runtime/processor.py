@@ -83,7 +83,7 @@ from service.heartbeat import Clock, progress
 from service.history import HistoryRecord, worth_keeping
 from service.keys import parse_rkey, shard_of
 from service.metrics import Metrics
-from service.runtime.executor import EffectRunner, InlineEffects, OutputDirs
+from service.runtime.executor import EffectRunner, InlineEffects, KnownStates, OutputDirs
 from service.runtime.handoff import Handoff, LocalResult, TakenMessage
 from service.runtime.intake import Accepted, decode_accepted, encode_accepted, target_of
 from service.runtime.leases import LeaseKeeper
@@ -167,6 +167,19 @@ class ShardStates:
 
     def forget(self, shard: int) -> None:
         self._by_shard.pop(shard, None)
+
+    def known(
+        self, rkeys: Sequence[str], token_of: Callable[[int], str | None]
+    ) -> dict[str, Cached]:
+        """The states of ``rkeys`` cached under their shards' current lease tokens
+        (``token_of``); the rest are left out, to be read from Redis."""
+        found: dict[str, Cached] = {}
+        for rkey in rkeys:
+            shard = shard_of(rkey)
+            current = self._by_shard.get(shard)
+            if current is not None and current[0] == token_of(shard) and rkey in current[1]:
+                found[rkey] = current[1][rkey]
+        return found
 
     def clear(self) -> None:
         self._by_shard.clear()
@@ -377,14 +390,18 @@ class ResourceRunner:
         quarantines: Quarantines,
         output_dirs: OutputDirs,
         inline: InlineEffects,
+        known: KnownStates,
         metrics: Metrics,
     ) -> None:
+        """``known``: the stored states an effect run inline may take without reading
+        Redis (the processor's cache)."""
         self._config = config
         self._clock = clock
         self._transition = transition
         self._quarantines = quarantines
         self._output_dirs = output_dirs
         self._inline = inline
+        self._known = known
         self._metrics = metrics
 
     def plan(
@@ -484,7 +501,7 @@ class ResourceRunner:
         ran: dict[str, Accepted] = {}
         for effect in outcome.effects:
             if isinstance(effect, _WORK):
-                result = self._inline.run(shard, token, rkey, effect)
+                result = self._inline.run(shard, token, rkey, effect, self._known)
                 if result is not None:
                     ran[effect.id] = Accepted(event=result)
         return ran
@@ -640,7 +657,8 @@ class Processor:
             output_dirs=OutputDirs(
                 records, states, int(config.lease_s * 2000), config.volume_prefix
             ),
-            inline=inline, metrics=metrics,
+            inline=inline, known=lambda rkeys: self._states.known(rkeys, leases.token),
+            metrics=metrics,
         )  # fmt: skip
         self._fresh: set[int] = set()
         self._fresh_lock = threading.Lock()

@@ -6,6 +6,7 @@ is the real one; no Redis is reached (a local lifelong-learning job's effects ne
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -20,16 +21,24 @@ from service.core.effects import Work, WriteRound, decode_work
 from service.core.events import DatasetChanged, Event, JobApplied, RoundWritten
 from service.core.lifecycle import transition
 from service.core.paths import DataRoots
-from service.core.state import JobState, decode_state
+from service.core.state import JobModels, JobState, ResourceState, decode_state, encode_state
 from service.errors import TransientError
 from service.heartbeat import SystemClock
+from service.keys import MODEL_KIND, rkey
 from service.metrics import Metrics
-from service.runtime.executor import INLINE_PER_PASS, Executor, InlineEffects, OutputDirs
+from service.runtime.executor import (
+    INLINE_PER_PASS,
+    Executor,
+    InlineEffects,
+    KnownStates,
+    OutputDirs,
+)
 from service.runtime.intake import Accepted
 from service.runtime.leases import LeaseKeeper
-from service.runtime.processor import Plan, ResourceRunner
+from service.runtime.processor import Cached, Plan, ResourceRunner
 from service.runtime.rejections import Held, Quarantines
-from tests.core.driver import DATASET, JOB, NS, info, spec
+from service.wire import IncrementalSpec
+from tests.core.driver import DATASET, INCREMENTAL, JOB, MODELS, NS, info, spec
 from tests.runtime.test_planner import CONFIG, RKEY, TOKEN, steps_of
 
 SHARD = 3
@@ -48,7 +57,7 @@ class _Leases:
 class _Failing:
     """An executor whose work fails transiently."""
 
-    def run(self, work: Work, now_ms: int) -> Event | None:
+    def run(self, work: Work, now_ms: int, known: KnownStates | None = None) -> Event | None:
         raise TransientError("disk busy")
 
 
@@ -62,6 +71,8 @@ class Node:
         self.out = tmp / "out"
         self.metrics = Metrics()
         self.leases = _Leases(token)
+        #: the stored states the processor's cache knows (`ResourceRunner`'s ``known``)
+        self.known: dict[str, Cached] = {}
         executor = Executor(
             states=cast(States, None), records=cast(Records, None),
             ingress=cast(Ingress, None),
@@ -76,14 +87,17 @@ class Node:
             config=CONFIG, clock=SystemClock(), transition=transition,
             quarantines=Quarantines(self.metrics),
             output_dirs=cast(OutputDirs, None),  # claimed only by an insert; none comes here
-            inline=self.inline, metrics=self.metrics,
+            inline=self.inline, known=self.cached, metrics=self.metrics,
         )  # fmt: skip
 
-    def samples_arrived(self) -> Plan:
-        """The job, created, learns of its dataset's ten samples: its first train round."""
-        applied = JobApplied(
-            namespace=NS, name=JOB, spec=spec(output_dir=str(self.out)), digest="d1"
-        )
+    def cached(self, rkeys: Sequence[str]) -> dict[str, Cached]:
+        return {key: self.known[key] for key in rkeys if key in self.known}
+
+    def samples_arrived(self, incremental: IncrementalSpec | None = None) -> Plan:
+        """The job (an incremental-learning one, given its spec), created, learns of its
+        dataset's ten samples: its first train round."""
+        job_spec = spec(output_dir=str(self.out), incremental=incremental)
+        applied = JobApplied(namespace=NS, name=JOB, spec=job_spec, digest="d1")
         created, _ = steps_of(None, applied)
         changed = DatasetChanged(
             namespace=NS, name=JOB, dataset=DATASET, info=info(str(self.dataset)),
@@ -127,6 +141,29 @@ def test_a_small_local_round_runs_inline_and_its_result_lands_in_the_same_commit
         "lifelong_jobs", {"phase": "train", "step": "running"}
     )
     assert not jobs, "the job metrics count the move once its commit is done, not here"
+
+
+def test_an_incremental_round_takes_its_models_from_the_cache_without_reading_redis(
+    tmp_path: Path,
+) -> None:
+    """The initial Model an incremental-learning job's train round needs, known to the
+    processor's cache (decoded, or as the bytes read), is taken from it: this node has no
+    Redis, so a read would fail the round."""
+    initial = ResourceState(
+        kind=MODEL_KIND, namespace=NS, name=INCREMENTAL.initial_model, digest="m1",
+        model=MODELS.initial,
+    )  # fmt: skip
+    model_key = rkey(MODEL_KIND, NS, INCREMENTAL.initial_model)
+    for known in (initial, encode_state(initial)):
+        (tmp_path / type(known).__name__).mkdir()
+        node = Node(tmp_path / type(known).__name__)
+        node.known[model_key] = known
+        result = node.samples_arrived(incremental=INCREMENTAL)
+        assert [r.event for r in result.records] == ["DatasetChanged", "RoundWritten"]
+        assert result.commit.state is not None
+        state = decode_state(result.commit.state)
+        assert isinstance(state, JobState) and (state.phase, state.step) == ("train", "running")
+        assert state.models == JobModels(initial=MODELS.initial)
 
 
 def test_a_round_from_a_source_over_the_limit_is_left_to_the_pool(tmp_path: Path) -> None:
@@ -184,7 +221,7 @@ def test_a_transient_failure_leaves_the_work_to_the_pool(
     node.runner = ResourceRunner(
         config=CONFIG, clock=SystemClock(), transition=transition,
         quarantines=Quarantines(node.metrics), output_dirs=cast(OutputDirs, None),
-        inline=node.inline, metrics=node.metrics,
+        inline=node.inline, known=node.cached, metrics=node.metrics,
     )  # fmt: skip
     ((_, intent),) = node.samples_arrived().commit.effects
     assert isinstance(decode_work(intent), WriteRound)

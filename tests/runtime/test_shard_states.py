@@ -11,6 +11,7 @@ from service.core.events import DatasetChanged
 from service.core.lifecycle import transition
 from service.core.state import State, encode_state
 from service.heartbeat import SystemClock
+from service.keys import shard_of
 from service.metrics import Metrics
 from service.runtime import processor
 from service.runtime.executor import Executor, InlineEffects, OutputDirs
@@ -39,6 +40,20 @@ def test_states_are_kept_per_shard_and_token() -> None:
     assert states.of(5, "r1:9") == {}
 
 
+def test_known_states_are_those_cached_under_their_shards_current_tokens() -> None:
+    """What an effect may take from the cache instead of Redis: a state cached (or known
+    absent) under its shard's current lease token; nothing of a shard cached under an
+    older token, held no longer, or not cached at all."""
+    states = ShardStates()
+    a, b, c, d = (f"model:default/{n}" for n in "abcd")
+    tokens = {shard_of(a): "r1:1", shard_of(b): "r1:1", shard_of(c): "r1:5"}
+    states.of(shard_of(a), "r1:1")[a] = b"A"
+    states.of(shard_of(b), "r1:1")[b] = None  # read: there is none
+    states.of(shard_of(c), "r1:4")[c] = b"C"  # cached under the token before the current one
+    assert states.known([a, b, c, d], tokens.get) == {a: b"A", b: None}
+    assert states.known([a], lambda _shard: None) == {}, "a shard no longer held: nothing"
+
+
 def test_a_state_is_decoded_once_then_kept_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the cache read from Redis stays bytes until a pass decodes it; from then on, and
     once a commit wrote the next state, it holds the decoded state, and the next pass starts
@@ -62,6 +77,7 @@ def test_a_state_is_decoded_once_then_kept_decoded(monkeypatch: pytest.MonkeyPat
             executor=cast(Executor, None),
             leases=cast(LeaseKeeper, None), clock=SystemClock(), metrics=metrics, max_bytes=0,
         ),
+        known=lambda _rkeys: {},
         metrics=metrics,
     )
     stored = encode_state(created())
