@@ -3,13 +3,13 @@
 Local targets are written to a temporary file in the target's own directory that then takes
 the target's name (`_take_name`: fsynced, then renamed over a target in place; a new name is
 linked first, then fsynced), so a smaller new file never leaves old bytes behind and a
-symlink planted as the target is replaced, not written through. The directory is created and opened
-by the file access policy (``LocalFiles``), and the temporary file is created, renamed and
-removed through that directory's descriptor, never through the path again. S3 targets are
-uploaded from a temporary file. Temporary files are removed on every path; the ones a writer
-on this host left when it died mid-write (a crash: no ``finally`` ran) are swept by the next
-process to write in the same directory, once (`Swept`), but for a directory it made, which
-holds none.
+symlink planted as the target is replaced, not written through. The directory is created
+and opened by the file access policy (``LocalFiles``), and the temporary file is created,
+named and removed through that directory's descriptor, never through the path again. S3
+targets are uploaded from a temporary file. Temporary files are removed on every path; the
+ones a writer on this host left when it died mid-write (a crash: no ``finally`` ran) are
+swept by the next process to write in the same directory, once (`Swept`), but for a
+directory it made, which holds none.
 
 A big staged file (a round file or a model copy) is written by `PipelinedWriter`, which
 has the kernel start writing pages back as it goes, so the closing fsync waits for the last

@@ -8,7 +8,8 @@ The stages, in this module's order:
   verdict, and a log line for those worth one (the same records the commit stored as the
   resource's history). A dataset's sample gauge is `DatasetHealth`'s, which also removes it.
 - The state cache (`ShardStates`): the committed states of owned shards' resources, kept so
-  the hot path skips a read, and the decode of what it read or committed once before.
+  the hot path skips a read, and the decode of what it read or committed once before; an
+  effect run inline takes the Models it needs from it too.
 - The planner (`plan`): folds the transitions of one resource's events into one commit,
   pure, so it is tested without Redis. Everything the transitions produced lands in one
   `Commit` (state, resource JSON, timer, acknowledged entries, upstream messages (built by
