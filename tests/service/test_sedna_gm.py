@@ -248,9 +248,7 @@ def test_workers_on_a_second_node(stack: Stack, sedna_gm: GmFactory) -> None:
     assert done and all(r.answer == 200 for r in done)
 
 
-def test_the_gate_by_annotation_holds_back_a_worse_model(
-    stack: Stack, sedna_gm: GmFactory
-) -> None:
+def test_the_gate_by_annotation_holds_back_a_worse_model(stack: Stack, sedna_gm: GmFactory) -> None:
     per_round: dict[int, tuple[dict[str, list[float]], ...]] = {
         1: ({"accuracy": [0.8]},),
         2: ({"accuracy": [0.85]}, {"accuracy": [0.8]}),  # better by 0.05: deployed
@@ -272,7 +270,7 @@ def test_the_gate_by_annotation_holds_back_a_worse_model(
         feeder.close()
     assert deployed.read_bytes() == second, "the deploy file is untouched"
     conditions = gm.conditions(JOB)
-    last_deploy = conditions[len(conditions) - 1 - conditions[::-1].index(("Deploy", "Waiting")):]
+    last_deploy = conditions[len(conditions) - 1 - conditions[::-1].index(("Deploy", "Waiting")) :]
     assert last_deploy[:2] == [("Deploy", "Waiting"), ("Deploy", "Completed")]
     evals = [p for p in gm.pods(JOB) if p.type == "eval"]
     assert len(evals[2].env["MODEL_URLS"].split(";")) == 2, "eval is given both models"
@@ -430,8 +428,11 @@ def test_sednas_helmet_trigger_on_a_list_metric_holds_back_with_the_reason(
     finally:
         feeder.close()
     assert deploy.read_bytes() == b"the model served before any round"
-    [held] = [m["content"] for m in stack.cloud.upstream(JOB)
-              if (m["content"].get("phase"), m["content"]["status"]) == ("deploy", "completed")]
+    [held] = [
+        m["content"]
+        for m in stack.cloud.upstream(JOB)
+        if (m["content"].get("phase"), m["content"]["status"]) == ("deploy", "completed")
+    ]
     assert held["reason"] == (
         "held back by the deploy gate: precision of the new model is a list of values: the "
         "condition must name one, as precision[i] (a bare name is refused, never read as 0)"
