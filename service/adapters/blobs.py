@@ -426,14 +426,13 @@ DEFAULT_MAX_MODEL_BYTES = 4 << 30
 DEFAULT_MAX_ROUND_BYTES = 16 << 30
 
 
-def local_size(url: str) -> int | None:
-    """The size of the local regular file ``url`` now, an estimate (links followed: the work
-    that reads it opens it by the file access policy, which refuses what it must); None for
-    an S3 URL, or what is no regular file or cannot be looked at (the work then says why)."""
-    if paths.is_remote(url):
-        return None
+def local_size(path: str) -> int | None:
+    """The size of the local regular file ``path`` now, an estimate (links followed: the
+    work that reads it opens it by the file access policy, which refuses what it must); None
+    for what is no regular file or cannot be looked at (the work then says why). The caller
+    has told a local path from an S3 URL already."""
     try:
-        found = os.stat(url)
+        found = os.stat(path)
     except OSError:
         return None
     return found.st_size if stat.S_ISREG(found.st_mode) else None
