@@ -60,6 +60,8 @@ from service.adapters.s3 import S3Clients, S3CredentialLike
 from service.adapters.scanner import (
     BLOCK_BYTES,
     DEFAULT_MAX_LINE_BYTES,
+    BufferPair,
+    BufferPool,
     Chunk,
     LineCensus,
     SampleBatch,
@@ -189,7 +191,7 @@ def round_writer(
     ``max_bytes`` together."""
     with ExitStack() as stack:
         data_file = stack.enter_context(staging.staged(data_url, cred))
-        data = stack.enter_context(PipelinedWriter(data_file, behind=False))
+        data = stack.enter_context(PipelinedWriter(data_file))
         index = None
         if index_url is not None:
             index = stack.enter_context(staging.staged(index_url, cred))
@@ -202,16 +204,19 @@ def copy_run(
     source: LocalSource | S3Source,
     run: list[SampleRange],
     writer: RoundWriter,
+    buffers: BufferPair,
     *,
     url: str,
     fmt: str,
     max_line: int,
 ) -> None:
-    """One forward scan of the open ``source`` (read from ``url``) serving an ascending run
-    of ranges; lines over ``max_line`` bytes are refused."""
+    """One forward scan of the open ``source`` (read from ``url``, into ``buffers``) serving
+    an ascending run of ranges; lines over ``max_line`` bytes are refused."""
     i = 0
     with source.range(0) as read_into:
-        scanner = SampleScanner(fmt, expected_bytes=source.size, max_line=max_line, source=url)
+        scanner = SampleScanner(
+            fmt, expected_bytes=source.size, max_line=max_line, source=url, buffers=buffers
+        )
         for batch in iter_batches(read_into, scanner):
             if writer.needs_header and scanner.header is not None:
                 writer.header(scanner.header)
@@ -257,11 +262,17 @@ class ModelCopier:
     """Copies models of at most ``max_bytes`` bytes, local or S3, through ``staging``."""
 
     def __init__(
-        self, s3_clients: S3Clients, files: LocalFiles, staging: Staging, max_bytes: int
+        self,
+        s3_clients: S3Clients,
+        files: LocalFiles,
+        staging: Staging,
+        buffers: BufferPool,
+        max_bytes: int,
     ) -> None:
         self._s3 = s3_clients
         self._files = files
         self._staging = staging
+        self._buffers = buffers
         self._max_bytes = max_bytes
 
     def copy(
@@ -280,8 +291,12 @@ class ModelCopier:
         both_s3 = s3.is_s3_url(src_url) and s3.is_s3_url(dst_url)
         if both_s3 and self._s3.client(src_cred) is self._s3.client(dst_cred):
             return self._copy_in_s3(src_url, dst_url, dst_cred, expect)
-        with self._staging.staged(dst_url, dst_cred) as out, PipelinedWriter(out) as pipelined:
-            digest = self._download(src_url, src_cred, pipelined, expect)
+        with (
+            self._buffers.lend() as buffers,  # first: the writer's exit ends its last write
+            self._staging.staged(dst_url, dst_cred) as out,
+            PipelinedWriter(out) as pipelined,
+        ):
+            digest = self._download(src_url, src_cred, pipelined, buffers, expect)
             if expect is not None and digest != expect:
                 raise _changed(src_url, digest, expect)
         return digest
@@ -332,6 +347,7 @@ class ModelCopier:
         url: str,
         cred: S3CredentialLike | None,
         out: PipelinedWriter,
+        pair: BufferPair,
         expect: ModelDigest | None,
     ) -> ModelDigest:
         """Copy the whole of ``url`` into ``out`` in large blocks, hashing it (a local file's
@@ -345,13 +361,31 @@ class ModelCopier:
                 raise _changed(url, None, expect, source.size)
             # a block, or the whole model if smaller: zeroing a block for a small model costs
             # more than copying it
-            buffer = memoryview(bytearray(max(1, min(BLOCK_BYTES, source.size))))
+            buffers = _Alternating(pair, max(1, min(BLOCK_BYTES, source.size)))
             digest = _Digest()
             if isinstance(source, LocalSource):
-                _copy_extents(source, out, buffer, digest)
+                _copy_extents(source, out, buffers, digest)
             else:
-                _copy_stream(source, out, buffer, digest)
+                _copy_stream(source, out, buffers, digest)
             return digest.result()
+
+
+class _Alternating:
+    """Blocks of ``size`` bytes in the buffers of ``pair`` (grown to hold them), read into
+    by turns: `PipelinedWriter` is still writing the block read into one while the next is
+    read into the other."""
+
+    def __init__(self, pair: BufferPair, size: int) -> None:
+        for i, buffer in enumerate(pair):
+            if len(buffer) < size:
+                pair[i] = bytearray(size)
+        self._pair = (memoryview(pair[0])[:size], memoryview(pair[1])[:size])
+        self._turn = 0
+
+    def next(self) -> memoryview:
+        """The buffer whose write has been waited for: the one not used last."""
+        self._turn ^= 1
+        return self._pair[self._turn]
 
 
 class _Digest:
@@ -387,13 +421,14 @@ def _changed(
 
 
 def _copy_extents(
-    source: LocalSource, out: PipelinedWriter, buffer: memoryview, digest: _Digest
+    source: LocalSource, out: PipelinedWriter, buffers: _Alternating, digest: _Digest
 ) -> None:
     """The data stretches of a local source, each at its own offset in ``out`` (a new,
     empty file), which is then cut to the source's size: a hole before a stretch or at the
     end stays one. A source that fits in ``buffer`` is one stretch: finding its holes
     would cost more system calls than copying its zeros."""
     position = 0
+    buffer = buffers.next()
     small = source.size <= len(buffer)
     for start, end in [(0, source.size)] if small else source.extents():
         if start != position:
@@ -404,6 +439,7 @@ def _copy_extents(
             digest.update(buffer[:size])
             out.write(buffer[:size])
             position += size
+            buffer = buffers.next()
             failpoints.hit("blob-mid-copy", out)
     if position != source.size:  # a hole at the end (or a source cut short since its open)
         digest.zeros(source.size - position)
@@ -411,10 +447,10 @@ def _copy_extents(
 
 
 def _copy_stream(
-    source: S3Source, out: PipelinedWriter, buffer: memoryview, digest: _Digest
+    source: S3Source, out: PipelinedWriter, buffers: _Alternating, digest: _Digest
 ) -> None:
     with source.range(0) as read_into:
-        while size := read_into(buffer):
+        while size := read_into(buffer := buffers.next()):
             digest.update(buffer[:size])
             out.write(buffer[:size])
             failpoints.hit("blob-mid-copy", out)
@@ -465,7 +501,8 @@ class BlobStore:
         self._max_dataset = max_dataset_bytes
         self._max_round = max_round_bytes
         self._staging = Staging(s3, self._files, tmp_dir)
-        self._models = ModelCopier(s3, self._files, self._staging, max_model_bytes)
+        self._buffers = BufferPool()
+        self._models = ModelCopier(s3, self._files, self._staging, self._buffers, max_model_bytes)
         self._once = attempts <= 1
         self._retrying = Retrying(
             stop=stop_after_attempt(attempts),
@@ -510,6 +547,7 @@ class BlobStore:
 
         def once() -> int:
             with (
+                self._buffers.lend() as buffers,  # first: the writer's exit ends its last write
                 round_writer(
                     self._staging,
                     fmt=fmt,
@@ -524,7 +562,10 @@ class BlobStore:
                 # one open serves every run: each is a scan from the start of what it saw
                 check_dataset_size(source_url, source.size, self._max_dataset)
                 for run in ascending_runs(ranges) or [[]]:
-                    copy_run(source, run, writer, url=source_url, fmt=fmt, max_line=self._max_line)
+                    copy_run(
+                        source, run, writer, buffers,
+                        url=source_url, fmt=fmt, max_line=self._max_line,
+                    )  # fmt: skip
                 return writer.written
 
         return self._retry(once)
