@@ -12,10 +12,12 @@ Round files: the samples of given index ranges, copied from the dataset in one p
 The requested ranges are split into runs that one forward scan of the source can serve, and
 each run is one scan through the shared `SampleScanner`, so "sample i" is the same line the
 dataset polls counted. A clean block (no empty line, the common case) is sliced at line ends
-found by the scanner's census and written as it is; only a block with empty lines is split
-into lines. For remote txt datasets an index file lists the first field of each sample. A
-round's files hold at most ``LIFELONG_MAX_ROUND_BYTES`` (a sparse dataset of 2 MB on disk
-once made a 409 MiB round file), and old rounds' local files are removed (`prune`).
+found by the scanner's census and written as it is, by the pipelined writer while the next
+block is read (into the other of two buffers the store's `BufferPool` lends the scan); only
+a block with empty lines is split into lines. For remote txt datasets an index file lists
+the first field of each sample. A round's files hold at most ``LIFELONG_MAX_ROUND_BYTES`` (a
+sparse dataset of 2 MB on disk once made a 409 MiB round file), and old rounds' local files
+are removed (`prune`).
 
 Model copies: the deployed model replaced whole by the bytes of the one that passed eval
 (`ModelCopier`). A copy within one S3 endpoint is a server-side copy of the object version it

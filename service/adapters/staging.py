@@ -214,7 +214,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-#: Writes at least this big go to the blob writer's helper thread (with ``behind``).
+#: Writes at least this big go to the blob writer's helper thread (all but the first).
 PIPELINED_MIN_BYTES = 1 << 16
 
 
