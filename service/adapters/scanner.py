@@ -78,8 +78,8 @@ class BufferPool:
 
     @contextmanager
     def lend(self) -> Iterator[BufferPair]:
-        """A pair for the block; given back when it ends, so enter this before the writer
-        that may still be writing from it (its exit waits for that write)."""
+        """A pair for the with block, given back when it ends: so enter it before the writer
+        that may still be writing from the pair (that writer's exit waits for its write)."""
         with self._lock:
             pair = self._free.pop() if self._free else [bytearray(), bytearray()]
         try:
