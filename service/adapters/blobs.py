@@ -12,12 +12,10 @@ Round files: the samples of given index ranges, copied from the dataset in one p
 The requested ranges are split into runs that one forward scan of the source can serve, and
 each run is one scan through the shared `SampleScanner`, so "sample i" is the same line the
 dataset polls counted. A clean block (no empty line, the common case) is sliced at line ends
-found by the scanner's census and written as it is, by the pipelined writer while the next
-block is read (into the other of two buffers the store's `BufferPool` lends the scan); only
-a block with empty lines is split into lines. For remote txt datasets an index file lists
-the first field of each sample. A round's files hold at most ``LIFELONG_MAX_ROUND_BYTES`` (a
-sparse dataset of 2 MB on disk once made a 409 MiB round file), and old rounds' local files
-are removed (`prune`).
+found by the scanner's census and written as it is; only a block with empty lines is split
+into lines. For remote txt datasets an index file lists the first field of each sample. A
+round's files hold at most ``LIFELONG_MAX_ROUND_BYTES`` (a sparse dataset of 2 MB on disk
+once made a 409 MiB round file), and old rounds' local files are removed (`prune`).
 
 Model copies: the deployed model replaced whole by the bytes of the one that passed eval
 (`ModelCopier`). A copy within one S3 endpoint is a server-side copy of the object version it
@@ -62,8 +60,6 @@ from service.adapters.s3 import S3Clients, S3CredentialLike
 from service.adapters.scanner import (
     BLOCK_BYTES,
     DEFAULT_MAX_LINE_BYTES,
-    BufferPair,
-    BufferPool,
     Chunk,
     LineCensus,
     SampleBatch,
@@ -193,7 +189,7 @@ def round_writer(
     ``max_bytes`` together."""
     with ExitStack() as stack:
         data_file = stack.enter_context(staging.staged(data_url, cred))
-        data = stack.enter_context(PipelinedWriter(data_file))
+        data = stack.enter_context(PipelinedWriter(data_file, behind=False))
         index = None
         if index_url is not None:
             index = stack.enter_context(staging.staged(index_url, cred))
@@ -206,19 +202,16 @@ def copy_run(
     source: LocalSource | S3Source,
     run: list[SampleRange],
     writer: RoundWriter,
-    buffers: BufferPair,
     *,
     url: str,
     fmt: str,
     max_line: int,
 ) -> None:
-    """One forward scan of the open ``source`` (read from ``url``, into ``buffers``) serving
-    an ascending run of ranges; lines over ``max_line`` bytes are refused."""
+    """One forward scan of the open ``source`` (read from ``url``) serving an ascending run
+    of ranges; lines over ``max_line`` bytes are refused."""
     i = 0
     with source.range(0) as read_into:
-        scanner = SampleScanner(
-            fmt, expected_bytes=source.size, max_line=max_line, source=url, buffers=buffers
-        )
+        scanner = SampleScanner(fmt, expected_bytes=source.size, max_line=max_line, source=url)
         for batch in iter_batches(read_into, scanner):
             if writer.needs_header and scanner.header is not None:
                 writer.header(scanner.header)
@@ -264,17 +257,11 @@ class ModelCopier:
     """Copies models of at most ``max_bytes`` bytes, local or S3, through ``staging``."""
 
     def __init__(
-        self,
-        s3_clients: S3Clients,
-        files: LocalFiles,
-        staging: Staging,
-        buffers: BufferPool,
-        max_bytes: int,
+        self, s3_clients: S3Clients, files: LocalFiles, staging: Staging, max_bytes: int
     ) -> None:
         self._s3 = s3_clients
         self._files = files
         self._staging = staging
-        self._buffers = buffers
         self._max_bytes = max_bytes
 
     def copy(
@@ -293,12 +280,8 @@ class ModelCopier:
         both_s3 = s3.is_s3_url(src_url) and s3.is_s3_url(dst_url)
         if both_s3 and self._s3.client(src_cred) is self._s3.client(dst_cred):
             return self._copy_in_s3(src_url, dst_url, dst_cred, expect)
-        with (
-            self._buffers.lend() as buffers,  # first: the writer's exit ends its last write
-            self._staging.staged(dst_url, dst_cred) as out,
-            PipelinedWriter(out) as pipelined,
-        ):
-            digest = self._download(src_url, src_cred, pipelined, buffers, expect)
+        with self._staging.staged(dst_url, dst_cred) as out, PipelinedWriter(out) as pipelined:
+            digest = self._download(src_url, src_cred, pipelined, expect)
             if expect is not None and digest != expect:
                 raise _changed(src_url, digest, expect)
         return digest
@@ -349,7 +332,6 @@ class ModelCopier:
         url: str,
         cred: S3CredentialLike | None,
         out: PipelinedWriter,
-        pair: BufferPair,
         expect: ModelDigest | None,
     ) -> ModelDigest:
         """Copy the whole of ``url`` into ``out`` in large blocks, hashing it (a local file's
@@ -363,31 +345,13 @@ class ModelCopier:
                 raise _changed(url, None, expect, source.size)
             # a block, or the whole model if smaller: zeroing a block for a small model costs
             # more than copying it
-            buffers = _Alternating(pair, max(1, min(BLOCK_BYTES, source.size)))
+            buffer = memoryview(bytearray(max(1, min(BLOCK_BYTES, source.size))))
             digest = _Digest()
             if isinstance(source, LocalSource):
-                _copy_extents(source, out, buffers, digest)
+                _copy_extents(source, out, buffer, digest)
             else:
-                _copy_stream(source, out, buffers, digest)
+                _copy_stream(source, out, buffer, digest)
             return digest.result()
-
-
-class _Alternating:
-    """Blocks of ``size`` bytes in the buffers of ``pair`` (grown to hold them), read into
-    by turns: `PipelinedWriter` is still writing the block read into one while the next is
-    read into the other."""
-
-    def __init__(self, pair: BufferPair, size: int) -> None:
-        for i, buffer in enumerate(pair):
-            if len(buffer) < size:
-                pair[i] = bytearray(size)
-        self._pair = (memoryview(pair[0])[:size], memoryview(pair[1])[:size])
-        self._turn = 0
-
-    def next(self) -> memoryview:
-        """The buffer whose write has been waited for: the one not used last."""
-        self._turn ^= 1
-        return self._pair[self._turn]
 
 
 class _Digest:
@@ -423,14 +387,13 @@ def _changed(
 
 
 def _copy_extents(
-    source: LocalSource, out: PipelinedWriter, buffers: _Alternating, digest: _Digest
+    source: LocalSource, out: PipelinedWriter, buffer: memoryview, digest: _Digest
 ) -> None:
     """The data stretches of a local source, each at its own offset in ``out`` (a new,
     empty file), which is then cut to the source's size: a hole before a stretch or at the
     end stays one. A source that fits in ``buffer`` is one stretch: finding its holes
     would cost more system calls than copying its zeros."""
     position = 0
-    buffer = buffers.next()
     small = source.size <= len(buffer)
     for start, end in [(0, source.size)] if small else source.extents():
         if start != position:
@@ -441,7 +404,6 @@ def _copy_extents(
             digest.update(buffer[:size])
             out.write(buffer[:size])
             position += size
-            buffer = buffers.next()
             failpoints.hit("blob-mid-copy", out)
     if position != source.size:  # a hole at the end (or a source cut short since its open)
         digest.zeros(source.size - position)
@@ -449,10 +411,10 @@ def _copy_extents(
 
 
 def _copy_stream(
-    source: S3Source, out: PipelinedWriter, buffers: _Alternating, digest: _Digest
+    source: S3Source, out: PipelinedWriter, buffer: memoryview, digest: _Digest
 ) -> None:
     with source.range(0) as read_into:
-        while size := read_into(buffer := buffers.next()):
+        while size := read_into(buffer):
             digest.update(buffer[:size])
             out.write(buffer[:size])
             failpoints.hit("blob-mid-copy", out)
@@ -503,8 +465,7 @@ class BlobStore:
         self._max_dataset = max_dataset_bytes
         self._max_round = max_round_bytes
         self._staging = Staging(s3, self._files, tmp_dir)
-        self._buffers = BufferPool()
-        self._models = ModelCopier(s3, self._files, self._staging, self._buffers, max_model_bytes)
+        self._models = ModelCopier(s3, self._files, self._staging, max_model_bytes)
         self._once = attempts <= 1
         self._retrying = Retrying(
             stop=stop_after_attempt(attempts),
@@ -549,7 +510,6 @@ class BlobStore:
 
         def once() -> int:
             with (
-                self._buffers.lend() as buffers,  # first: the writer's exit ends its last write
                 round_writer(
                     self._staging,
                     fmt=fmt,
@@ -564,10 +524,7 @@ class BlobStore:
                 # one open serves every run: each is a scan from the start of what it saw
                 check_dataset_size(source_url, source.size, self._max_dataset)
                 for run in ascending_runs(ranges) or [[]]:
-                    copy_run(
-                        source, run, writer, buffers,
-                        url=source_url, fmt=fmt, max_line=self._max_line,
-                    )  # fmt: skip
+                    copy_run(source, run, writer, url=source_url, fmt=fmt, max_line=self._max_line)
                 return writer.written
 
         return self._retry(once)

@@ -12,9 +12,7 @@ one-line file cannot make the controller hold the line.
 """
 
 
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,8 +44,7 @@ class SampleBatch:
 
     ``body`` is b"\\n"-terminated lines with CRLF folded; it may still contain empty lines
     (``sample_lines`` drops them) and never contains the csv header. It is usually a view of
-    one of the scanner's two buffers: valid until its first ``read_from`` after the next
-    batch.
+    the scanner's buffer: valid until the scanner's next ``read_from``.
     """
 
     first: int
@@ -55,40 +52,6 @@ class SampleBatch:
     body: Chunk
     clean: bool = True
     """No empty line in ``body``: it is exactly the samples, one per line."""
-
-
-BufferPair = list[bytearray]
-"""Two block buffers, read into by turns; one may be grown (replaced in the list)."""
-
-
-class BufferPool:
-    """Pairs of block buffers kept for reuse by the big scans and copies (round files,
-    model copies): each reads into the memory the last one used instead of two fresh
-    megabytes, whose zeroing and page faults cost 0.9 ms of a 20 MB round file's 11.
-
-    At most ``keep`` pairs are kept, and no buffer bigger than ``max_bytes`` (one grown for
-    a long line is let go). Thread-safe: each lent pair is one borrower's alone.
-    """
-
-    def __init__(self, *, keep: int = 2, max_bytes: int = 2 * BLOCK_BYTES) -> None:
-        self._free: list[BufferPair] = []
-        self._keep = keep
-        self._max_bytes = max_bytes
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def lend(self) -> Iterator[BufferPair]:
-        """A pair for the with block, given back when it ends: so enter it before the writer
-        that may still be writing from the pair (that writer's exit waits for its write)."""
-        with self._lock:
-            pair = self._free.pop() if self._free else [bytearray(), bytearray()]
-        try:
-            yield pair
-        finally:
-            if all(len(buffer) <= self._max_bytes for buffer in pair):
-                with self._lock:
-                    if len(self._free) < self._keep:
-                        self._free.append(pair)
 
 
 def sample_lines(body: Chunk) -> list[bytes]:
@@ -173,8 +136,7 @@ class SampleScanner:
     ``keep_lines=False`` (counting only) a long partial line is shortened to two bytes, which
     keeps its emptiness verdict, so one endless line cannot grow memory. Either way, a line
     longer than ``max_line`` bytes (its newline not counted; at least one block) raises
-    ``Refused`` naming ``source`` and where the line starts. ``buffers`` (lent by a
-    `BufferPool`) are the two the blocks are read into; fresh ones by default.
+    ``Refused`` naming ``source`` and where the line starts.
     """
 
     def __init__(
@@ -189,7 +151,6 @@ class SampleScanner:
         expected_bytes: int | None = None,
         max_line: int = DEFAULT_MAX_LINE_BYTES,
         source: str = "the dataset",
-        buffers: BufferPair | None = None,
     ) -> None:
         if max_line < BLOCK_BYTES:
             raise ValueError(f"a line cap of {max_line} bytes is below one block ({BLOCK_BYTES})")
@@ -205,13 +166,8 @@ class SampleScanner:
         self._header_seen = header_seen or fmt != "csv"
         self._recent = self.tail
         self._position = offset
-        # blocks are read into two buffers by turns (`_make_room`; fresh ones unless lent by
-        # a `BufferPool`): _turn is the one read into last, _lent whether a batch's body is
-        # a view of it
-        self._buffers = [bytearray(), bytearray()] if buffers is None else buffers
-        self._turn = 0
-        self._lent = False
-        self._carry_at = 0  # the partial last line is at _carry_at, _carry_len bytes long
+        self._buf = bytearray()
+        self._carry_at = 0  # the partial last line is _buf[_carry_at : _carry_at + _carry_len]
         self._carry_len = 0
         self._keep_lines = keep_lines
         self._partial = 0  # the partial line's true length (_carry_len may be shortened)
@@ -223,9 +179,9 @@ class SampleScanner:
         """Read the next block; return its size (0 at the end) and the batch of lines it
         completed, if any.
 
-        The block is read straight into one of the scanner's two reused buffers, behind the
-        partial line left over, so no large object is allocated per block (fresh megabytes
-        cost page faults that outweigh the scan); the batch body is a view of that buffer.
+        The block is read straight into the scanner's reused buffer, behind the partial line
+        left over, so no large object is allocated per block (fresh megabytes cost page
+        faults that outweigh the scan); the batch body is a view of that buffer.
         """
         buf = self._make_room(self._block)
         carry = self._carry_len
@@ -269,7 +225,7 @@ class SampleScanner:
     def finish(self) -> SampleBatch | None:
         """The unterminated last line as a one-sample batch (not consumed), if it is one."""
         at = self._carry_at
-        line = bytes(self._buffers[self._turn][at : at + self._carry_len])
+        line = bytes(self._buf[at : at + self._carry_len])
         line = line[:-1] if line.endswith(b"\r") else line
         if not line or not self._header_seen:
             return None
@@ -282,22 +238,15 @@ class SampleScanner:
         ]
 
     def _make_room(self, size: int) -> bytearray:
-        """A buffer with the partial line moved to its front and room for ``size`` more
-        bytes behind it: the other one if the last batch's body is a view of this one, so
-        that body stays as it is until a read after the next batch (the round writer is
-        still writing it while the next block is read)."""
-        last = self._buffers[self._turn]
-        if self._lent:
-            self._turn ^= 1
-            self._lent = False
-        buf, at, carry = self._buffers[self._turn], self._carry_at, self._carry_len
+        """Move the partial line to the buffer's front (the previous batch is done with it)
+        and make sure ``size`` more bytes fit behind it."""
+        buf, at, carry = self._buf, self._carry_at, self._carry_len
         if carry + size > len(buf):
-            # a sixteenth more, so that a block behind a short partial line fits next time
-            # too; doubled at least, so that a long line is not copied once per block
-            buf = bytearray(max(carry + size + (size >> 4), 2 * len(buf)))
-            self._buffers[self._turn] = buf
-        if buf is not last or at:
-            buf[:carry] = last[at : at + carry]
+            grown = bytearray(max(carry + size, 2 * len(buf)))
+            grown[:carry] = buf[at : at + carry]
+            self._buf = buf = grown
+        elif at:
+            buf[:carry] = buf[at : at + carry]
         self._carry_at = 0
         return buf
 
@@ -311,7 +260,6 @@ class SampleScanner:
             count -= 1
             empty = self.census.count(folded)[1]  # the empty lines before the header are gone
         self.samples += count
-        self._lent = True
         return SampleBatch(first, count, folded, clean=empty == 0)
 
     def _shortened(self, carry: int) -> int:

@@ -1,5 +1,5 @@
-"""The big-file writer behind round files and model copies, on real files: order, the
-caller's lent bytes, writes made behind the caller, and errors."""
+"""The big-file writer behind round files and model copies, on real files: order, copies of
+the caller's bytes, and errors."""
 
 from __future__ import annotations
 
@@ -23,20 +23,17 @@ BIG = PIPELINED_MIN_BYTES
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sizes=st.lists(st.sampled_from([0, 1, 100, BIG - 1, BIG, BIG + 7, 3 * BIG]), max_size=8))
-def test_writes_land_in_order_when_the_caller_reuses_each_buffer_once_allowed(
+def test_writes_land_in_order_even_when_the_caller_reuses_its_buffer(
     tmp_path: Path, sizes: list[int]
 ) -> None:
-    """The callers' way: two buffers by turns, each overwritten as soon as the next write
-    has returned (the scanner's next read but one)."""
-    buffers = [bytearray(3 * BIG + 7), bytearray(3 * BIG + 7)]
+    scratch = bytearray(3 * BIG + 7)
     expected = b""
     out = tmp_path / "out.bin"
     with open(out, "wb") as file, PipelinedWriter(file) as pipelined:
         for i, size in enumerate(sizes):
-            scratch = buffers[i % 2]
             scratch[:size] = bytes([i % 251]) * size
             assert pipelined.write(memoryview(scratch)[:size]) == size
-            buffers[(i + 1) % 2][:] = b"\xff" * len(scratch)  # the last write's: returned
+            scratch[:size] = b"\xff" * size  # the scanner's next read overwrites its buffer
             expected += bytes([i % 251]) * size
         pipelined.flush()
         assert out.read_bytes() == expected
@@ -109,29 +106,27 @@ def test_writeback_is_started_once_per_stretch_written(tmp_path: Path) -> None:
     assert all(length >= block for _, length in calls)
 
 
-def test_big_writes_after_the_first_are_made_behind_the_caller(tmp_path: Path) -> None:
-    """The caller goes on (to read the next block) while a big write is still being made;
-    the first is made on the caller's thread (a one-block file starts no helper)."""
-    release = threading.Event()
-    writing = threading.Event()
+def test_without_behind_big_writes_are_made_on_the_callers_thread(tmp_path: Path) -> None:
+    """A round file's writer: each write done when the call returns, writeback still
+    started per stretch written."""
     threads: list[str] = []
+    real = pipelining.os.posix_fadvise
 
-    class SlowFile(io.BufferedWriter):
-        def write(self, data: object) -> int:
-            threads.append(threading.current_thread().name)
-            if len(threads) == 2:
-                writing.set()
-                assert release.wait(30), "the caller never went on"
-            return super().write(data)  # type: ignore[call-overload,no-any-return]
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(fd, offset, length, advice)
 
     out = tmp_path / "out.bin"
-    with SlowFile(io.FileIO(out, "wb")) as file, PipelinedWriter(file) as pipelined:
-        pipelined.write(b"a" * BIG)
-        assert threads == [threading.current_thread().name]
-        pipelined.write(b"b" * BIG)
-        assert writing.wait(30), "the write never started"
-        release.set()  # reached only if the call above returned while its write was held
-        pipelined.write(b"c" * BIG)
-    assert out.read_bytes() == b"a" * BIG + b"b" * BIG + b"c" * BIG
-    assert threads[0] == threading.current_thread().name
-    assert all(name.startswith("blob-writer") for name in threads[1:]), threads
+    block = pipelining.BLOCK_BYTES
+    with (
+        mock.patch.object(pipelining.os, "posix_fadvise", side_effect=record),
+        open(out, "wb") as file,
+        PipelinedWriter(file, behind=False) as pipelined,
+    ):
+        for i in range(3):
+            scratch = bytearray(bytes([i]) * block)
+            pipelined.write(memoryview(scratch))
+            scratch[:] = b"\xff" * block  # written already: changing it changes nothing
+        file.flush()
+        assert out.read_bytes() == b"".join(bytes([i]) * block for i in range(3))
+    assert threads == [threading.current_thread().name] * 3

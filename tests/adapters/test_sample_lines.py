@@ -10,14 +10,7 @@ from hypothesis import strategies as st
 
 from service.adapters import scanner as scanning
 from service.adapters.dataset_sources import read_exact
-from service.adapters.scanner import (
-    TAIL_BYTES,
-    BufferPool,
-    ReadInto,
-    SampleScanner,
-    iter_batches,
-    sample_lines,
-)
+from service.adapters.scanner import TAIL_BYTES, ReadInto, SampleScanner, iter_batches, sample_lines
 
 
 def reference(data: bytes, fmt: str) -> tuple[bytes | None, list[bytes]]:
@@ -178,54 +171,3 @@ def test_batches_say_whether_they_are_clean(
             assert batch.clean == (not body.startswith(b"\n") and b"\n\n" not in body)
             if batch.clean:
                 assert body.count(b"\n") == batch.count
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    lines=st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=30),
-    block=st.integers(1, 12),
-)
-def test_a_batch_body_stays_intact_until_a_read_after_the_next_batch(
-    lines: list[bytes], block: int
-) -> None:
-    """The round writer writes a batch's body (a view of a scanner buffer) while the next
-    block is read, and waits for that write before its next: so each body must stay as it
-    was until the next batch is out, over any number of reads finding no line end."""
-    data = b"\n".join(lines) + b"\n"
-    previous: tuple[memoryview, bytes] | None = None
-    with mock.patch.object(scanning, "BLOCK_BYTES", block):
-        for batch in iter_batches(chunked(data, [block]), SampleScanner("txt")):
-            if previous is not None:
-                assert bytes(previous[0]) == previous[1], "overwritten before its write ended"
-            body = memoryview(batch.body)
-            previous = (body, bytes(body))
-
-
-def test_a_buffer_pool_lends_each_pair_to_one_borrower_and_keeps_a_few() -> None:
-    pool = BufferPool(keep=1, max_bytes=100)
-    with pool.lend() as first:
-        first[:] = [bytearray(10), bytearray(10)]
-        with pool.lend() as second:
-            assert second is not first, "a pair lent is no one else's"
-    with pool.lend() as again:
-        assert again is first or again is second, "a pair given back is lent again"
-    with pool.lend() as grown:
-        grown[0] = bytearray(101)  # grown past the cap for a long line
-    with pool.lend() as fresh:
-        assert fresh is not grown and all(len(buffer) <= 100 for buffer in fresh)
-
-
-def test_a_scan_into_lent_buffers_reuses_them_and_still_matches_the_reference() -> None:
-    """Two scans through one pool: the second reads into the first one's buffers (none
-    made), with whatever they held before, and finds the same samples."""
-    data = b"\n".join(b"line-%d" % i for i in range(200)) + b"\n\n\nlast\n"
-    pool = BufferPool()
-    used: list[int] = []
-    for _ in range(2):
-        with pool.lend() as buffers, mock.patch.object(scanning, "BLOCK_BYTES", 64):
-            assert [id(buffer) for buffer in buffers] == used or not used, "made again"
-            scanner = SampleScanner("txt", buffers=buffers)
-            batches = iter_batches(chunked(data, [64]), scanner)
-            got = [line for batch in batches for line in sample_lines(batch.body)]
-            assert got == reference(data, "txt")[1]
-            used = [id(buffer) for buffer in buffers]
