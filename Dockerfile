@@ -5,10 +5,13 @@ FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY service ./service
 COPY examples ./examples
-RUN pip install --no-cache-dir . \
+# the sample scanner's C module is compiled by the install; the compiler leaves with its layer
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir . \
+    && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /app lifelong \
     && mkdir -p /data /output && chown lifelong /data /output
 

@@ -44,7 +44,7 @@ from typing import BinaryIO, Self, TypeVar
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from service import failpoints, heartbeat
-from service.adapters import s3
+from service.adapters import _census, s3
 from service.adapters.dataset_sources import (
     BOTO_ERRORS,
     DEFAULT_MAX_DATASET_BYTES,
@@ -61,7 +61,6 @@ from service.adapters.scanner import (
     BLOCK_BYTES,
     DEFAULT_MAX_LINE_BYTES,
     Chunk,
-    LineCensus,
     SampleBatch,
     SampleScanner,
     iter_batches,
@@ -145,13 +144,11 @@ class RoundWriter:
         self.written += count
 
 
-def _take(
-    batch: SampleBatch, run: list[SampleRange], i: int, writer: RoundWriter, census: LineCensus
-) -> int:
+def _take(batch: SampleBatch, run: list[SampleRange], i: int, writer: RoundWriter) -> int:
     """Write the part of ``run`` (from range ``i``) that ``batch`` holds; return the new i.
 
-    A clean batch (the common case) is sliced at line ends found by ``census``; only a batch
-    with empty lines is split into lines.
+    A clean batch (the common case) is sliced at line ends found by the line census; only a
+    batch with empty lines is split into lines.
     """
     low, high = batch.first, batch.first + batch.count
     body = batch.body
@@ -161,8 +158,8 @@ def _take(
         a, b = max(start, low), min(end, high)
         if a < b and batch.clean:
             whole = (a, b) == (low, high)
-            begin = 0 if whole else census.end_of_line(body, a - low)
-            stop = len(body) if whole else census.end_of_line(body, b - low)
+            begin = 0 if whole else _census.end_of_line(body, a - low)
+            stop = len(body) if whole else _census.end_of_line(body, b - low)
             writer.clean(body[begin:stop], b - a)
         elif a < b:
             lines = sample_lines(body) if lines is None else lines
@@ -215,7 +212,7 @@ def copy_run(
         for batch in iter_batches(read_into, scanner):
             if writer.needs_header and scanner.header is not None:
                 writer.header(scanner.header)
-            i = _take(batch, run, i, writer, scanner.census)
+            i = _take(batch, run, i, writer)
             if i >= len(run) and not writer.needs_header:
                 return
 
