@@ -100,6 +100,8 @@ def client_for(
     try:
         if connect:
             assert client.wait_connected(10), "client did not connect"
+        if connect and subscriptions:  # a message published before the SUBACK would be lost
+            assert client.wait_subscribed(10), "client did not subscribe"
         yield client
     finally:
         client.stop()
@@ -385,9 +387,11 @@ def test_the_new_client_up_before_the_old_ones_close_ends_stays_up(
     launch = MqttClient._launch
 
     def launch_then_wait_until_up(self: MqttClient, client: paho.Client) -> None:
-        launch(self, client)
-        if client is not first:  # the fallback's launch, on the old client's thread
+        fallback = client is not first  # the fallback's launch, on the old client's thread
+        if fallback:  # recorded first: the new client may be up before launch returns
             old_threads.append(threading.current_thread())
+        launch(self, client)
+        if fallback:
             assert self.wait_subscribed(10), "the new client did not subscribe"
 
     monkeypatch.setattr(MqttClient, "_launch", launch_then_wait_until_up)
