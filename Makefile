@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 install: $(STAMP)
 
 # the editable install also compiles the one C module in place: a changed source rebuilds it
-$(STAMP): pyproject.toml setup.py service/adapters/_census.c
+$(STAMP): pyproject.toml setup.py service/adapters/_lines.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -40,7 +40,7 @@ demo: install
 	$(BIN)/lifelong demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache service/adapters/_census.*.so
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache service/adapters/_lines.*.so
 
 bench: install
 	$(BIN)/python -m bench

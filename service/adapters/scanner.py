@@ -4,11 +4,11 @@ Dataset polls count samples with it, and the blob writer streams round files thr
 that "sample i" means the same line everywhere: lines split on b"\\n", one trailing b"\\r"
 stripped, empty lines skipped, the first non-empty csv line is the header, and an
 unterminated last line is a sample that is not yet consumed. Blocks are processed with
-C-level bytes operations (find, replace) and the line census (`_census`, this package's one
-C module: it counts lines and empty lines in one vectorised pass, about 60 us a MiB where
-numpy's five passes took 150-300, and finds where the k-th line ends), never a Python loop
-per line, and memory stays at a few blocks whatever the file size: a line longer than the line cap
-(``LIFELONG_MAX_LINE_BYTES``) is refused as soon as the scan passes the cap, so a huge
+C-level bytes operations (find, replace) and the line census of `_lines`, this package's
+one C module (it counts lines and empty lines in one vectorised pass, about 60 us a MiB
+where numpy's five passes took 150-300, and finds where the k-th line ends), never a Python
+loop per line, and memory stays at a few blocks whatever the file size: a line longer than
+the line cap (``LIFELONG_MAX_LINE_BYTES``) is refused as soon as the scan passes the cap, so a huge
 one-line file cannot make the controller hold the line.
 """
 
@@ -16,7 +16,7 @@ one-line file cannot make the controller hold the line.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from service.adapters import _census
+from service.adapters import _lines
 from service.errors import Refused
 
 BLOCK_BYTES = 1 << 20
@@ -185,13 +185,13 @@ class SampleScanner:
 
     def _batch(self, folded: Chunk) -> SampleBatch:
         first = self.samples
-        lines, empty = _census.count(folded)
+        lines, empty = _lines.count(folded)
         count = lines - empty
         if not self._header_seen and count:
             self.header, folded = _split_header(bytes(folded))
             self._header_seen = True
             count -= 1
-            empty = _census.count(folded)[1]  # the empty lines before the header are gone
+            empty = _lines.count(folded)[1]  # the empty lines before the header are gone
         self.samples += count
         return SampleBatch(first, count, folded, clean=empty == 0)
 

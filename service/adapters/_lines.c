@@ -1,10 +1,11 @@
 /*
- * The line census of the sample scanner (service.adapters.scanner), in one pass over the
- * bytes: how many b"\n" they hold, how many of those end an empty line, and where the k-th
- * line ends.
+ * The per-byte loops of datasets and round files (service.adapters.scanner, .blobs): the
+ * line census, in one pass over the bytes (how many b"\n" they hold, how many of those end
+ * an empty line, and where the k-th line ends), and a round's index entries (each line's
+ * first field).
  *
- * Every dataset poll and every round file runs each byte it reads through here, so this is
- * the scan's inner loop. It compares 16 bytes at a time with the compiler's portable vector
+ * Every dataset poll and every round file runs each byte it reads through the census, so
+ * it is the scan's inner loop. It compares 16 bytes at a time with the compiler's portable vector
  * extension (SSE2 on x86-64, NEON on arm64, plain code elsewhere: GCC and Clang both build
  * it), counting in one 8-bit lane per byte position for up to 255 steps before the lanes
  * are added up. The interpreter lock is released while a large buffer is scanned, so the
@@ -100,7 +101,7 @@ static Py_ssize_t find_line_end(const uint8_t *p, size_t n, uint64_t k, uint64_t
     return -1;
 }
 
-static PyObject *census_count(PyObject *module, PyObject *data) {
+static PyObject *lines_count(PyObject *module, PyObject *data) {
     (void)module;
     Py_buffer view;
     uint64_t lines, empty;
@@ -118,7 +119,7 @@ static PyObject *census_count(PyObject *module, PyObject *data) {
     return Py_BuildValue("(KK)", (unsigned long long)lines, (unsigned long long)empty);
 }
 
-static PyObject *census_end_of_line(PyObject *module, PyObject *args) {
+static PyObject *lines_end_of_line(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer view;
     Py_ssize_t k, end = 0;
@@ -147,24 +148,81 @@ static PyObject *census_end_of_line(PyObject *module, PyObject *args) {
     return PyLong_FromSsize_t(end);
 }
 
-static PyMethodDef census_methods[] = {
-    {"count", census_count, METH_O,
+/* Each line's first field (up to its first b" ", or all of it), each followed by b"\n",
+   into out (which has room for n bytes: an entry is never longer than its line). p[0..n)
+   is whole lines, each ended by b"\n". Returns the bytes written. */
+static size_t first_fields(const uint8_t *p, size_t n, uint8_t *out) {
+    const uint8_t *end = p + n;
+    uint8_t *at = out;
+    while (p < end) {
+        const uint8_t *line_end = memchr(p, '\n', (size_t)(end - p));
+        const uint8_t *space = memchr(p, ' ', (size_t)(line_end - p));
+        const uint8_t *field_end = space != NULL ? space : line_end;
+        memcpy(at, p, (size_t)(field_end - p));
+        at += field_end - p;
+        *at++ = '\n';
+        p = line_end + 1;
+    }
+    return (size_t)(at - out);
+}
+
+static PyObject *lines_first_fields(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    PyObject *entries;
+    size_t size;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (view.len > 0 && ((const uint8_t *)view.buf)[view.len - 1] != '\n') {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "first fields asked of bytes whose last line is "
+                                          "not ended by a newline");
+        return NULL;
+    }
+    entries = PyBytes_FromStringAndSize(NULL, view.len);
+    if (entries == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    /* the new bytes object is no one else's yet: filled without the interpreter lock */
+    if (view.len >= UNLOCKED_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        size = first_fields(view.buf, (size_t)view.len, (uint8_t *)PyBytes_AS_STRING(entries));
+        Py_END_ALLOW_THREADS
+    } else {
+        size = first_fields(view.buf, (size_t)view.len, (uint8_t *)PyBytes_AS_STRING(entries));
+    }
+    PyBuffer_Release(&view);
+    if (_PyBytes_Resize(&entries, (Py_ssize_t)size) < 0) {
+        return NULL;
+    }
+    return entries;
+}
+
+static PyMethodDef lines_methods[] = {
+    {"count", lines_count, METH_O,
      "count(data, /)\n--\n\n"
      "(lines, empty): the b\"\\n\" count of the bytes and how many of those end an empty "
      "line (one at the very start, or right after another b\"\\n\")."},
-    {"end_of_line", census_end_of_line, METH_VARARGS,
+    {"end_of_line", lines_end_of_line, METH_VARARGS,
      "end_of_line(data, k, /)\n--\n\n"
      "The offset just past the k-th b\"\\n\" of the bytes (0 for k = 0); ValueError if "
      "they hold fewer."},
+    {"first_fields", lines_first_fields, METH_O,
+     "first_fields(data, /)\n--\n\n"
+     "Each line's first field (up to its first b\" \", or all of it), each followed by "
+     "b\"\\n\": a round's index entries. The bytes must be whole lines."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef census_module = {
+static struct PyModuleDef lines_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "service.adapters._census",
-    .m_doc = "The sample scanner's line census: counts and line ends of newline-split bytes.",
+    .m_name = "service.adapters._lines",
+    .m_doc = "The per-byte loops of datasets and round files: the line census (counts and "
+             "line ends of newline-split bytes) and a round's index entries.",
     .m_size = 0,
-    .m_methods = census_methods,
+    .m_methods = lines_methods,
 };
 
-PyMODINIT_FUNC PyInit__census(void) { return PyModuleDef_Init(&census_module); }
+PyMODINIT_FUNC PyInit__lines(void) { return PyModuleDef_Init(&lines_module); }
