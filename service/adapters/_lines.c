@@ -5,12 +5,12 @@
  * first field).
  *
  * Every dataset poll and every round file runs each byte it reads through the census, so
- * it is the scan's inner loop. It compares 16 bytes at a time with the compiler's portable vector
- * extension (SSE2 on x86-64, NEON on arm64, plain code elsewhere: GCC and Clang both build
- * it), counting in one 8-bit lane per byte position for up to 255 steps before the lanes
- * are added up. The interpreter lock is released while a large buffer is scanned, so the
- * controller's other threads go on meanwhile; the buffer stays exported (it cannot be
- * resized) until the scan is done.
+ * it is the scan's inner loop. It compares 16 bytes at a time with the compiler's portable
+ * vector extension (SSE2 on x86-64, NEON on arm64, plain code elsewhere: GCC and Clang
+ * both build it), counting in one 8-bit lane per byte position for up to 255 steps before
+ * the lanes are added up. The interpreter lock is released while a large buffer is
+ * scanned, so the controller's other threads go on meanwhile; the buffer stays exported
+ * (it cannot be resized) until the scan is done.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

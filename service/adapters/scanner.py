@@ -8,8 +8,8 @@ C-level bytes operations (find, replace) and the line census of `_lines`, this p
 one C module (it counts lines and empty lines in one vectorised pass, about 60 us a MiB
 where numpy's five passes took 150-300, and finds where the k-th line ends), never a Python
 loop per line, and memory stays at a few blocks whatever the file size: a line longer than
-the line cap (``LIFELONG_MAX_LINE_BYTES``) is refused as soon as the scan passes the cap, so a huge
-one-line file cannot make the controller hold the line.
+the line cap (``LIFELONG_MAX_LINE_BYTES``) is refused as soon as the scan passes the cap, so
+a huge one-line file cannot make the controller hold the line.
 """
 
 
