@@ -26,6 +26,18 @@ typedef uint8_t lanes __attribute__((vector_size(16)));
    and taking the lock back costs more than the scan). */
 #define UNLOCKED_BYTES (64 * 1024)
 
+/* Lets go of the interpreter lock for a scan of len bytes when that is worth it; returns
+   what `relock` takes back (NULL when the lock was kept). */
+static PyThreadState *unlock_for(Py_ssize_t len) {
+    return len >= UNLOCKED_BYTES ? PyEval_SaveThread() : NULL;
+}
+
+static void relock(PyThreadState *state) {
+    if (state != NULL) {
+        PyEval_RestoreThread(state);
+    }
+}
+
 static inline lanes load(const uint8_t *p) {
     lanes v;
     memcpy(&v, p, sizeof v); /* an unaligned load */
@@ -108,13 +120,9 @@ static PyObject *lines_count(PyObject *module, PyObject *data) {
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    if (view.len >= UNLOCKED_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        count_lines(view.buf, (size_t)view.len, &lines, &empty);
-        Py_END_ALLOW_THREADS
-    } else {
-        count_lines(view.buf, (size_t)view.len, &lines, &empty);
-    }
+    PyThreadState *state = unlock_for(view.len);
+    count_lines(view.buf, (size_t)view.len, &lines, &empty);
+    relock(state);
     PyBuffer_Release(&view);
     return Py_BuildValue("(KK)", (unsigned long long)lines, (unsigned long long)empty);
 }
@@ -132,13 +140,9 @@ static PyObject *lines_end_of_line(PyObject *module, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "line %zd asked: lines count from 0", k);
     }
     if (k > 0) {
-        if (view.len >= UNLOCKED_BYTES) {
-            Py_BEGIN_ALLOW_THREADS
-            end = find_line_end(view.buf, (size_t)view.len, (uint64_t)k, &seen);
-            Py_END_ALLOW_THREADS
-        } else {
-            end = find_line_end(view.buf, (size_t)view.len, (uint64_t)k, &seen);
-        }
+        PyThreadState *state = unlock_for(view.len);
+        end = find_line_end(view.buf, (size_t)view.len, (uint64_t)k, &seen);
+        relock(state);
     }
     PyBuffer_Release(&view);
     if (end < 0) {
@@ -185,14 +189,11 @@ static PyObject *lines_first_fields(PyObject *module, PyObject *data) {
         PyBuffer_Release(&view);
         return NULL;
     }
-    /* the new bytes object is no one else's yet: filled without the interpreter lock */
-    if (view.len >= UNLOCKED_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        size = first_fields(view.buf, (size_t)view.len, (uint8_t *)PyBytes_AS_STRING(entries));
-        Py_END_ALLOW_THREADS
-    } else {
-        size = first_fields(view.buf, (size_t)view.len, (uint8_t *)PyBytes_AS_STRING(entries));
-    }
+    /* the new bytes object is no one else's yet: it may be filled without the lock */
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(entries);
+    PyThreadState *state = unlock_for(view.len);
+    size = first_fields(view.buf, (size_t)view.len, out);
+    relock(state);
     PyBuffer_Release(&view);
     if (_PyBytes_Resize(&entries, (Py_ssize_t)size) < 0) {
         return NULL;
