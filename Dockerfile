@@ -8,7 +8,8 @@ WORKDIR /app
 COPY pyproject.toml setup.py README.md ./
 COPY service ./service
 COPY examples ./examples
-# the sample scanner's C module is compiled by the install; the compiler leaves with its layer
+# the install compiles the package's one C module (service/adapters/_lines.c); the
+# compiler leaves with its layer
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-cache-dir . \
     && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/* \
